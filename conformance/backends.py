@@ -1,0 +1,125 @@
+"""Backends: where the engines a scenario drives come from.
+
+A backend starts N engines, gives each a URL the integration talks real HTTP to (every exchange recorded by a
+:class:`~conformance.wire.WireRecorder`), answers the suite's probes (the label an engine reports, from
+``/model_info`` as on real SGLang) and, when it can, engine-side truth (weights digests, event logs).
+
+``FakeBackend`` runs fake SGLang engines (``fakes/``) on loopback; the GPU backend (real SGLang on Ray,
+``gpu/``) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol
+
+import httpx
+
+from .wire import PROBE_HEADER, WireLog, WireRecorder
+
+
+class Backend(Protocol):
+    """What a scenario needs from a backend."""
+
+    name: str
+    profile: str
+    urls: list[str]
+    wire: WireLog
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def initial_weights(self) -> Mapping[str, Any]:
+        """The weights the engines start with (``torch.Tensor`` by name): the trainer's step 0."""
+
+    def digests(self) -> list[str] | None:
+        """Digest of the weights each engine holds (same digest function as ``digest_of``), or None."""
+
+    def truth(self) -> dict[str, Any]:
+        """Engine-side truth for the history (event logs), or {}."""
+
+
+async def probe_labels(urls: list[str], timeout_s: float = 5.0) -> list[str | None]:
+    """Each engine's version label as real SGLang reports it (``/model_info``, else ``/get_model_info``)."""
+    async with httpx.AsyncClient(timeout=timeout_s, headers={PROBE_HEADER: "1"}) as client:
+        async def one(url: str) -> str | None:
+            for path in ("/model_info", "/get_model_info"):
+                try:
+                    r = await client.get(url + path)
+                except httpx.HTTPError:
+                    return None
+                if r.status_code == 200:
+                    return r.json().get("weight_version")
+            return None
+        return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
+async def inject_abort_all(url: str, timeout_s: float = 5.0) -> None:
+    """A fault the suite injects itself: abort every request on one engine (``/abort_request``)."""
+    async with httpx.AsyncClient(timeout=timeout_s, headers={PROBE_HEADER: "1"}) as client:
+        r = await client.post(url + "/abort_request", json={"abort_all": True})
+        r.raise_for_status()
+
+
+@dataclass
+class FakeBackendConfig:
+    """Knobs of the fake backend."""
+
+    engines: int = 2
+    profile: str = "0.5.23"
+    tokens_per_second: float = 2000.0
+    max_running_requests: int = 64
+    enable_lora: bool = True
+    seed: int = 0
+
+
+class FakeBackend:
+    """Fake SGLang engines served on 127.0.0.1 (uvicorn in a thread each), wrapped by wire recorders."""
+
+    name = "fake"
+
+    def __init__(self, config: FakeBackendConfig | None = None) -> None:
+        self.config = config or FakeBackendConfig()
+        self.profile = self.config.profile
+        self.wire = WireLog()
+        self.urls: list[str] = []
+        self._engines: list[Any] = []
+        self._servers: list[Any] = []
+
+    def start(self) -> None:
+        from fakes.engine import FakeEngine
+        from fakes.server import LoopbackServer
+
+        c = self.config
+        for i in range(c.engines):
+            engine = FakeEngine(profile=c.profile, tokens_per_second=c.tokens_per_second,
+                                max_running_requests=c.max_running_requests, enable_lora=c.enable_lora,
+                                seed=c.seed, engine_id=f"e{i}")
+            server = LoopbackServer(WireRecorder(engine.app, i, self.wire))
+            server.start()
+            self._engines.append(engine)
+            self._servers.append(server)
+            self.urls.append(server.url)
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.stop()
+        self._servers.clear()
+
+    def initial_weights(self) -> Mapping[str, Any]:
+        return {name: blob.to_torch() for name, blob in self._engines[0].weights.items()}
+
+    def digests(self) -> list[str] | None:
+        return [e.weights.digest() for e in self._engines]
+
+    def truth(self) -> dict[str, Any]:
+        return {"engine_events": [e.events.to_list() for e in self._engines]}
+
+
+def digest_of(weights: Mapping[str, Any]) -> str:
+    """Digest of trainer tensors, comparable with ``FakeBackend.digests``."""
+    from fakes.weights import TensorBlob, weights_digest
+
+    return weights_digest({name: TensorBlob.from_torch(t) for name, t in weights.items()})

@@ -1,0 +1,115 @@
+"""The conformance suite as data: (scenario, invariant) cases, run once per scenario and checked together.
+
+The pytest suite (``conformance/suite``) and the mutation tests (``tests/test_mutants.py``) both run these
+cases through :func:`run_cases`, so "the suite fails on a mutant" means exactly what a user would see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .backends import Backend, FakeBackend, FakeBackendConfig
+from .checks import CHECKS, Verdict
+from .history import History
+from .interface import Integration
+from .scenarios import SCENARIOS, Unsupported, run_scenario
+
+DEFAULT_INTEGRATION = "conformance.reference:integration"
+SCENARIO_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance test: an invariant checked on a scenario's history."""
+
+    scenario: str
+    check: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.check}-{self.scenario}"
+
+
+CASES: list[Case] = [Case(s.name, c) for s in SCENARIOS.values() for c in s.checks]
+
+
+class IntegrationError(Exception):
+    """The integration could not be loaded; the message says what to fix."""
+
+
+def load_integration(spec: str) -> Integration:
+    """Import ``module:attribute`` and return the Integration it names (a zero-argument callable is called)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise IntegrationError(f"integration {spec!r} must be 'module:attribute', e.g. {DEFAULT_INTEGRATION!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise IntegrationError(f"cannot import integration module {module_name!r} ({type(exc).__name__}: {exc}); "
+                               f"is it installed or on sys.path?") from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise IntegrationError(f"module {module_name!r} has no attribute {attr!r} (integration {spec!r})") from None
+    if callable(obj) and not hasattr(obj, "build"):
+        obj = obj()
+    missing = [name for name in ("name", "capabilities", "build") if not hasattr(obj, name)]
+    if missing:
+        raise IntegrationError(f"{spec!r} is not an Integration: it lacks {missing} "
+                               f"(see conformance.interface.Integration)")
+    return obj
+
+
+BackendFactory = Callable[[], Backend]
+
+
+def fake_backend_factory(profile: str = "0.5.23", seed: int = 0, engines: int = 2) -> BackendFactory:
+    return lambda: FakeBackend(FakeBackendConfig(engines=engines, profile=profile, seed=seed))
+
+
+@dataclass
+class ScenarioResult:
+    """A scenario's history, or why it could not run."""
+
+    history: History | None = None
+    skipped: str | None = None
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+
+
+def run_one(scenario: str, integration: Integration, backend_factory: BackendFactory, seed: int = 0) -> ScenarioResult:
+    """Run one scenario on a fresh backend and check every invariant it is registered for."""
+    s = SCENARIOS[scenario]
+    reason = s.missing(integration)
+    if reason:
+        return ScenarioResult(skipped=reason)
+    backend = backend_factory()
+    backend.start()
+    try:
+        history = asyncio.run(asyncio.wait_for(run_scenario(s, integration, backend, seed), SCENARIO_TIMEOUT_S))
+    except Unsupported as exc:
+        return ScenarioResult(skipped=str(exc))
+    finally:
+        backend.stop()
+    return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks})
+
+
+def evaluate(check: str, history: History) -> Verdict:
+    """Run one checker; a checker that raises answers unknown with the error (never a pass)."""
+    try:
+        v = CHECKS[check](history)
+    except Exception as exc:
+        return Verdict(check, "unknown", [f"checker raised {type(exc).__name__}: {exc}"])
+    if history.errors and v.status == "pass":
+        v.witness.append(f"note: the scenario reported {history.errors}")
+    if history.errors and v.status == "unknown":
+        v.witness.extend(f"scenario error: {e}" for e in history.errors)
+    return v
+
+
+def run_cases(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
+              scenarios: list[str] | None = None) -> dict[str, ScenarioResult]:
+    """Every scenario (or the named ones) → its result."""
+    return {name: run_one(name, integration, backend_factory, seed) for name in (scenarios or SCENARIOS)}

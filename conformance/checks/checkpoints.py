@@ -1,0 +1,36 @@
+"""F3: disk transports publish only complete checkpoints, and delete one only after every engine loaded it."""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from ..history import History
+from .verdict import Verdict, verdict
+
+
+def atomic_checkpoints(h: History) -> Verdict:
+    """F3: every checkpoint an engine is told to load arrived at its path by an atomic rename (never written in
+    place, where a reader can see it half-written: seed 004), and is not removed before the last engine loaded it."""
+    loads = [w for w in h.integration_calls("/update_weights_from_disk") if isinstance(w.payload, dict)]
+    if not loads:
+        return verdict("F3 atomic checkpoints", [], vacuous="no disk update ran")
+    if h.fs is None:
+        return verdict("F3 atomic checkpoints", [], vacuous="this platform cannot watch the checkpoint directory")
+    failures: list[str] = []
+    names = {PurePath(str(w.payload.get("model_path", ""))).name for w in loads}
+    for name in sorted(names):
+        arrivals = [e for e in h.fs if e.name == name and e.kind in ("created", "moved_in")]
+        if not arrivals:
+            failures.append(f"checkpoint {name!r} was sent to the engines but never appeared in the watched "
+                            f"checkpoint directory (written elsewhere?)")
+        for e in arrivals:
+            if e.kind == "created":
+                failures.append(f"checkpoint {name!r} was created in place at t={e.t:.3f}s and filled there: an engine "
+                                f"(or any reader) can load it half-written; write to a temp dir and rename it")
+        last_load = max((w.t_end or w.t_start) for w in loads if PurePath(str(w.payload.get("model_path"))).name == name)
+        first_load = min(w.t_start for w in loads if PurePath(str(w.payload.get("model_path"))).name == name)
+        for e in h.fs:
+            if e.name == name and e.kind in ("deleted", "moved_out") and first_load <= e.t < last_load:
+                failures.append(f"checkpoint {name!r} was removed at t={e.t:.3f}s before the last engine finished "
+                                f"loading it at t={last_load:.3f}s")
+    return verdict("F3 atomic checkpoints", failures, metrics={"checkpoints": len(names)})

@@ -1,0 +1,31 @@
+"""Version labels as SGLang reports them, read the same way by every checker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def numeric(label: Any) -> int | None:
+    """An integer version from a label; None for ``"default"`` and other non-numeric labels (V5)."""
+    if isinstance(label, bool):
+        return None
+    if isinstance(label, int):
+        return label
+    if isinstance(label, str) and label.strip().lstrip("-").isdigit():
+        return int(label.strip())
+    return None
+
+
+def output_versions(output: dict) -> list[int]:
+    """Numeric versions that produced an output's tokens: every span when SGLang reports spans (0.5.23),
+    else the output-time ``weight_version`` label (which names only the version current at the end)."""
+    meta = output.get("meta_info", {})
+    spans = meta.get("weight_versions")
+    labels = [s.get("version") for s in spans if isinstance(s, dict)] if isinstance(spans, list) and spans \
+        else [meta.get("weight_version")]
+    return [v for v in (numeric(label) for label in labels) if v is not None]
+
+
+def finish_type(output: dict) -> str | None:
+    reason = output.get("meta_info", {}).get("finish_reason")
+    return reason.get("type") if isinstance(reason, dict) else reason

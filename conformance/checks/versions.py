@@ -1,0 +1,123 @@
+"""Version lifecycle: V1 (labels agree), V2 (publish only after success), V3 (nothing before the first update),
+V4/S1 (never backwards, staleness never negative), P6 (engines hold the trainer's weights)."""
+
+from __future__ import annotations
+
+from ..history import TRANSFER_PATHS, History
+from .verdict import Verdict, verdict
+
+
+def versions_agree(h: History) -> Verdict:
+    """V1: after every successful update (every mode, LoRA too) engine label == trainer counter == manager."""
+    failures: list[str] = []
+    ok = [c for c in h.cycles if c.ok]
+    for c in ok:
+        kind = "LoRA" if c.lora else c.transport
+        if c.returned != c.counter_after or c.published_after != c.returned:
+            failures.append(f"cycle {c.index} ({kind}, cell {c.cell}): updater returned {c.returned}, its counter is "
+                            f"{c.counter_after}, the manager holds {c.published_after}")
+        for engine, label in enumerate(c.labels_after):
+            if label != str(c.returned):
+                failures.append(f"cycle {c.index} ({kind}, cell {c.cell}): the trainer counter is {c.returned} but "
+                                f"engine {engine} reports weight_version {label!r} after the update")
+    return verdict("V1 versions agree", failures, vacuous=None if ok else "no update cycle succeeded",
+                   metrics={"successful_cycles": len(ok)})
+
+
+def published_only_after_success(h: History) -> Verdict:
+    """V2: a failed update changes no label and publishes nothing; a version is stamped on an engine only after
+    that engine's transfer succeeded."""
+    failures: list[str] = []
+    for c in h.cycles:
+        if not c.ok:
+            if c.published_after != c.published_before:
+                failures.append(f"cycle {c.index} failed ({c.error}) yet the manager's version moved "
+                                f"{c.published_before} → {c.published_after}")
+            for engine, (before, after) in enumerate(zip(c.labels_before, c.labels_after)):
+                if before != after:
+                    failures.append(f"cycle {c.index} failed ({c.error}) yet engine {engine}'s label moved "
+                                    f"{before!r} → {after!r}")
+        in_cycle = [w for w in h.wire if c.t_start <= w.t_start <= c.t_end]
+        for bump in (w for w in in_cycle if w.path == "/update_weight_version"):
+            transfers = [w for w in in_cycle if w.engine == bump.engine and w.path in TRANSFER_PATHS]
+            if not transfers:
+                continue
+            pending = [w for w in transfers if w.t_end is None or w.t_end > bump.t_start or not w.ok]
+            if pending:
+                w = pending[0]
+                state = "failed" if w.t_end is not None and w.t_end <= bump.t_start else "had not finished"
+                failures.append(f"cycle {c.index}: engine {bump.engine} was relabelled to "
+                                f"{bump.payload.get('new_version') if isinstance(bump.payload, dict) else bump.payload!r}"
+                                f" at t={bump.t_start:.3f}s while its transfer {w.path} {state}")
+    failed = sum(not c.ok for c in h.cycles)
+    return verdict("V2 publish only after success", failures,
+                   vacuous=None if h.cycles else "no update cycle ran", metrics={"failed_cycles": failed})
+
+
+def nothing_before_first_update(h: History) -> Verdict:
+    """V3: before the first update there is no current version: filter off, no staleness metrics."""
+    failures: list[str] = []
+    early = [b for b in h.batches if b.published_truth is None]
+    for rec in early:
+        b = rec.batch
+        if b.weight_version is not None:
+            failures.append(f"batch {rec.index} was consumed before any update, yet the manager's current version is "
+                            f"{b.weight_version!r} (must be None)")
+        stale_keys = sorted(k for k in b.metrics if "staleness" in k)
+        if stale_keys:
+            failures.append(f"batch {rec.index} was consumed before any update, yet reports staleness metrics "
+                            f"{ {k: b.metrics[k] for k in stale_keys} }")
+        if b.metrics.get("stale_groups_filtered"):
+            failures.append(f"batch {rec.index}: {b.metrics['stale_groups_filtered']} group(s) filtered as stale "
+                            f"before any update")
+        for g in b.groups:
+            if g.staleness is not None:
+                failures.append(f"batch {rec.index}: prompt {g.prompt_index} has staleness {g.staleness} before "
+                                f"any update (must be None: 'no version yet' is not version 0)")
+    return verdict("V3 no version before the first update", failures,
+                   vacuous=None if early else "no batch was consumed before the first update",
+                   metrics={"batches_before_first_update": len(early)})
+
+
+def never_backwards(h: History) -> Verdict:
+    """V4/S1: the published version never goes backwards (failover included) and staleness is never negative.
+    A regression must be re-based or fail loudly; a cycle that raised on it is fine."""
+    failures: list[str] = []
+    published: list[tuple[float, str, int]] = []
+    for c in h.cycles:
+        if c.published_after is not None:
+            published.append((c.t_end, f"after cycle {c.index} (cell {c.cell})", c.published_after))
+    for rec in h.batches:
+        if rec.batch.weight_version is not None:
+            published.append((rec.t, f"at batch {rec.index}", rec.batch.weight_version))
+        for g in rec.batch.groups:
+            if g.staleness is not None and g.staleness < 0:
+                failures.append(f"batch {rec.index}: prompt {g.prompt_index} was admitted with negative staleness "
+                                f"{g.staleness} (current {rec.batch.weight_version}, oldest {g.oldest_version})")
+    high: tuple[str, int] | None = None
+    for _, where, v in sorted(published, key=lambda p: p[0]):
+        if high is not None and v < high[1]:
+            failures.append(f"the manager's version went backwards: {high[1]} ({high[0]}) → {v} ({where})")
+        if high is None or v >= high[1]:
+            high = (where, v)
+    cells = {c.cell for c in h.cycles}
+    return verdict("V4/S1 never backwards", failures,
+                   vacuous=None if h.cycles else "no update cycle ran",
+                   metrics={"cells": len(cells), "max_published": high[1] if high else None})
+
+
+def weights_match(h: History) -> Verdict:
+    """P6: after a successful full-weight update every engine holds exactly the trainer's weights."""
+    failures: list[str] = []
+    checked = 0
+    for c in h.cycles:
+        if not c.ok or c.lora or c.trainer_digest is None or c.digests_after is None:
+            continue
+        checked += 1
+        for engine, digest in enumerate(c.digests_after):
+            if digest != c.trainer_digest:
+                failures.append(f"cycle {c.index} ({c.transport}): engine {engine} holds weights {digest[:12]}… but "
+                                f"the trainer pushed {c.trainer_digest[:12]}…")
+    return verdict("P6 engines hold the trainer's weights", failures,
+                   vacuous=None if checked else "no engine digests (backend without weights truth, or no full update)",
+                   metrics={"cycles_checked": checked})

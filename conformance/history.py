@@ -1,0 +1,163 @@
+"""What happened in one scenario run: the only input of the checkers.
+
+Everything here is plain data. Wire records come from the recorder in front of every engine (the same on
+the fake and on real SGLang); cycles, batches and filesystem events from the scenario runner; ``engine_truth``
+holds what only a fake engine can tell (weights digests, internal event logs) and is optional.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+from .interface import Batch
+
+TRANSFER_PATHS = frozenset({
+    "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
+    "/load_lora_adapter", "/load_lora_adapter_from_tensors",
+})
+
+
+@dataclass
+class WireCall:
+    """One HTTP exchange between the integration and an engine, as seen on the wire."""
+
+    seq: int
+    engine: int
+    method: str
+    path: str
+    payload: Any
+    """Parsed JSON request body (or the raw text, or None when empty)."""
+    t_start: float
+    t_end: float | None = None
+    status: int | None = None
+    """None: no response (connection dropped, client gave up)."""
+    response: Any = None
+    """Parsed JSON response; for a streamed ``/generate`` the last data event."""
+
+    @property
+    def ok(self) -> bool:
+        """2xx and not ``success: false``."""
+        if self.status is None or not 200 <= self.status < 300:
+            return False
+        return not (isinstance(self.response, dict) and self.response.get("success") is False)
+
+    def overlaps(self, t0: float, t1: float) -> bool:
+        end = self.t_end if self.t_end is not None else float("inf")
+        return self.t_start < t1 and end > t0
+
+    def generate_outputs(self) -> list[dict]:
+        """The output objects of a ``/generate`` response (a batch answers a list)."""
+        if self.path != "/generate" or self.response is None:
+            return []
+        items = self.response if isinstance(self.response, list) else [self.response]
+        return [o for o in items if isinstance(o, dict) and isinstance(o.get("meta_info"), dict)]
+
+
+@dataclass
+class UpdateCycle:
+    """One ``Updater.update`` call made by the scenario."""
+
+    index: int
+    cell: int
+    transport: str
+    lora: bool
+    pause_mode: str
+    t_start: float
+    t_end: float
+    ok: bool
+    error: str | None
+    counter_before: int
+    counter_after: int
+    returned: int | None
+    published_before: int | None
+    published_after: int | None
+    labels_before: list[str | None]
+    labels_after: list[str | None]
+    expect_failure: bool = False
+    """The scenario deliberately pushed weights the engines must reject."""
+    trainer_digest: str | None = None
+    digests_after: list[str] | None = None
+    """Engine weights digests after the cycle (fake backend only)."""
+
+
+@dataclass
+class BatchRecord:
+    """A batch the Manager handed out, and the truth at consumption time."""
+
+    index: int
+    t: float
+    batch: Batch
+    published_truth: int | None
+    """The version of the last successful update before consumption (None before any)."""
+
+
+@dataclass
+class FsEvent:
+    """A change at the top of the integration's checkpoint directory (inotify)."""
+
+    t: float
+    kind: str
+    """``created`` (made in place), ``moved_in`` (renamed into place), ``deleted``, ``moved_out``."""
+    name: str
+
+
+@dataclass
+class Injected:
+    """A fault the scenario injected itself (so checkers do not blame the integration)."""
+
+    t: float
+    kind: str
+    engine: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class History:
+    """Everything one scenario run produced."""
+
+    scenario: str
+    integration: str
+    backend: str
+    profile: str
+    seed: int
+    max_staleness: int | None = None
+    wire: list[WireCall] = field(default_factory=list)
+    cycles: list[UpdateCycle] = field(default_factory=list)
+    batches: list[BatchRecord] = field(default_factory=list)
+    fs: list[FsEvent] | None = None
+    """None when the platform cannot watch the filesystem (checkers answer unknown)."""
+    injected: list[Injected] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    """Scenario-level failures (a role raised where it must not)."""
+    final_labels: list[str | None] = field(default_factory=list)
+    engine_truth: dict[str, Any] = field(default_factory=dict)
+
+    # -- queries the checkers share -------------------------------------------------------------------
+
+    def integration_calls(self, path: str | None = None, engine: int | None = None) -> Iterator[WireCall]:
+        for call in self.wire:
+            if (path is None or call.path == path) and (engine is None or call.engine == engine):
+                yield call
+
+    def outputs_by_rid(self) -> dict[str, tuple[WireCall, dict]]:
+        """``meta_info.id`` → (wire call, output object) for every generate output seen."""
+        found: dict[str, tuple[WireCall, dict]] = {}
+        for call in self.integration_calls("/generate"):
+            for out in call.generate_outputs():
+                rid = out["meta_info"].get("id")
+                if rid is not None:
+                    found[str(rid)] = (call, out)
+        return found
+
+    def cycle_at(self, t: float) -> UpdateCycle | None:
+        return next((c for c in self.cycles if c.t_start <= t <= c.t_end), None)
+
+    def published_truth_at(self, t: float) -> int | None:
+        """The version the last successful cycle finished before ``t`` returned."""
+        done = [c.returned for c in self.cycles if c.ok and c.t_end <= t and c.returned is not None]
+        return done[-1] if done else None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)

@@ -1,0 +1,262 @@
+"""The interface an integration under test provides (DESIGN §4).
+
+Three roles, mirroring how every async-RL framework splits weight sync:
+
+* :class:`EngineClient` — the integration's client for ONE engine (SGLang HTTP server).
+* :class:`Updater` — the trainer side of one trainer cell: owns the version counter and runs a whole update
+  cycle across all engines, then publishes the version to the manager. A failover cell is a second Updater
+  over the same engines and manager.
+* :class:`Manager` — the rollout manager: keeps groups in flight on the engines and hands out batches after
+  its filters (aborted groups, staleness bound, group size).
+
+An adapter is an :class:`Integration`: it declares :class:`Capabilities` and builds the roles for a set of
+engine URLs. Everything is ``async``; an adapter over a synchronous (``requests``) wrapper runs the blocking
+calls with ``asyncio.to_thread`` (see ``examples/``).
+
+The records a manager hands out (:class:`Batch` → :class:`Group` → :class:`Sample` → :class:`Turn`) are what
+the checkers read: every turn names the ``rid`` of the ``/generate`` call it came from, so the suite can join
+it with what the engine actually answered on the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Literal, Mapping, Protocol, Sequence, runtime_checkable
+
+PauseMode = Literal["abort", "retract", "in_place"]
+Transport = Literal["disk", "tensor", "distributed"]
+
+ALL_TRANSPORTS: frozenset[str] = frozenset({"disk", "tensor", "distributed"})
+ALL_PAUSE_MODES: frozenset[str] = frozenset({"abort", "retract", "in_place"})
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an integration supports. A test needing more is skipped with the reason, never passed.
+
+    Every capability has a documented default; an adapter overrides only what differs.
+    """
+
+    transports: frozenset[str] = ALL_TRANSPORTS
+    """Full-weight transports the Updater implements (``disk``, ``tensor``, ``distributed``)."""
+    lora: bool = True
+    """The Updater can push a LoRA adapter (``Updater.update(..., lora=...)``)."""
+    pause_modes: frozenset[str] = frozenset({"retract", "in_place"})
+    """Pause modes the Updater can run a cycle under (fully-async integrations reject ``abort``, I3)."""
+    failover: bool = True
+    """``Roles.new_updater()`` may be called again to fail over to a fresh trainer cell."""
+    multi_turn: bool = True
+    """The Manager can run multi-turn samples (several ``/generate`` calls per sample)."""
+    staleness_filter: bool = True
+    """The Manager enforces ``RolloutConfig.max_staleness`` at consumption."""
+
+    def __post_init__(self) -> None:
+        unknown = (set(self.transports) - ALL_TRANSPORTS) | (set(self.pause_modes) - ALL_PAUSE_MODES)
+        if unknown:
+            raise ValueError(f"Capabilities: unknown transport/pause mode {sorted(unknown)}; "
+                             f"transports are {sorted(ALL_TRANSPORTS)}, pause modes {sorted(ALL_PAUSE_MODES)}")
+
+    def missing(self, *, transport: str | None = None, pause_mode: str | None = None, lora: bool = False,
+                failover: bool = False, multi_turn: bool = False, staleness_filter: bool = False) -> str | None:
+        """The reason a test needing these cannot run, or None when everything is supported."""
+        if transport is not None and transport not in self.transports:
+            return f"integration does not support transport {transport!r} (declares {sorted(self.transports)})"
+        if pause_mode is not None and pause_mode not in self.pause_modes:
+            return f"integration does not support pause mode {pause_mode!r} (declares {sorted(self.pause_modes)})"
+        for name, needed in (("lora", lora), ("failover", failover), ("multi_turn", multi_turn),
+                             ("staleness_filter", staleness_filter)):
+            if needed and not getattr(self, name):
+                return f"integration does not declare capability {name!r}"
+        return None
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The workload a scenario asks the Manager to run."""
+
+    batch_size: int = 4
+    """Groups per batch handed to training."""
+    group_size: int = 2
+    """Samples per group (``n_samples_per_prompt``)."""
+    turns: int = 1
+    """``/generate`` calls per sample (multi-turn when > 1)."""
+    max_new_tokens: int = 32
+    """Per turn."""
+    max_staleness: int | None = None
+    """Bound on ``current - oldest`` at consumption; None disables the filter."""
+    max_in_flight_groups: int = 8
+    """Producer cap on concurrently generating groups."""
+    buffer_capacity: int = 16
+    """Finished groups waiting for consumption; the producer blocks when full."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt handed out by the data source; ``index`` orders samples in a batch."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter to push: its name, PEFT config and tensors (``torch.Tensor`` by name)."""
+
+    name: str
+    config: Mapping[str, Any]
+    tensors: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class BuildEnv:
+    """What the suite gives an integration to build its roles from."""
+
+    engine_urls: Sequence[str]
+    workdir: Path
+    """Scratch space owned by the integration (e.g. ``workdir / "checkpoints"`` for disk updates)."""
+    rollout: RolloutConfig
+    prompts: Callable[[], Prompt]
+    """The data source: each call returns the next prompt (thread-safe)."""
+    pause_mode: str = "retract"
+    """Pause mode the Updater must use for its cycles."""
+    seed: int = 0
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where disk updates write checkpoints (``workdir / "checkpoints"``, created by the suite and watched)."""
+        return self.workdir / "checkpoints"
+
+
+@dataclass
+class Turn:
+    """One ``/generate`` call of a sample, as the integration recorded it."""
+
+    rid: str
+    """``meta_info.id`` of the response (the suite joins it with the wire record)."""
+    weight_version: str | None
+    """The version label the integration recorded for this turn (SGLang's ``meta_info.weight_version``)."""
+    finish_reason: str
+    """``finish_reason.type``: ``length``, ``stop`` or ``abort``."""
+    completion_tokens: int
+    weight_versions: list[str] | None = None
+    """Per-token span versions when the engine reports them (SGLang ≥ 0.5.23), oldest first."""
+
+
+@dataclass
+class Sample:
+    """One trajectory: a prompt and its turns."""
+
+    index: int
+    turns: list[Turn]
+    aborted: bool = False
+    """The integration's own view: True when any turn ended in abort."""
+
+
+@dataclass
+class Group:
+    """``group_size`` samples of one prompt; ``oldest_version`` is the integration's own computation."""
+
+    prompt_index: int
+    samples: list[Sample]
+    oldest_version: int | None
+    staleness: int | None
+    """``current - oldest`` at consumption as the integration computed it; None when either is None."""
+
+
+@dataclass
+class Batch:
+    """What the Manager hands to training."""
+
+    groups: list[Group]
+    weight_version: int | None
+    """The Manager's current (published) version at consumption."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Per-batch metrics; staleness metrics are named ``*staleness*``."""
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """The integration's client for one engine."""
+
+    url: str
+
+    async def generate(self, payload: Mapping[str, Any]) -> Any:
+        """POST ``/generate`` with a native SGLang payload; returns the decoded JSON response."""
+
+    async def pause(self, mode: str) -> None:
+        """Pause generation in ``mode`` (``abort`` / ``retract`` / ``in_place``)."""
+
+    async def resume(self) -> None:
+        """Continue generation."""
+
+    async def flush_cache(self) -> None:
+        """Flush the prefix cache; raises when the engine refuses."""
+
+    async def update_weight_version(self, version: str) -> None:
+        """Relabel the engine's weights. Must never abort in-flight requests (I1)."""
+
+    async def get_weight_version(self) -> str:
+        """The engine's current version label."""
+
+
+@runtime_checkable
+class Updater(Protocol):
+    """The trainer side of one trainer cell."""
+
+    @property
+    def version(self) -> int:
+        """The cell's counter: the version of the last successful update (0 before any)."""
+
+    async def update(self, weights: Mapping[str, Any] | None = None, *, transport: str = "distributed",
+                     lora: LoraAdapter | None = None) -> int:
+        """Run one whole update cycle on every engine and publish the new version to the Manager.
+
+        ``weights`` are full model tensors (``torch.Tensor`` by HF parameter name); with ``lora`` only the
+        adapter is pushed. Returns the new version. Raises on any failure, leaving engines resumed and the
+        published version unchanged (V2, I6, P5).
+        """
+
+
+@runtime_checkable
+class Manager(Protocol):
+    """The rollout manager."""
+
+    @property
+    def weight_version(self) -> int | None:
+        """The published version; None before the first update (V3)."""
+
+    def set_weight_version(self, version: int) -> None:
+        """Receive a published version. A regression must be re-based or raise, never stored (V4)."""
+
+    async def start(self) -> None:
+        """Start the producer (groups generating on the engines)."""
+
+    async def next_batch(self) -> Batch:
+        """The next batch after the filters, sorted by sample index."""
+
+    async def stop(self) -> None:
+        """Stop the producer and wait for its tasks (abort nothing that training will read)."""
+
+
+@dataclass
+class Roles:
+    """The built integration."""
+
+    engines: list[EngineClient]
+    manager: Manager
+    new_updater: Callable[[], Updater]
+    """Each call builds a fresh trainer cell over the same engines and manager (failover)."""
+    close: Callable[[], Awaitable[None]] | None = None
+    """Release clients, groups and temp files."""
+
+
+@runtime_checkable
+class Integration(Protocol):
+    """What an adapter module exposes (``--integration module:attr``)."""
+
+    name: str
+    capabilities: Capabilities
+
+    async def build(self, env: BuildEnv) -> Roles:
+        """Build the roles over ``env.engine_urls``."""

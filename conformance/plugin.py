@@ -1,0 +1,122 @@
+"""The pytest plugin (``pytest11`` entry point ``weightsync_conformance``): options, markers, fixtures, report.
+
+Import-light: the suite's machinery is imported only when a conformance test runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+DEFAULT_INTEGRATION = "conformance.reference:integration"
+_RESULTS = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("weightsync-conformance")
+    group.addoption("--integration", default=None, metavar="MODULE:ATTR",
+                    help="integration under test (default: ini conformance_integration, env WEIGHTSYNC_INTEGRATION, "
+                         f"else {DEFAULT_INTEGRATION})")
+    group.addoption("--sglang-profile", default=None, metavar="VERSION",
+                    help="SGLang version the fake engines behave as: 0.5.4, 0.5.10 or 0.5.23 (default)")
+    group.addoption("--conformance-seed", type=int, default=None, metavar="N",
+                    help="seed for workloads and fake engines (default: env WEIGHTSYNC_SEED, else 0)")
+    group.addoption("--conformance-report", default=None, metavar="PATH",
+                    help="write the conformance result (JSON, plus Markdown beside it) to PATH")
+    group.addoption("--nodes", type=int, default=1, metavar="N", help="nodes for the GPU backend (-m gpu)")
+    parser.addini("conformance_integration", "integration under test (MODULE:ATTR)", default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in ("cpu: runs on CPU only (fake engines); every CI",
+                   "gpu: needs real SGLang engines on GPUs (Ray cluster)"):
+        config.addinivalue_line("markers", marker)
+    from fakes.profiles import PROFILES  # light: plain data
+
+    profile = config.getoption("--sglang-profile") or "0.5.23"
+    if profile not in PROFILES:
+        raise pytest.UsageError(f"--sglang-profile {profile!r} is not known; choose one of {sorted(PROFILES)}")
+    if config.getoption("--nodes") < 1:
+        raise pytest.UsageError("--nodes must be >= 1")
+    config.stash[_RESULTS] = {}
+
+
+def integration_spec(config: pytest.Config) -> str:
+    return (config.getoption("--integration") or config.getini("conformance_integration")
+            or os.environ.get("WEIGHTSYNC_INTEGRATION") or DEFAULT_INTEGRATION)
+
+
+def conformance_seed(config: pytest.Config) -> int:
+    seed = config.getoption("--conformance-seed")
+    return int(os.environ.get("WEIGHTSYNC_SEED", "0")) if seed is None else seed
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [f"weightsync-conformance: integration={integration_spec(config)} "
+            f"sglang-profile={config.getoption('--sglang-profile') or '0.5.23'} seed={conformance_seed(config)} "
+            f"(rerun with --conformance-seed N)"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any("conformance_run" in getattr(item, "fixturenames", ()) for item in items):
+        from .cases import IntegrationError, load_integration
+
+        try:
+            config.stash[_RESULTS]["integration"] = load_integration(integration_spec(config))
+        except IntegrationError as exc:
+            raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
+
+
+@pytest.fixture(scope="session")
+def conformance_integration(pytestconfig: pytest.Config) -> Any:
+    """The Integration under test."""
+    from .cases import load_integration
+
+    return pytestconfig.stash[_RESULTS].get("integration") or load_integration(integration_spec(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -> Callable[[str, str], Any]:
+    """``run(scenario, backend)`` → ScenarioResult, each scenario run once per session and backend."""
+    from .cases import fake_backend_factory, run_one
+
+    cache: dict[tuple[str, str], Any] = {}
+    profile = pytestconfig.getoption("--sglang-profile") or "0.5.23"
+    seed = conformance_seed(pytestconfig)
+
+    def run(scenario: str, backend: str) -> Any:
+        if backend == "gpu":
+            pytest.skip("the GPU backend (real SGLang on Ray, gpu/) is not part of this release yet; "
+                        "run -m cpu for the fake backend")
+        if (scenario, backend) not in cache:
+            cache[(scenario, backend)] = run_one(scenario, conformance_integration,
+                                                 fake_backend_factory(profile, seed), seed)
+        return cache[(scenario, backend)]
+    return run
+
+
+def record_verdict(config: pytest.Config, nodeid: str, case: Any, backend: str, result: Any) -> None:
+    """Keep a case's verdict for the report."""
+    v = result.verdicts.get(case.check) if result.history else None
+    config.stash[_RESULTS].setdefault("cases", []).append({
+        "nodeid": nodeid, "case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
+        "status": "skipped" if result.skipped else v.status, "reason": result.skipped,
+        "witness": v.witness if v else [], "metrics": v.metrics if v else {}})
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    path = config.getoption("--conformance-report")
+    if not path or hasattr(config, "workerinput"):
+        return
+    from reports.render import write_report
+
+    results = config.stash[_RESULTS]
+    write_report(Path(path), {
+        "suite_version": "0.1.0", "integration": integration_spec(config),
+        "backend": "fake", "sglang_profile": config.getoption("--sglang-profile") or "0.5.23",
+        "seed": conformance_seed(config), "cases": results.get("cases", [])})

@@ -1,0 +1,302 @@
+"""The reference rollout manager: a fully-async producer over the engines and a consumer with its filters.
+
+Producer: keeps at most ``max_in_flight_groups`` groups generating (round-robin over engines, one engine per
+sample); a finished group waits for room in a bounded buffer (``buffer_capacity``), so a full buffer stops
+submission (S4). A group with any aborted turn is recycled as its pristine prompt (I4/I5). A failing group
+kills the producer and the next :meth:`next_batch` raises the original exception (S5).
+
+Consumer (:meth:`next_batch`): pops groups FIFO and measures each against the published version *at
+consumption* (S3): oldest = min numeric label over every sample, turn and span (S2/V5), staleness = current −
+oldest, or None before the first update (V3). Negative staleness raises (S1); over the bound → recycled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from ..interface import Batch, BuildEnv, EngineClient, Group, Prompt, Sample, Turn
+from .concurrency import gather_or_cancel
+
+
+class VersionRegression(RuntimeError):
+    """A published version lower than the current one (V4): a failover cell that did not continue it."""
+
+
+class NegativeStaleness(RuntimeError):
+    """A group newer than the published version (S1): the version went backwards somewhere."""
+
+
+class ProtocolError(RuntimeError):
+    """An engine answer the manager cannot read."""
+
+
+def numeric_label(label: Any) -> int | None:
+    """An engine version label as an int; None for ``"default"`` and other non-numeric labels (V5)."""
+    return int(label) if isinstance(label, str) and label.isdigit() else None
+
+
+@dataclass
+class FinishedGroup:
+    """A group as the producer finished it, before the consumer's filters."""
+
+    prompt: Prompt
+    samples: list[Sample]
+
+
+class AdapterUsers:
+    """``/generate`` calls in flight per LoRA adapter name, so an old adapter is unloaded only once unused."""
+
+    def __init__(self) -> None:
+        self._count: collections.Counter[str] = collections.Counter()
+        self._waiters: dict[str, list[asyncio.Future[None]]] = collections.defaultdict(list)
+
+    @contextlib.contextmanager
+    def using(self, name: str | None) -> Iterator[None]:
+        if name is None:
+            yield
+            return
+        self._count[name] += 1
+        try:
+            yield
+        finally:
+            self._count[name] -= 1
+            if self._count[name] == 0:
+                del self._count[name]
+                for waiter in self._waiters.pop(name, []):
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+    async def idle(self, name: str) -> None:
+        """Returns once no request uses ``name``."""
+        if self._count[name] == 0:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters[name].append(waiter)
+        await waiter
+
+
+class ReferenceManager:
+    """The reference :class:`~conformance.interface.Manager`."""
+
+    def __init__(self, engines: Sequence[EngineClient], env: BuildEnv) -> None:
+        if not engines:
+            raise ValueError("ReferenceManager needs at least one engine")
+        self.engines = list(engines)
+        self.config = env.rollout
+        self._prompts = env.prompts
+        self._version: int | None = None
+        self._adapter: str | None = None
+        self.adapter_users = AdapterUsers()
+        self._buffer: asyncio.Queue[FinishedGroup] | None = None
+        self._producer: asyncio.Task[None] | None = None
+        self._recycled: collections.deque[Prompt] = collections.deque()
+        self._next_engine = itertools.count()
+        self._counters: collections.Counter[str] = collections.Counter()
+
+    # -- versions and adapters --------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int | None:
+        return self._version
+
+    def set_weight_version(self, version: int) -> None:
+        """Store a published version; a lower one raises :class:`VersionRegression` (V4), never stored."""
+        if self._version is not None and version < self._version:
+            raise VersionRegression(f"published version went backwards: {self._version} -> {version} (a failover "
+                                    f"cell must continue the published version)")
+        self._version = version
+
+    def _current_version(self) -> int | None:
+        """The version staleness is measured against: the published one, None before the first update."""
+        return self._version
+
+    def _label_value(self, label: Any) -> int | None:
+        return numeric_label(label)
+
+    @property
+    def lora_adapter(self) -> str | None:
+        """The adapter name new ``/generate`` calls use (None: base model)."""
+        return self._adapter
+
+    def switch_adapter(self, name: str | None) -> str | None:
+        """New requests use ``name`` from now on; the previous name (for the updater to unload)."""
+        previous, self._adapter = self._adapter, name
+        return previous if previous != name else None
+
+    # -- producer --------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._producer is None:
+            self._buffer = asyncio.Queue(maxsize=self.config.buffer_capacity)
+            self._producer = asyncio.create_task(self._produce(), name="reference-rollout-producer")
+
+    def _next_prompt(self) -> Prompt:
+        return self._recycled.popleft() if self._recycled else self._prompts()
+
+    def _recycle(self, prompt: Prompt) -> None:
+        """Resubmit the prompt from scratch: the pristine prompt the data source handed out (I4/I5)."""
+        self._recycled.append(prompt)
+
+    async def _produce(self) -> None:
+        active: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                while len(active) < self.config.max_in_flight_groups:
+                    active.add(asyncio.create_task(self._run_group(self._next_prompt())))
+                done, active = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a failed group kills the producer with its own exception (S5)
+        finally:
+            for task in active:
+                task.cancel()
+            await asyncio.gather(*active, return_exceptions=True)
+
+    async def _run_group(self, prompt: Prompt) -> None:
+        samples = await gather_or_cancel(*(self._run_sample(prompt, i) for i in range(self.config.group_size)))
+        if any(s.aborted for s in samples):
+            await self._handle_aborted(prompt, samples)
+        else:
+            await self._enqueue(FinishedGroup(prompt, samples))
+
+    async def _handle_aborted(self, prompt: Prompt, samples: list[Sample]) -> None:
+        """A group with an aborted turn never reaches training: its prompt is resubmitted pristine (I4)."""
+        self._counters["aborted_groups_recycled"] += 1
+        self._recycle(prompt)
+
+    async def _enqueue(self, group: FinishedGroup) -> None:
+        assert self._buffer is not None
+        await self._buffer.put(group)  # blocks while the buffer is full (S4)
+
+    async def _run_sample(self, prompt: Prompt, i: int) -> Sample:
+        engine = self.engines[next(self._next_engine) % len(self.engines)]
+        sample = Sample(index=prompt.index * self.config.group_size + i, turns=[])
+        text = prompt.text
+        for t in range(self.config.turns):
+            rid = f"p{prompt.index}.s{i}.t{t}.{uuid.uuid4().hex[:12]}"
+            adapter = self._adapter
+            with self.adapter_users.using(adapter):
+                response = await engine.generate(self._payload(text, rid, adapter))
+            turn = self._turn(engine, rid, response)
+            sample.turns.append(turn)
+            if turn.finish_reason == "abort":
+                sample.aborted = True
+                break
+            text += response["text"]
+        return sample
+
+    def _payload(self, text: str, rid: str, adapter: str | None) -> dict[str, Any]:
+        payload: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": self.config.max_new_tokens},
+                                   "rid": rid}
+        if adapter is not None:
+            payload["lora_path"] = adapter
+        return payload
+
+    @staticmethod
+    def _turn(engine: EngineClient, rid: str, response: Any) -> Turn:
+        """The turn record of one ``/generate`` answer; raises :class:`ProtocolError` when it is malformed."""
+        try:
+            meta = response["meta_info"]
+            spans = meta.get("weight_versions")
+            turn = Turn(rid=str(meta["id"]), weight_version=meta.get("weight_version"),
+                        finish_reason=meta["finish_reason"]["type"],
+                        completion_tokens=int(meta["completion_tokens"]),
+                        weight_versions=[str(s["version"]) for s in spans] if spans is not None else None)
+            if not isinstance(response["text"], str):
+                raise TypeError("text is not a string")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"engine {engine.url} /generate rid {rid}: malformed response "
+                                f"({type(exc).__name__}: {exc}): {str(response)[:300]}") from exc
+        if turn.rid != rid:
+            raise ProtocolError(f"engine {engine.url} /generate: sent rid {rid}, answered meta_info.id {turn.rid}")
+        return turn
+
+    # -- consumer --------------------------------------------------------------------------------------
+
+    def _oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
+        """(min numeric label over every sample, turn and span; count of turns with no numeric label)."""
+        labels: list[int] = []
+        unversioned = 0
+        for sample in samples:
+            for turn in sample.turns:
+                found = [self._label_value(v) for v in [turn.weight_version, *(turn.weight_versions or [])]]
+                numeric = [v for v in found if v is not None]
+                labels += numeric
+                unversioned += not numeric
+        return (min(labels) if labels else None), unversioned
+
+    def _staleness(self, current: int | None, oldest: int | None) -> int | None:
+        if current is None or oldest is None:
+            return None  # V3: no current version yet, or nothing versioned in the group
+        staleness = current - oldest
+        if staleness < 0:
+            raise NegativeStaleness(f"group labelled with version {oldest} but the published version is "
+                                    f"{current}: staleness {staleness} < 0")
+        return staleness
+
+    def _too_stale(self, staleness: int | None) -> bool:
+        bound = self.config.max_staleness
+        return bound is not None and staleness is not None and staleness > bound
+
+    def _rejected_at_consumption(self, staleness: int | None) -> bool:
+        """The staleness filter, applied when a group is handed to training (S3)."""
+        return self._too_stale(staleness)
+
+    async def _pop(self) -> FinishedGroup:
+        """The next finished group; raises the producer's exception as soon as it died (S5)."""
+        if self._producer is None or self._buffer is None:
+            raise RuntimeError("ReferenceManager.next_batch() before start()")
+        getter = asyncio.ensure_future(self._buffer.get())
+        try:
+            await asyncio.wait({getter, self._producer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if self._producer.done():
+            self._producer.result()  # raises the original exception
+            raise RuntimeError("the rollout producer stopped")
+        return getter.result()
+
+    async def next_batch(self) -> Batch:
+        """``batch_size`` groups, sorted by prompt index, each within the staleness bound at hand-out."""
+        picked: list[tuple[FinishedGroup, int | None, int]] = []
+        while True:
+            while len(picked) < self.config.batch_size:
+                group = await self._pop()
+                picked.append((group, *self._oldest_version(group.samples)))
+            current, kept = self._current_version(), []
+            for group, oldest, unversioned in picked:  # measured against the version current right now (S3)
+                if self._rejected_at_consumption(self._staleness(current, oldest)):
+                    self._counters["stale_groups_filtered"] += 1
+                    self._recycle(group.prompt)
+                else:
+                    kept.append((group, oldest, unversioned))
+            picked = kept
+            if len(picked) == self.config.batch_size:
+                break
+        groups = [Group(g.prompt.index, g.samples, oldest, self._staleness(current, oldest))
+                  for g, oldest, _ in picked]
+        groups.sort(key=lambda g: g.prompt_index)
+        self._counters["unversioned_turns"] += sum(n for _, _, n in picked)
+        return Batch(groups=groups, weight_version=current, metrics=self._take_metrics(groups))
+
+    def _take_metrics(self, groups: list[Group]) -> dict[str, float]:
+        metrics = {name: float(self._counters[name])
+                   for name in ("aborted_groups_recycled", "stale_groups_filtered", "unversioned_turns")}
+        measured = [g.staleness for g in groups if g.staleness is not None]
+        if measured:  # no staleness metric before a version exists (V3, S7)
+            metrics["staleness_mean"] = sum(measured) / len(measured)
+            metrics["staleness_max"] = float(max(measured))
+        self._counters.clear()
+        return metrics
+
+    async def stop(self) -> None:
+        """Cancel the producer and wait for its groups."""
+        if self._producer is not None:
+            self._producer.cancel()
+            await asyncio.gather(self._producer, return_exceptions=True)

@@ -1,0 +1,249 @@
+"""How the trainer's tensors reach the engines: disk, tensor, distributed (gloo/NCCL broadcast) and LoRA.
+
+A transport only moves weights; the updater owns the cycle around it (pause, flush, session, version,
+continue). No transport stamps ``weight_version`` into its payloads: SGLang would flip the label on the first
+bucket, before the whole update succeeded (rl-frameworks V2 note); the bump is the updater's separate
+``/update_weight_version`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save, save_file
+
+from ..interface import LoraAdapter
+from .client import HttpEngineClient
+from .concurrency import gather_or_cancel, run_in_daemon_thread, settle_all
+
+log = logging.getLogger(__name__)
+
+NamedTensors = Sequence[tuple[str, torch.Tensor]]
+TensorEncoder = Callable[[NamedTensors], str]
+"""Serializes named tensors into one ``serialized_named_tensors`` entry (a string for the JSON body)."""
+CheckpointWriter = Callable[[Path, str, Mapping[str, torch.Tensor], Mapping[str, Any]], Path]
+"""``(root, name, tensors, config) -> final directory``: writes one checkpoint under ``root``."""
+
+
+def _host_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy that shares storage with nothing (safetensors refuses shared storage)."""
+    return t.detach().to("cpu").contiguous().clone()
+
+
+def encode_safetensors_b64(named_tensors: NamedTensors) -> str:
+    """Default :data:`TensorEncoder`: base64 of the safetensors bytes of the named tensors.
+
+    Real SGLang on GPU expects base64 of its ``MultiprocessingSerializer`` payload instead (CUDA IPC handles);
+    pass that encoder to the integration there.
+    """
+    return base64.b64encode(save({name: _host_tensor(t) for name, t in named_tensors})).decode("ascii")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint_atomic(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
+                            config: Mapping[str, Any]) -> Path:
+    """Default :data:`CheckpointWriter` (F3, seed 004): write into a temp dir beside the target, fsync, then
+    ``os.rename`` it to ``root / name``, so a reader sees either no checkpoint or a complete one."""
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
+    try:
+        save_file({n: _host_tensor(t) for n, t in tensors.items()}, staging / "model.safetensors")
+        (staging / "config.json").write_text(json.dumps(dict(config)))
+        for path in (staging / "model.safetensors", staging / "config.json", staging):
+            _fsync(path)
+        final = root / name
+        if final.exists():  # left by a failed attempt at this version: move it aside, never overwrite in place
+            aside = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".old", dir=root))
+            os.rename(final, aside / name)
+            shutil.rmtree(aside)
+        os.rename(staging, final)
+        _fsync(root)
+        return final
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+class WeightTransport(Protocol):
+    """Moves full model weights into every engine."""
+
+    needs_session: bool
+    """Whether the transfer must run inside ``begin_weight_update`` / ``end_weight_update`` (0.5.23)."""
+
+    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
+        """Set-up done before the engines are paused (connecting a process group)."""
+
+    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+                       version: int) -> None:
+        """Push ``weights`` into every engine; raises unless every engine confirmed."""
+
+    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+        """Release what the transport holds (groups, files)."""
+
+
+class DiskTransport:
+    """Checkpoints ``root / f"v{version}"`` written atomically; an older one is deleted only after every
+    engine acknowledged a newer one (F3)."""
+
+    needs_session = False
+
+    def __init__(self, root: Path, writer: CheckpointWriter = write_checkpoint_atomic,
+                 config: Mapping[str, Any] | None = None) -> None:
+        self.root, self.writer, self.config = Path(root), writer, dict(config or {})
+
+    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
+        return None
+
+    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+                       version: int) -> None:
+        path = await asyncio.to_thread(self.writer, self.root, f"v{version}", weights, self.config)
+        await gather_or_cancel(*(engine.update_weights_from_disk(path) for engine in engines))
+        await asyncio.to_thread(self._remove_older_than, version)
+
+    def _remove_older_than(self, version: int) -> None:
+        for path in self.root.glob("v*"):
+            if path.name[1:].isdigit() and int(path.name[1:]) < version:
+                shutil.rmtree(path, ignore_errors=True)
+
+    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+        for staging in self.root.glob(".*.tmp"):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+class TensorTransport:
+    """The tensors in the request body: one ``serialized_named_tensors`` entry per engine (TP size 1)."""
+
+    needs_session = True
+
+    def __init__(self, encoder: TensorEncoder = encode_safetensors_b64) -> None:
+        self.encoder = encoder
+
+    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
+        return None
+
+    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+                       version: int) -> None:
+        payload = [self.encoder(list(weights.items()))]
+        await gather_or_cancel(*(engine.update_weights_from_tensor(payload) for engine in engines))
+
+    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+        return None
+
+
+class DistributedTransport:
+    """A ``torch.distributed`` broadcast from the trainer (rank 0) to engine ``i`` (rank ``1 + i``).
+
+    The group is built without touching the default process group: a ``TCPStore`` server on a free port, a
+    ``PrefixStore(group_name)`` and a ``ProcessGroupGloo``. It is created once per trainer cell, before the
+    first pause, concurrently with every engine's ``/init_weights_update_group`` (each side blocks until all
+    ranks joined). After a failed transfer the group is stale and rebuilt on the next cycle.
+    """
+
+    needs_session = True
+
+    def __init__(self, backend: str = "gloo", master_address: str = "127.0.0.1", timeout_s: float = 120.0,
+                 group_prefix: str = "weight_update_group") -> None:
+        if backend != "gloo":
+            raise ValueError(f"DistributedTransport: backend {backend!r} is not implemented (gloo only on CPU)")
+        self.backend, self.master_address, self.timeout = backend, master_address, timedelta(seconds=timeout_s)
+        self.group_prefix = group_prefix
+        self.group_name: str | None = None
+        self._group: Any = None
+        self._store: Any = None
+        self._stale_name: str | None = None
+
+    def _new_group(self, store: Any, name: str, world_size: int) -> Any:
+        return dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, world_size, self.timeout)
+
+    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
+        if self._group is not None:
+            return
+        if self._stale_name is not None:  # best effort: the engines may have dropped it already
+            await settle_all(e.destroy_weights_update_group(self._stale_name) for e in engines)
+            self._stale_name = None
+        name = f"{self.group_prefix}_{uuid.uuid4().hex[:8]}"
+        store = dist.TCPStore(self.master_address, 0, None, True, self.timeout, wait_for_workers=False)
+        world_size = 1 + len(engines)
+        group, *_ = await gather_or_cancel(
+            run_in_daemon_thread(self._new_group, store, name, world_size),
+            *(engine.init_weights_update_group(self.master_address, store.port, 1 + i, world_size, name,
+                                               self.backend) for i, engine in enumerate(engines)))
+        self._store, self._group, self.group_name = store, group, name
+
+    @staticmethod
+    def _broadcast(group: Any, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            group.broadcast([tensor], dist.BroadcastOptions()).wait()
+
+    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+                       version: int) -> None:
+        await self.prepare(engines)
+        names = list(weights)
+        tensors = [weights[n].detach().to("cpu").contiguous() for n in names]
+        dtypes = [str(t.dtype).removeprefix("torch.") for t in tensors]
+        shapes = [list(t.shape) for t in tensors]
+        try:
+            await gather_or_cancel(
+                run_in_daemon_thread(self._broadcast, self._group, tensors),
+                *(engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name)
+                  for engine in engines))
+        except BaseException:
+            self._stale_name, self._group, self._store = self.group_name, None, None
+            raise
+
+    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+        name = self.group_name if self._group is not None else self._stale_name
+        if name is not None:
+            for error in await settle_all(e.destroy_weights_update_group(name) for e in engines):
+                log.warning("destroying process group %s: %s", name, error)
+        self._group = self._store = self._stale_name = None
+
+
+class LoraTransport:
+    """``/load_lora_adapter_from_tensors`` under a versioned name ``f"{name}-v{version}"``: requests in flight
+    keep the adapter they named, so nothing unloads an adapter a paused request still uses (P7)."""
+
+    def __init__(self, encoder: TensorEncoder = encode_safetensors_b64) -> None:
+        self.encoder = encoder
+
+    @staticmethod
+    def versioned_name(adapter: LoraAdapter, version: int) -> str:
+        return f"{adapter.name}-v{version}"
+
+    async def load(self, engines: Sequence[HttpEngineClient], adapter: LoraAdapter, version: int) -> str:
+        """Load the adapter on every engine; its versioned name. On failure nothing stays loaded."""
+        if not adapter.tensors:
+            raise ValueError(f"LoRA adapter {adapter.name!r} has no tensors (P5)")
+        name = self.versioned_name(adapter, version)
+        payload = [self.encoder(list(adapter.tensors.items()))]
+        try:
+            await gather_or_cancel(*(engine.load_lora_adapter_from_tensors(name, adapter.config, payload)
+                                     for engine in engines))
+        except BaseException:
+            await settle_all(engine.unload_lora_adapter(name) for engine in engines)
+            raise
+        return name
+
+    async def unload(self, engines: Sequence[HttpEngineClient], name: str) -> None:
+        errors = await settle_all(engine.unload_lora_adapter(name) for engine in engines)
+        if errors:
+            raise errors[0]

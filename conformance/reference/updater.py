@@ -1,0 +1,154 @@
+"""The trainer side of one trainer cell: the whole update cycle across every engine, then publish.
+
+Cycle (P1): pause (retract | in_place) → flush unless in_place (C2) → begin session (full weights, 0.5.23) →
+transfer → ``update_weight_version`` on every engine → end session → continue → publish. On any failure the
+open sessions are ended and every engine is continued before the error propagates (I6), and nothing is
+published (V2). LoRA updates are stamped with the same counter as full updates (V1, seed 001 P1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping, Sequence
+
+from ..interface import LoraAdapter
+from .client import HttpEngineClient
+from .concurrency import gather_or_cancel, settle_all
+from .manager import ReferenceManager
+from .transports import LoraTransport, WeightTransport
+
+
+class ReferenceUpdater:
+    """The reference :class:`~conformance.interface.Updater`.
+
+    ``start_version`` is the version the cell continues from: a failover cell starts at the published version
+    (F1/V4), so its first update publishes ``published + 1``.
+    """
+
+    def __init__(self, engines: Sequence[HttpEngineClient], manager: ReferenceManager, *,
+                 transports: Mapping[str, WeightTransport], lora: LoraTransport | None = None,
+                 pause_mode: str = "retract", start_version: int = 0) -> None:
+        if pause_mode not in ("retract", "in_place"):
+            raise ValueError(f"pause mode {pause_mode!r}: a fully-async updater pauses with retract or in_place; "
+                             f"abort would kill every in-flight request (I3)")
+        self.engines = list(engines)
+        self.manager = manager
+        self.transports = dict(transports)
+        self.lora = lora or LoraTransport()
+        self.pause_mode = pause_mode
+        self._version = start_version
+        self._open_sessions: list[HttpEngineClient] = []
+        self._retiring: asyncio.Task[None] | None = None
+        self._cycle_lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def update(self, weights: Mapping[str, Any] | None = None, *, transport: str = "distributed",
+                     lora: LoraAdapter | None = None) -> int:
+        """One whole update cycle on every engine; the new version once every engine has it and it is published."""
+        if (weights is None) == (lora is None):
+            raise ValueError("update() takes either full weights or a LoRA adapter")
+        mover = None if lora is not None else self._transport(transport)
+        async with self._cycle_lock:
+            await self._await_retirement()
+            new = self._version + 1
+            if mover is not None:
+                await mover.prepare(self.engines)
+            try:
+                await self._pause_all()
+                if self._flush_needed():
+                    await gather_or_cancel(*(e.flush_cache() for e in self.engines))
+                if mover is not None and mover.needs_session:
+                    await self._begin_sessions()
+                adapter = await self._transfer(new, mover, weights, lora)
+                await self._stamp(new)
+                await self._end_sessions()
+            except BaseException as exc:
+                await self._release_on_failure(exc)
+                raise
+            await self._resume_all()
+            self._publish(new, adapter)
+            return new
+
+    def _transport(self, name: str) -> WeightTransport:
+        if name not in self.transports:
+            raise ValueError(f"transport {name!r} is not configured (have {sorted(self.transports)})")
+        return self.transports[name]
+
+    # -- the steps of a cycle ---------------------------------------------------------------------------
+
+    async def _pause_all(self) -> None:
+        await gather_or_cancel(*(e.pause(self.pause_mode) for e in self.engines))
+
+    def _flush_needed(self) -> bool:
+        """C2: retract flushes (the radix cache holds old-weight KV); in_place never does (its resident
+        requests make SGLang refuse, and their KV must survive)."""
+        return self.pause_mode != "in_place"
+
+    async def _begin_sessions(self) -> None:
+        async def begin(engine: HttpEngineClient) -> None:
+            if await engine.begin_weight_update():
+                self._open_sessions.append(engine)
+
+        await gather_or_cancel(*(begin(e) for e in self.engines))
+
+    async def _transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
+                        lora: LoraAdapter | None) -> str | None:
+        """Move the weights; the versioned adapter name for a LoRA update."""
+        if lora is not None:
+            return await self.lora.load(self.engines, lora, new)
+        assert mover is not None and weights is not None
+        await mover.transfer(self.engines, weights, new)
+        return None
+
+    async def _stamp(self, new: int) -> None:
+        """Relabel every engine, only after the transfer succeeded everywhere (V2)."""
+        await gather_or_cancel(*(e.update_weight_version(str(new)) for e in self.engines))
+
+    async def _end_sessions(self) -> None:
+        sessions, self._open_sessions = self._open_sessions, []
+        await gather_or_cancel(*(e.end_weight_update() for e in sessions))
+
+    async def _resume_all(self) -> None:
+        errors = await settle_all(e.resume() for e in self.engines)
+        if errors:
+            raise errors[0]
+
+    async def _release_on_failure(self, exc: BaseException) -> None:
+        """I6: close every open session, then continue every engine; cleanup errors become notes on ``exc``."""
+        sessions, self._open_sessions = self._open_sessions, []
+        errors = await settle_all(e.end_weight_update() for e in sessions)
+        errors += await settle_all(e.resume() for e in self.engines)
+        for error in errors:
+            exc.add_note(f"cleanup after the failed update also failed: {error}")
+
+    def _publish(self, new: int, adapter: str | None) -> None:
+        """The cell's counter and the manager's version move together, after everything succeeded (V2)."""
+        self._version = new
+        self.manager.set_weight_version(new)
+        if adapter is not None:
+            previous = self.manager.switch_adapter(adapter)
+            if previous is not None:
+                self._retiring = asyncio.create_task(self._retire(previous))
+
+    # -- LoRA adapter retirement ---------------------------------------------------------------------------
+
+    async def _retire(self, name: str) -> None:
+        """Unload a superseded adapter once no request of ours uses it (SGLang also waits for its users)."""
+        await self.manager.adapter_users.idle(name)
+        await self.lora.unload(self.engines, name)
+
+    async def _await_retirement(self) -> None:
+        retiring, self._retiring = self._retiring, None
+        if retiring is not None:
+            await retiring
+
+    async def close(self) -> None:
+        """Finish retiring the previous adapter and release the transports' groups and files."""
+        try:
+            await self._await_retirement()
+        finally:
+            for transport in self.transports.values():
+                await transport.close(self.engines)

@@ -1,0 +1,326 @@
+"""Scenarios: a workload plus a trainer script, run against an integration on a backend, producing a History.
+
+Scenarios are backend-agnostic: they only use the roles, the backend's URLs and probes a real SGLang answers.
+Every wait has a deadline; a hung integration fails the scenario with a message, never hangs the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping
+
+from .backends import Backend, digest_of, inject_abort_all, probe_labels
+from .fswatch import DirectoryWatch
+from .history import BatchRecord, History, Injected, UpdateCycle
+from .interface import BuildEnv, Integration, LoraAdapter, Prompt, Roles, RolloutConfig, Updater
+
+UPDATE_TIMEOUT_S = 20.0
+DRAIN_TIMEOUT_S = 15.0
+WAIT_TIMEOUT_S = 10.0
+
+
+class Unsupported(Exception):
+    """The integration lacks a capability the scenario needs (the test is skipped with this reason)."""
+
+
+class ScenarioTimeout(Exception):
+    """A wait inside a scenario passed its deadline."""
+
+
+class Trainer:
+    """A stand-in trainer: deterministic new weights per step, over the engines' own parameter names."""
+
+    def __init__(self, initial: Mapping[str, Any], seed: int) -> None:
+        self.initial, self.seed = dict(initial), seed
+
+    def weights(self, step: int) -> dict[str, Any]:
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed * 1000 + step)
+        return {n: (t.float() + 0.01 * step * torch.randn(t.shape, generator=gen)).to(t.dtype)
+                for n, t in self.initial.items()}
+
+    def poisoned(self, step: int) -> dict[str, Any]:
+        """Weights the engines must reject: one parameter has the wrong shape."""
+        import torch
+
+        weights = self.weights(step)
+        name = next(iter(weights))
+        weights[name] = torch.zeros(*(d + 1 for d in weights[name].shape), dtype=weights[name].dtype)
+        return weights
+
+    def lora(self, step: int, rank: int = 2) -> LoraAdapter:
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed * 1000 + step)
+        q_proj = next(n for n in self.initial if "q_proj" in n)
+        out_dim, in_dim = self.initial[q_proj].shape
+        prefix = "base_model.model." + q_proj.removesuffix(".weight")
+        return LoraAdapter(name="policy", config={"r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj"],
+                                                  "peft_type": "LORA"},
+                           tensors={f"{prefix}.lora_A.weight": torch.randn(rank, in_dim, generator=gen),
+                                    f"{prefix}.lora_B.weight": torch.randn(out_dim, rank, generator=gen)})
+
+
+async def wait_for_condition(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` until true; raise ScenarioTimeout naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise ScenarioTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+@dataclass
+class Run:
+    """What a scenario script drives: the roles, the trainer, and recording helpers."""
+
+    scenario: "Scenario"
+    backend: Backend
+    roles: Roles
+    history: History
+    trainer: Trainer
+    updater: Updater
+    cell: int = 0
+    step: int = 0
+
+    async def start(self) -> None:
+        await asyncio.wait_for(self.roles.manager.start(), WAIT_TIMEOUT_S)
+
+    async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False) -> int | None:
+        """One update cycle, recorded with the labels, versions and digests around it."""
+        transport = transport or self.scenario.transport
+        manager, urls = self.roles.manager, self.backend.urls
+        step = self.step + 1
+        weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
+        adapter = self.trainer.lora(step) if lora else None
+        labels_before, published_before, counter_before = await probe_labels(urls), manager.weight_version, \
+            self.updater.version
+        t0 = time.monotonic()
+        returned, error = None, None
+        try:
+            returned = await asyncio.wait_for(self.updater.update(weights, transport=transport, lora=adapter),
+                                              UPDATE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            error = f"update did not finish within {UPDATE_TIMEOUT_S:.0f}s"
+        except Exception as exc:  # the integration's failure is data for the checkers
+            error = f"{type(exc).__name__}: {exc}"
+        t1 = time.monotonic()
+        if error is None and not poison:
+            self.step = step
+        self.history.cycles.append(UpdateCycle(
+            index=len(self.history.cycles), cell=self.cell, transport=transport, lora=lora,
+            pause_mode=self.scenario.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
+            counter_before=counter_before, counter_after=self.updater.version, returned=returned,
+            published_before=published_before, published_after=manager.weight_version,
+            labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=poison,
+            trainer_digest=digest_of(weights) if weights is not None and not poison else None,
+            digests_after=self.backend.digests()))
+        return returned
+
+    async def drain(self, n: int = 1) -> None:
+        """Consume ``n`` batches, recording the truth at consumption."""
+        for _ in range(n):
+            try:
+                batch = await asyncio.wait_for(self.roles.manager.next_batch(), DRAIN_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise ScenarioTimeout(f"Manager.next_batch() returned nothing within {DRAIN_TIMEOUT_S:.0f}s") from None
+            now = time.monotonic()
+            self.history.batches.append(BatchRecord(len(self.history.batches), now, batch,
+                                                    self.history.published_truth_at(now)))
+
+    async def failover(self) -> None:
+        """Replace the trainer cell with a fresh one over the same engines and manager."""
+        self.updater = self.roles.new_updater()
+        self.cell += 1
+
+    async def until_in_flight(self, per_engine: int = 1) -> None:
+        wire, engines = self.backend.wire, len(self.backend.urls)
+        await wait_for_condition(lambda: all(wire.in_flight().get(e, 0) >= per_engine for e in range(engines)),
+                                 WAIT_TIMEOUT_S, f"{per_engine} /generate call(s) in flight on every engine")
+
+    async def until_completed(self, n: int) -> None:
+        wire = self.backend.wire
+        target = wire.completed() + n
+        await wait_for_condition(lambda: wire.completed() >= target, WAIT_TIMEOUT_S, f"{n} more /generate calls")
+
+    async def inject_abort(self, engine: int) -> None:
+        """Abort every request on one engine, as an operator or a crash would (not the integration's doing)."""
+        self.history.injected.append(Injected(time.monotonic(), "abort", engine, "POST /abort_request abort_all"))
+        await inject_abort_all(self.backend.urls[engine])
+
+
+Script = Callable[[Run], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named workload + trainer script, the capabilities it needs and the invariants it is checked for."""
+
+    name: str
+    doc: str
+    script: Script
+    checks: tuple[str, ...]
+    transport: str = "tensor"
+    pause_mode: str = "retract"
+    rollout: RolloutConfig = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=24,
+                                           max_in_flight_groups=4, buffer_capacity=8)
+    needs: Mapping[str, Any] = field(default_factory=dict)
+
+    def missing(self, integration: Integration) -> str | None:
+        return integration.capabilities.missing(transport=self.transport, pause_mode=self.pause_mode, **self.needs)
+
+
+def _prompts(seed: int) -> Callable[[], Prompt]:
+    counter, lock = itertools.count(), threading.Lock()
+
+    def next_prompt() -> Prompt:
+        with lock:
+            i = next(counter)
+        return Prompt(i, f"Prompt {i} (seed {seed}): solve the task and explain.")
+    return next_prompt
+
+
+async def run_scenario(scenario: Scenario, integration: Integration, backend: Backend, seed: int = 0) -> History:
+    """Run ``scenario`` against ``integration`` on a started ``backend``; never raises for integration bugs."""
+    missing = scenario.missing(integration)
+    if missing:
+        raise Unsupported(missing)
+    history = History(scenario.name, integration.name, backend.name, backend.profile, seed,
+                      max_staleness=scenario.rollout.max_staleness)
+    with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
+        env = BuildEnv(list(backend.urls), Path(tmp), scenario.rollout, _prompts(seed), scenario.pause_mode, seed)
+        env.checkpoint_dir.mkdir()
+        watch = DirectoryWatch(env.checkpoint_dir).start()
+        roles: Roles | None = None
+        try:
+            roles = await asyncio.wait_for(integration.build(env), WAIT_TIMEOUT_S)
+            run = Run(scenario, backend, roles, history, Trainer(backend.initial_weights(), seed), roles.new_updater())
+            await scenario.script(run)
+        except Exception as exc:
+            history.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            if roles is not None:
+                for name, closer in (("Manager.stop", roles.manager.stop), ("Roles.close", roles.close)):
+                    if closer is None:
+                        continue
+                    try:
+                        await asyncio.wait_for(closer(), WAIT_TIMEOUT_S)
+                    except Exception as exc:
+                        history.errors.append(f"{name} failed: {type(exc).__name__}: {exc}")
+            history.fs = watch.stop()
+    history.wire = backend.wire.snapshot()
+    history.final_labels = await probe_labels(list(backend.urls))
+    history.engine_truth = backend.truth()
+    return history
+
+
+# -- the scenarios ------------------------------------------------------------------------------------------
+
+async def _steady(run: Run) -> None:
+    await run.start()
+    for _ in range(3):
+        await run.drain(1)
+        await run.until_in_flight(2)
+        await run.update()
+    await run.drain(2)
+
+
+async def _first_drain(run: Run) -> None:
+    await run.start()
+    await run.drain(2)
+    await run.until_in_flight(1)
+    await run.update()
+    await run.drain(2)
+
+
+async def _failover(run: Run) -> None:
+    await run.start()
+    await run.drain(1)
+    for _ in range(2):
+        await run.until_in_flight(1)
+        await run.update()
+    await run.drain(1)
+    await run.failover()
+    for _ in range(2):
+        await run.until_in_flight(1)
+        await run.update()
+        await run.drain(1)
+
+
+async def _failing_transfer(run: Run) -> None:
+    await run.start()
+    await run.drain(1)
+    await run.until_in_flight(1)
+    await run.update(poison=True)
+    await run.update()
+    await run.drain(1)
+
+
+async def _lora(run: Run) -> None:
+    await run.start()
+    await run.drain(1)
+    for _ in range(2):
+        await run.until_in_flight(1)
+        await run.update(lora=True)
+        await run.drain(1)
+
+
+async def _staleness(run: Run) -> None:
+    await run.start()
+    await run.update()
+    await run.until_completed(24)
+    for _ in range(3):
+        await run.until_in_flight(1)
+        await run.update()
+    await run.drain(3)
+
+
+async def _aborted_groups(run: Run) -> None:
+    await run.start()
+    await run.update()
+    await run.until_in_flight(2)
+    for engine in range(len(run.backend.urls)):
+        await run.inject_abort(engine)
+    await run.drain(3)
+
+
+_STEADY_CHECKS = ("I1-I2", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
+
+
+def _steady_scenarios() -> list[Scenario]:
+    out = []
+    for transport in ("disk", "tensor", "distributed"):
+        for mode in ("retract", "in_place"):
+            checks = _STEADY_CHECKS + (("C2",) if mode == "in_place" else ()) + (("F3",) if transport == "disk" else ())
+            out.append(Scenario(f"steady-{transport}-{mode}",
+                                f"multi-turn rollouts, three {transport} updates under pause {mode}",
+                                _steady, checks, transport=transport, pause_mode=mode))
+    return out
+
+
+_BASE = Scenario("base", "", _steady, ())
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    *_steady_scenarios(),
+    replace(_BASE, name="first-drain", doc="batches drained before the first update, staleness bound on",
+            script=_first_drain, checks=("V3", "S2"),
+            rollout=replace(_BASE.rollout, max_staleness=1), needs={"staleness_filter": True}),
+    replace(_BASE, name="failover", doc="two updates, failover to a fresh trainer cell, two more",
+            script=_failover, checks=("V4-S1", "V1", "I1-I2"), needs={"failover": True}),
+    replace(_BASE, name="failing-transfer", doc="an update the engines reject (wrong shape), then a good one",
+            script=_failing_transfer, checks=("V2", "P5", "I6", "V1")),
+    replace(_BASE, name="lora", doc="two LoRA updates while rollouts run",
+            script=_lora, checks=("V1", "I1-I2", "I6"), needs={"lora": True}),
+    replace(_BASE, name="staleness", doc="groups buffered while three updates land; bound 1 at consumption",
+            script=_staleness, checks=("S3", "S2", "V4-S1"),
+            rollout=replace(_BASE.rollout, max_staleness=1, buffer_capacity=16), needs={"staleness_filter": True}),
+    replace(_BASE, name="aborted-groups", doc="every engine aborts its requests mid-rollout (injected)",
+            script=_aborted_groups, checks=("I4",)),
+]}
+"""Scenario name → scenario."""

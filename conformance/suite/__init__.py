@@ -1,0 +1,1 @@
+"""The conformance tests, run against the integration chosen by ``--integration``."""

@@ -1,0 +1,29 @@
+"""Every invariant of DESIGN §6, checked on every scenario it applies to, on each backend.
+
+A case passes only on a ``pass`` verdict: ``unknown`` (the run could not show the property) fails too,
+with the reason, so a conformance run never looks green by accident.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conformance.cases import CASES, Case
+from conformance.plugin import record_verdict
+
+BACKENDS = [pytest.param("fake", marks=pytest.mark.cpu), pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_invariant(case: Case, backend: str, conformance_run, request: pytest.FixtureRequest) -> None:
+    result = conformance_run(case.scenario, backend)
+    record_verdict(request.config, request.node.nodeid, case, backend, result)
+    if result.skipped:
+        pytest.skip(result.skipped)
+    verdict = result.verdicts[case.check]
+    request.node.user_properties.append(("verdict", json.dumps({"status": verdict.status,
+                                                                 "metrics": verdict.metrics}, default=str)))
+    assert verdict.passed, verdict.explain()

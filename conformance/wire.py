@@ -1,0 +1,123 @@
+"""Recording what crosses the wire between the integration and each engine.
+
+:class:`WireRecorder` is ASGI middleware. On the fake backend it wraps the fake engine's app in process; on a
+real backend it wraps a forwarding proxy. Either way the integration talks real HTTP to its URL and every
+exchange becomes a :class:`~conformance.history.WireCall`. Requests carrying the ``x-conformance-probe``
+header (the suite's own probes and injected faults) are not recorded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from typing import Any, Awaitable, Callable
+
+from .history import WireCall
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+PROBE_HEADER = "x-conformance-probe"
+
+
+def _decode(raw: bytes, content_type: str) -> Any:
+    if not raw:
+        return None
+    text = raw.decode("utf-8", "replace")
+    if "text/event-stream" in content_type:
+        events = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+        events = [e for e in events if e and e != "[DONE]"]
+        text = events[-1] if events else ""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class WireLog:
+    """Thread-safe, append-only list of wire calls shared by every engine's recorder."""
+
+    def __init__(self) -> None:
+        self.calls: list[WireCall] = []
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    def open(self, engine: int, method: str, path: str, payload: Any) -> WireCall:
+        with self._lock:
+            call = WireCall(next(self._seq), engine, method, path, payload, time.monotonic())
+            self.calls.append(call)
+            self._changed.notify_all()
+            return call
+
+    def close(self, call: WireCall, status: int | None, response: Any) -> None:
+        with self._lock:
+            call.t_end, call.status, call.response = time.monotonic(), status, response
+            self._changed.notify_all()
+
+    def in_flight(self, path: str = "/generate") -> dict[int, int]:
+        """Open calls per engine."""
+        with self._lock:
+            counts: dict[int, int] = {}
+            for c in self.calls:
+                if c.path == path and c.t_end is None:
+                    counts[c.engine] = counts.get(c.engine, 0) + 1
+            return counts
+
+    def completed(self, path: str = "/generate") -> int:
+        with self._lock:
+            return sum(1 for c in self.calls if c.path == path and c.t_end is not None)
+
+    def snapshot(self) -> list[WireCall]:
+        with self._lock:
+            return list(self.calls)
+
+
+class WireRecorder:
+    """ASGI middleware recording every HTTP exchange with ``app`` as engine ``engine``."""
+
+    def __init__(self, app: ASGIApp, engine: int, log: WireLog) -> None:
+        self.app, self.engine, self.log = app, engine, log
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or any(k.decode().lower() == PROBE_HEADER for k, _ in scope.get("headers", [])):
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        call = self.log.open(self.engine, scope["method"], scope["path"],
+                             _decode(bytes(body), headers.get("content-type", "application/json")))
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        status: int | None = None
+        content_type = ""
+        chunks = bytearray()
+
+        async def record(message: dict) -> None:
+            nonlocal status, content_type
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                content_type = next((v.decode() for k, v in message.get("headers", []) if k.lower() == b"content-type"), "")
+            elif message["type"] == "http.response.body":
+                chunks.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    self.log.close(call, status, _decode(bytes(chunks), content_type))
+            await send(message)
+
+        try:
+            await self.app(scope, replay, record)
+        finally:
+            if call.t_end is None:
+                self.log.close(call, status, _decode(bytes(chunks), content_type) if status else None)

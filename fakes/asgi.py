@@ -1,0 +1,136 @@
+"""Tiny hand-rolled ASGI helpers: routes as data, request reading, JSON / plain-text / SSE replies."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+from urllib.parse import parse_qsl
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+NOT_FOUND_BODY = {"detail": "Not Found"}  # FastAPI/Starlette default 404
+METHOD_NOT_ALLOWED_BODY = {"detail": "Method Not Allowed"}
+
+
+@dataclass
+class Reply:
+    """An HTTP answer: ``body`` dict/list → JSON, str → text/plain, None → empty; or an SSE ``stream``."""
+
+    status: int = 200
+    body: Any = None
+    stream: AsyncIterator[Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_stream(self) -> bool:
+        return self.stream is not None
+
+
+@dataclass
+class HTTPRequest:
+    """What a handler needs from one HTTP request."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: bytes
+    receive: Receive
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+Handler = Callable[[HTTPRequest], Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: exact ``path``, allowed ``methods``, the handler, and whether it is a control call."""
+
+    path: str
+    methods: tuple[str, ...]
+    handler: Handler
+    control: bool = True
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON like SGLang's ORJSONResponse."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _start(send: Send, status: int, content_type: str | None, headers: dict[str, str]) -> None:
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    if content_type is not None:
+        raw.append((b"content-type", content_type.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+
+
+async def send_reply(send: Send, reply: Reply) -> None:
+    """Write ``reply`` to the ASGI ``send`` channel (SSE: ``data: <json>\\n\\n`` ... ``data: [DONE]\\n\\n``)."""
+    if reply.stream is not None:
+        await _start(send, reply.status, "text/event-stream; charset=utf-8", reply.headers)
+        async for item in reply.stream:
+            await send({"type": "http.response.body", "body": b"data: " + dumps(item) + b"\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        return
+    if reply.body is None:
+        payload, content_type = b"", None
+    elif isinstance(reply.body, str):
+        payload, content_type = reply.body.encode("utf-8"), "text/plain; charset=utf-8"
+    elif isinstance(reply.body, bytes):
+        payload, content_type = reply.body, "application/octet-stream"
+    else:
+        payload, content_type = dumps(reply.body), "application/json"
+    headers = {"content-length": str(len(payload)), **reply.headers}
+    await _start(send, reply.status, content_type, headers)
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+class Router:
+    """Exact-path routing over a list of ``Route``s; 404/405 bodies as FastAPI writes them."""
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes: dict[str, Route] = {}
+        for route in routes:
+            if route.path in self.routes:
+                raise ValueError(f"duplicate route {route.path}")
+            self.routes[route.path] = route
+
+    def match(self, method: str, path: str) -> Route | Reply:
+        route = self.routes.get(path)
+        if route is None:
+            return Reply(404, NOT_FOUND_BODY)
+        if method not in route.methods:
+            return Reply(405, METHOD_NOT_ALLOWED_BODY)
+        return route
+
+
+def request_from_scope(scope: Scope, body: bytes, receive: Receive) -> HTTPRequest:
+    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+    return HTTPRequest(method=scope["method"], path=scope["path"], query=query, body=body, receive=receive)
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Acknowledge ASGI lifespan startup/shutdown (nothing to set up)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

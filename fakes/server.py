@@ -1,0 +1,409 @@
+"""Serving the fake over real HTTP (loopback uvicorn) or in-process (httpx ASGITransport, respx).
+
+* `LoopbackServer(app)` — uvicorn on 127.0.0.1, port 0 by default (the bound port is read back), in a daemon
+  thread with its own event loop (`mode="thread"`), or `python -m <this package>` in a subprocess
+  (`mode="process"`, the CLI's printed URLs are read back). Any client works against `.url`: `requests`,
+  `httpx`, `aiohttp`. Start waits on uvicorn's startup (a condition with a deadline, never a blind sleep);
+  stop is bounded (graceful shutdown with a timeout, then force).
+* `asgi_client(app)` — an `httpx.AsyncClient` talking to the ASGI app in-process, no sockets. Note that
+  httpx's ASGITransport buffers a response until the app finishes it (a streamed /generate arrives whole).
+* `mount_respx(router, base_url, app)` — routes every request under `base_url` of a `respx` router to the
+  app (async httpx clients only; respx's `ASGIHandler`).
+
+Heavy imports (uvicorn, httpx, respx) happen inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+ASGIApp = Callable[..., Any]
+
+DEFAULT_START_TIMEOUT = 15.0
+DEFAULT_STOP_TIMEOUT = 5.0
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A fresh event loop: uvloop's when it is installed, else asyncio's."""
+    if _has_module("uvloop"):
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: float = DEFAULT_STOP_TIMEOUT) -> Any:
+    """The uvicorn config every fake server uses: fast parser when installed, quiet, no access log."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop" if _has_module("uvloop") else "asyncio",
+        http="httptools" if _has_module("httptools") else "h11",
+        ws="none",
+        lifespan="auto",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=graceful_timeout,
+        timeout_keep_alive=5,
+    )
+
+
+def bind_loopback(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: the OS picks), ready for uvicorn's `serve(sockets=[...])`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.set_inheritable(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def make_uvicorn_server(config: Any, ready: threading.Event | None = None) -> Any:
+    """A `uvicorn.Server` whose `.ready` (a threading.Event) is set once startup is over (listening or failed)."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            try:
+                await super().startup(sockets=sockets)
+            finally:
+                self.ready.set()
+
+    server = _Server(config)
+    server.ready = ready if ready is not None else threading.Event()
+    return server
+
+
+class LoopbackServer:
+    """A fake engine (or router, or any ASGI app) on 127.0.0.1, reachable by any HTTP client.
+
+        with LoopbackServer(FakeEngine().app) as server:
+            requests.post(server.url + "/generate", json={...})
+            server.run_coroutine(engine.step(3), timeout=5)      # call into the server's loop
+
+    `mode="thread"`: uvicorn in a daemon thread with its own loop (`.loop`); pass `app`, or `factory` (a
+    zero-argument callable returning the app, run inside that loop, for apps that bind to the running loop
+    at construction). `mode="process"`: `python -m <package> <cli_args>` in a subprocess; `.urls` are the URLs
+    it prints (engines, then the router), `.url` the first; `app` must be None.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        mode: str = "thread",
+        *,
+        factory: Callable[[], ASGIApp] | None = None,
+        cli_args: Sequence[str] = ("--engines", "1"),
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if mode not in {"thread", "process"}:
+            raise ValueError(f"mode must be 'thread' or 'process', not {mode!r}")
+        if mode == "thread" and (app is None) == (factory is None):
+            raise ValueError("thread mode needs exactly one of app= or factory=")
+        if mode == "process" and (app is not None or factory is not None):
+            raise ValueError("process mode serves `python -m fakes`; pass cli_args, not an app")
+        self.app = app
+        self.host = host
+        self.port = port
+        self.mode = mode
+        self.factory = factory
+        self.cli_args = list(cli_args)
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.env = env
+        self.urls: list[str] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.process: subprocess.Popen[str] | None = None
+        self.returncode: int | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._thread_error: BaseException | None = None
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=50)
+        self._readers: list[threading.Thread] = []
+
+    # -------------------------------------------------------------------------------------------- public
+
+    @property
+    def url(self) -> str:
+        if not self.urls:
+            raise RuntimeError("the server is not started")
+        return self.urls[0]
+
+    @property
+    def running(self) -> bool:
+        if self.mode == "thread":
+            return self._thread is not None and self._thread.is_alive()
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> LoopbackServer:
+        if self.urls:
+            raise RuntimeError("already started")
+        if self.mode == "thread":
+            self._start_thread()
+        else:
+            self._start_process()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; bounded by `stop_timeout` (graceful), then forced. Idempotent."""
+        if self.mode == "thread":
+            self._stop_thread()
+        else:
+            self._stop_process()
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, Any], timeout: float | None = 10.0) -> Any:
+        """Run `coro` on the server's event loop (thread mode) and return its result, waiting at most `timeout`."""
+        if self.loop is None or not self.running:
+            coro.close()
+            raise RuntimeError("run_coroutine needs a started thread-mode server")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"coroutine did not finish within {timeout} s on the server loop") from None
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Schedule a plain callback on the server's loop (thread mode)."""
+        if self.loop is None:
+            raise RuntimeError("call_soon needs a started thread-mode server")
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def __enter__(self) -> LoopbackServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LoopbackServer(mode={self.mode!r}, urls={self.urls!r}, running={self.running})"
+
+    # -------------------------------------------------------------------------------------------- thread
+
+    def _start_thread(self) -> None:
+        self._sock = bind_loopback(self.host, self.port)
+        port = self._sock.getsockname()[1]
+        loop = new_event_loop()
+        self.loop = loop
+        ready = threading.Event()  # set when uvicorn listens, or when the thread failed before it could
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._serve(ready))
+            except BaseException as e:  # reported by start()/stop()
+                self._thread_error = e
+            finally:
+                ready.set()
+                try:
+                    _cancel_leftovers(loop)
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                finally:
+                    asyncio.set_event_loop(None)
+                    loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"fakes-loopback-{port}", daemon=True)
+        self._thread.start()
+        if not ready.wait(self.start_timeout):
+            self._stop_thread()
+            raise TimeoutError(f"uvicorn did not start within {self.start_timeout} s on port {port}")
+        if self._thread_error is not None or self._server is None or not self._server.started:
+            error = self._thread_error
+            self._stop_thread()
+            raise RuntimeError(f"uvicorn failed to start on port {port}: {error!r}") from error
+        self.urls = [_url(self.host, port)]
+
+    async def _serve(self, ready: threading.Event) -> None:
+        app = self.factory() if self.factory is not None else self.app
+        self.app = app
+        config = uvicorn_config(app, self.host, self._sock.getsockname()[1], graceful_timeout=self.stop_timeout)
+        self._server = make_uvicorn_server(config, ready)
+        await self._server.serve(sockets=[self._sock])
+
+    def _stop_thread(self) -> None:
+        thread, server = self._thread, self._server
+        if thread is not None and server is not None and thread.is_alive():
+            server.should_exit = True
+            loop = self.loop
+            if loop is not None and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(lambda: None)  # wake the loop
+                except RuntimeError:
+                    pass
+            thread.join(self.stop_timeout + 1.0)
+            if thread.is_alive():
+                server.force_exit = True
+                thread.join(2.0)
+            if thread.is_alive():
+                raise RuntimeError(f"loopback server thread {thread.name} did not stop")
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._thread = None
+        self.urls = []
+
+    # -------------------------------------------------------------------------------------------- process
+
+    def _expected_urls(self) -> int:
+        from .__main__ import build_parser
+
+        args = build_parser().parse_args(self.cli_args)
+        return args.engines + (1 if args.router else 0)
+
+    def _start_process(self) -> None:
+        package = __package__ or "fakes"
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ if self.env is None else self.env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        args = list(self.cli_args)
+        if self.port and "--port" not in args:
+            args += ["--port", str(self.port)]
+        if self.host != "127.0.0.1" and "--host" not in args:
+            args += ["--host", self.host]
+        expected = self._expected_urls()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", package, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+        self._readers = [
+            threading.Thread(target=_pump, args=(self.process.stdout, lines.put, lambda: lines.put(None)), daemon=True),
+            threading.Thread(target=_pump, args=(self.process.stderr, self._stderr_tail.append), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+        deadline = _Deadline(self.start_timeout)
+        urls: list[str] = []
+        while len(urls) < expected:
+            try:
+                line = lines.get(timeout=deadline.left())
+            except queue.Empty:
+                self._stop_process()
+                raise TimeoutError(f"`python -m {package}` printed {len(urls)}/{expected} URLs within "
+                                   f"{self.start_timeout} s; stderr: {self.stderr_tail()}") from None
+            if line is None:  # stdout closed: the process died
+                self._stop_process()
+                raise RuntimeError(f"`python -m {package}` exited ({self.returncode}) before printing its URLs; "
+                                   f"stderr: {self.stderr_tail()}")
+            line = line.strip()
+            if line.startswith("http://"):
+                urls.append(line)
+        self.urls = urls
+
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr_tail)[-4000:]
+
+    def _stop_process(self) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(self.stop_timeout + 2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5.0)
+        self.returncode = proc.returncode
+        for reader in self._readers:
+            reader.join(2.0)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        self._readers = []
+        self.process = None
+        self.urls = []
+
+
+def _pump(stream: Any, put: Callable[[str], None], on_end: Callable[[], None] | None = None) -> None:
+    """Forward a text stream line by line until it closes (a reader thread of process mode)."""
+    try:
+        for line in iter(stream.readline, ""):
+            put(line)
+    except (OSError, ValueError):
+        pass
+    finally:
+        if on_end is not None:
+            on_end()
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        self._time = time.monotonic
+        self.end = self._time() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self.end - self._time())
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+# ------------------------------------------------------------------------------------------------ in-process
+
+
+def asgi_client(app: ASGIApp, base_url: str = "http://fake", **kwargs: Any) -> Any:
+    """An `httpx.AsyncClient` that sends every request to `app` in-process (no sockets)."""
+    import httpx
+
+    kwargs.setdefault("timeout", 30.0)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url, **kwargs)
+
+
+def mount_respx(router: Any, base_url: str, app: ASGIApp) -> Any:
+    """Route every request under `base_url` on a `respx` router (e.g. `respx.mock`) to `app`; returns the route.
+
+        with respx.mock(assert_all_called=False) as router:
+            mount_respx(router, "http://engine-0:30000", engine.app)
+            await httpx.AsyncClient().post("http://engine-0:30000/generate", json=...)
+    """
+    import respx
+
+    return router.route(url__startswith=base_url.rstrip("/")).mock(side_effect=respx.ASGIHandler(app))

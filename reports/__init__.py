@@ -1,0 +1,1 @@
+"""Conformance results: the JSON result and its Markdown rendering (``python -m reports``)."""

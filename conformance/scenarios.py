@@ -177,7 +177,7 @@ class Scenario:
         return integration.capabilities.missing(transport=self.transport, pause_mode=self.pause_mode, **self.needs)
 
 
-def _prompts(seed: int) -> Callable[[], Prompt]:
+def prompt_source(seed: int) -> Callable[[], Prompt]:
     counter, lock = itertools.count(), threading.Lock()
 
     def next_prompt() -> Prompt:
@@ -195,7 +195,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
     history = History(scenario.name, integration.name, backend.name, backend.profile, seed,
                       max_staleness=scenario.rollout.max_staleness)
     with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
-        env = BuildEnv(list(backend.urls), Path(tmp), scenario.rollout, _prompts(seed), scenario.pause_mode, seed)
+        env = BuildEnv(list(backend.urls), Path(tmp), scenario.rollout, prompt_source(seed), scenario.pause_mode, seed)
         env.checkpoint_dir.mkdir()
         watch = DirectoryWatch(env.checkpoint_dir).start()
         roles: Roles | None = None

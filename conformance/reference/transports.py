@@ -13,6 +13,7 @@ import base64
 import json
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import uuid
@@ -29,6 +30,7 @@ from .client import HttpEngineClient
 from .concurrency import gather_or_cancel, run_in_daemon_thread, settle_all
 
 log = logging.getLogger(__name__)
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 NamedTensors = Sequence[tuple[str, torch.Tensor]]
 TensorEncoder = Callable[[NamedTensors], str]
@@ -49,6 +51,12 @@ def encode_safetensors_b64(named_tensors: NamedTensors) -> str:
     pass that encoder to the integration there.
     """
     return base64.b64encode(save({name: _host_tensor(t) for name, t in named_tensors})).decode("ascii")
+
+
+def encode_pickle_b64(named_tensors: NamedTensors) -> str:
+    """Alternative :data:`TensorEncoder`: base64 of a plain pickle of ``[(name, tensor), ...]`` (tensors
+    inline), which SGLang's pickle-based deserializer also reads."""
+    return base64.b64encode(pickle.dumps([(n, _host_tensor(t)) for n, t in named_tensors], protocol=4)).decode()
 
 
 def _fsync(path: Path) -> None:
@@ -152,10 +160,12 @@ class TensorTransport:
 class DistributedTransport:
     """A ``torch.distributed`` broadcast from the trainer (rank 0) to engine ``i`` (rank ``1 + i``).
 
-    The group is built without touching the default process group: a ``TCPStore`` server on a free port, a
-    ``PrefixStore(group_name)`` and a ``ProcessGroupGloo``. It is created once per trainer cell, before the
-    first pause, concurrently with every engine's ``/init_weights_update_group`` (each side blocks until all
-    ranks joined). After a failed transfer the group is stale and rebuilt on the next cycle.
+    The trainer hosts the rendezvous (a ``TCPStore`` server on a free port) and builds its rank of the group
+    without touching torch's default process group, with the store prefixes SGLang's
+    ``init_custom_process_group`` gives the engines' ranks (see :meth:`_new_group`). The group is created once
+    per trainer cell, before the first pause, concurrently with every engine's ``/init_weights_update_group``
+    (each side blocks until all ranks joined); the name is unique per cell. After a failed transfer the group
+    is stale (ranks out of step) and is rebuilt on the next cycle.
     """
 
     needs_session = True
@@ -172,7 +182,15 @@ class DistributedTransport:
         self._stale_name: str | None = None
 
     def _new_group(self, store: Any, name: str, world_size: int) -> Any:
-        return dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, world_size, self.timeout)
+        """Rank 0 of the gloo group, keyed like SGLang's ranks: ``PrefixStore(name)``, then the ``f"{name}/"``
+        and ``"cpu/"`` prefixes torch's ``_new_process_group_helper`` adds, then the sequence-number handshake."""
+        keyed = dist.PrefixStore("cpu/", dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store)))
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = self.timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=self.master_address)]
+        group = dist.ProcessGroupGloo(keyed, 0, world_size, options)
+        group._set_sequence_number_for_group()
+        return group
 
     async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
         if self._group is not None:
@@ -189,10 +207,11 @@ class DistributedTransport:
                                                self.backend) for i, engine in enumerate(engines)))
         self._store, self._group, self.group_name = store, group, name
 
-    @staticmethod
-    def _broadcast(group: Any, tensors: list[torch.Tensor]) -> None:
+    def _broadcast(self, group: Any, tensors: list[torch.Tensor]) -> None:
+        """One broadcast from rank 0 per tensor, in the order of the names sent to the engines."""
         for tensor in tensors:
-            group.broadcast([tensor], dist.BroadcastOptions()).wait()
+            wire = tensor.view(torch.uint8) if tensor.dtype in _FLOAT8 else tensor  # gloo has no float8
+            group.broadcast([wire], dist.BroadcastOptions()).wait(self.timeout)
 
     async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
@@ -215,6 +234,8 @@ class DistributedTransport:
         if name is not None:
             for error in await settle_all(e.destroy_weights_update_group(name) for e in engines):
                 log.warning("destroying process group %s: %s", name, error)
+        if self._group is not None:
+            self._group.shutdown()
         self._group = self._store = self._stale_name = None
 
 

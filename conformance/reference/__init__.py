@@ -1,0 +1,23 @@
+"""The reference async-RL weight-sync integration: a compact, correct client of real SGLang to copy from.
+
+``integration`` is the suite's default (``--integration conformance.reference:integration``). Modules, bottom
+up: ``concurrency`` (task helpers) → ``client`` (one engine over HTTP) → ``transports`` (disk, tensor,
+distributed, LoRA) and ``manager`` (rollout producer + consumer filters) → ``updater`` (one trainer cell's
+update cycle) → ``integration`` (builds the roles). Nothing here imports ``fakes``.
+"""
+
+from .client import EngineError, HttpEngineClient
+from .integration import ReferenceIntegration
+from .manager import NegativeStaleness, ProtocolError, ReferenceManager, VersionRegression, numeric_label
+from .transports import (DiskTransport, DistributedTransport, LoraTransport, TensorTransport,
+                         encode_pickle_b64, encode_safetensors_b64, write_checkpoint_atomic)
+from .updater import ReferenceUpdater
+
+integration = ReferenceIntegration()
+
+__all__ = [
+    "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport",
+    "NegativeStaleness", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
+    "TensorTransport", "VersionRegression", "encode_pickle_b64", "encode_safetensors_b64", "integration", "numeric_label",
+    "write_checkpoint_atomic",
+]

@@ -1,0 +1,86 @@
+"""The reference integration: builds the roles over a set of engine URLs (``conformance.reference:integration``).
+
+Every piece is a class attribute or a small method, so a variant (a mutant, an adopter's experiment) is a
+subclass that overrides one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ..interface import BuildEnv, Capabilities, Roles
+from .client import HttpEngineClient
+from .manager import ReferenceManager
+from .transports import (CheckpointWriter, DiskTransport, DistributedTransport, LoraTransport, TensorEncoder,
+                         TensorTransport, WeightTransport, encode_safetensors_b64, write_checkpoint_atomic)
+from .updater import ReferenceUpdater
+
+
+@dataclass(frozen=True)
+class ReferenceIntegration:
+    """The reference :class:`~conformance.interface.Integration`.
+
+    ``disk_writer`` writes checkpoints for the disk transport; ``tensor_encoder`` serializes tensors for the
+    tensor and LoRA transports (safetensors-b64 by default; real SGLang on GPU needs its
+    ``MultiprocessingSerializer`` encoding); ``backend`` is the distributed transport's ``torch.distributed``
+    backend.
+    """
+
+    name: str = "reference"
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    client_cls: type[HttpEngineClient] = HttpEngineClient
+    updater_cls: type[ReferenceUpdater] = ReferenceUpdater
+    manager_cls: type[ReferenceManager] = ReferenceManager
+    disk_writer: CheckpointWriter = write_checkpoint_atomic
+    tensor_encoder: TensorEncoder = encode_safetensors_b64
+    backend: str = "gloo"
+    timeout_s: float = 60.0
+    """Bound on every control call and on every collective."""
+    generate_timeout_s: float = 300.0
+    flush_deadline_s: float = 30.0
+    checkpoint_config: dict[str, Any] = field(default_factory=dict)
+    """Written as ``config.json`` beside each disk checkpoint (a real run writes the model's HF config)."""
+
+    async def build(self, env: BuildEnv) -> Roles:
+        http = self.make_http_client(env)
+        engines = [self.client_cls(url, http, self.timeout_s, generate_timeout_s=self.generate_timeout_s,
+                                   flush_deadline_s=self.flush_deadline_s) for url in env.engine_urls]
+        manager = self.manager_cls(engines, env)
+        cells: list[ReferenceUpdater] = []
+
+        def new_updater() -> ReferenceUpdater:
+            cell = self.updater_cls(engines, manager, transports=self.make_transports(env),
+                                    lora=LoraTransport(self.tensor_encoder), pause_mode=env.pause_mode,
+                                    start_version=self.start_version(manager))
+            cells.append(cell)
+            return cell
+
+        async def close() -> None:
+            try:
+                await manager.stop()
+                for cell in cells:
+                    await cell.close()
+            finally:
+                await http.aclose()
+
+        return Roles(engines=list(engines), manager=manager, new_updater=new_updater, close=close)
+
+    # -- override points ---------------------------------------------------------------------------------
+
+    def make_http_client(self, env: BuildEnv) -> httpx.AsyncClient:
+        """One pooled client for every engine (no pool limit: in-flight generations must never queue here)."""
+        return httpx.AsyncClient(timeout=self.timeout_s, limits=httpx.Limits(max_connections=None,
+                                                                              max_keepalive_connections=64))
+
+    def make_transports(self, env: BuildEnv) -> dict[str, WeightTransport]:
+        """A fresh set per trainer cell (a failover cell builds its own process group)."""
+        return {"disk": DiskTransport(env.workdir / "checkpoints", self.disk_writer, self.checkpoint_config),
+                "tensor": TensorTransport(self.tensor_encoder),
+                "distributed": DistributedTransport(self.backend, timeout_s=self.timeout_s)}
+
+    def start_version(self, manager: ReferenceManager) -> int:
+        """A new cell continues the published version (F1/V4), never restarts at 0."""
+        return manager.weight_version or 0

@@ -1,0 +1,222 @@
+"""Checkers on hand-written histories: each passes a correct history, fails a broken one with the witness a
+person needs, and answers unknown (never pass) when the history cannot show the property."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks import CHECKS
+from conformance.history import BatchRecord, FsEvent, History, Injected, UpdateCycle, WireCall
+from conformance.interface import Batch, Group, Sample, Turn
+
+pytestmark = pytest.mark.cpu
+
+
+def call(seq: int, path: str, payload=None, *, t0: float, t1: float | None, status=200, response=None, engine=0):
+    return WireCall(seq, engine, "POST", path, payload, t0, t1, status, response if response is not None else {})
+
+
+def gen(rid: str, t0: float, t1: float, *, finish="length", version="1", spans=None, engine=0, seq=100):
+    meta = {"id": rid, "finish_reason": {"type": finish}, "weight_version": version, "completion_tokens": 4}
+    if spans:
+        meta["weight_versions"] = [{"version": v, "start": 0, "end": 1} for v in spans]
+    return call(seq, "/generate", {"text": "x", "rid": rid}, t0=t0, t1=t1, response={"text": "", "meta_info": meta},
+                engine=engine)
+
+
+def cycle(index=0, *, t0=1.0, t1=2.0, ok=True, returned=1, published=(None, 1), labels=("default", "1"),
+          mode="retract", lora=False, cell=0, error=None, digest=None, digests=None):
+    return UpdateCycle(index, cell, "tensor", lora, mode, t0, t1, ok, error, returned - 1 if ok else returned,
+                       returned if ok else returned, returned if ok else None, published[0], published[1],
+                       [labels[0]], [labels[1]], trainer_digest=digest, digests_after=digests)
+
+
+def bump(seq, version, t, abort_flag=False):
+    payload = {"new_version": version} if abort_flag is None else {"new_version": version,
+                                                                   "abort_all_requests": abort_flag}
+    return call(seq, "/update_weight_version", payload, t0=t, t1=t + 0.01, response={"success": True})
+
+
+def group(prompt, rids, oldest, staleness=None, finish="length", versions=None):
+    turns = [Turn(r, (versions or {}).get(r, "1"), finish, 4) for r in rids]
+    return Group(prompt, [Sample(prompt, turns)], oldest, staleness)
+
+
+def history(**kw) -> History:
+    return History("hand-written", "test", "none", "0.5.23", 0, **kw)
+
+
+def check(inv: str, h: History):
+    return CHECKS[inv](h)
+
+
+# -- I1/I2 -----------------------------------------------------------------------------------------------
+
+def test_no_aborts_passes_when_requests_span_an_update_and_finish():
+    h = history(wire=[gen("r1", 0.5, 2.5), bump(1, "1", 1.5)], cycles=[cycle()])
+    v = check("I1-I2", h)
+    assert v.status == "pass", v.explain()
+    assert v.metrics["aborted_sample_rate"] == 0.0
+
+
+def test_no_aborts_fails_with_the_aborted_request_and_the_bump():
+    h = history(wire=[gen("r17", 0.5, 1.6, finish="abort"), bump(1, "4", 1.5, abort_flag=None)], cycles=[cycle()])
+    v = check("I1-I2", h)
+    assert v.status == "fail"
+    text = "\n".join(v.witness)
+    assert "abort_all_requests" in text and "request r17 (engine 0)" in text and "version 4" in text
+    assert v.metrics["aborted_sample_rate"] == 1.0
+
+
+def test_no_aborts_is_unknown_when_nothing_was_in_flight():
+    h = history(wire=[gen("r1", 0.1, 0.2), bump(1, "1", 1.5)], cycles=[cycle()])
+    assert check("I1-I2", h).status == "unknown"
+
+
+def test_injected_aborts_are_not_blamed_on_the_integration():
+    h = history(wire=[gen("r1", 0.5, 1.2, finish="abort"), bump(1, "1", 1.5)], cycles=[cycle(t0=0.9)],
+                injected=[Injected(1.0, "abort", 0)])
+    assert check("I1-I2", h).status == "pass"
+
+
+# -- I4 --------------------------------------------------------------------------------------------------
+
+def test_aborted_group_reaching_training_fails():
+    h = history(wire=[gen("r1", 0, 1, finish="abort")],
+                batches=[BatchRecord(0, 2.0, Batch([group(3, ["r1"], 1)], 1), 1)])
+    v = check("I4", h)
+    assert v.status == "fail" and "prompt 3" in v.witness[0] and "r1" in v.witness[0]
+
+
+def test_recycled_group_passes_and_no_abort_is_unknown():
+    wire = [gen("r1", 0, 1, finish="abort"), gen("r2", 1, 2, seq=101)]
+    assert check("I4", history(wire=wire, batches=[BatchRecord(0, 3, Batch([group(3, ["r2"], 1)], 1), 1)])).passed
+    assert check("I4", history(wire=wire[1:], batches=[])).status == "unknown"
+
+
+# -- I6 / C2 / P1 / P5 -----------------------------------------------------------------------------------
+
+def test_pause_without_continue_fails_in_the_failed_cycle():
+    h = history(wire=[call(0, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2),
+                      call(1, "/update_weights_from_tensor", {}, t0=1.3, t1=1.4, status=400,
+                           response={"success": False, "message": "bad shape"})],
+                cycles=[cycle(ok=False, error="EngineError: bad shape", returned=0, published=(None, None))])
+    v = check("I6", h)
+    assert v.status == "fail" and "left paused" in v.witness[0] and "failed" in v.witness[0]
+
+
+def test_pause_continue_paired_passes():
+    h = history(wire=[call(0, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2),
+                      call(1, "/continue_generation", {}, t0=1.5, t1=1.6)], cycles=[cycle()])
+    assert check("I6", h).passed
+
+
+def test_flush_under_in_place_fails():
+    h = history(wire=[call(0, "/pause_generation", {"mode": "in_place"}, t0=1.1, t1=1.2),
+                      call(1, "/flush_cache", None, t0=1.3, t1=1.31, status=400, response="busy"),
+                      call(2, "/continue_generation", {}, t0=1.5, t1=1.6)], cycles=[cycle(mode="in_place")])
+    v = check("C2", h)
+    assert v.status == "fail" and "while paused in_place" in v.witness[0]
+
+
+def test_cycle_order_fails_when_the_version_precedes_the_transfer():
+    h = history(wire=[call(0, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2), bump(1, "1", 1.3),
+                      call(2, "/update_weights_from_tensor", {}, t0=1.4, t1=1.5),
+                      call(3, "/continue_generation", {}, t0=1.6, t1=1.7)], cycles=[cycle()])
+    assert check("P1", h).status == "fail"
+    assert check("V2", h).status == "fail"
+
+
+def test_swallowed_engine_failure_fails_but_a_retried_flush_does_not():
+    failure = call(0, "/update_weights_from_tensor", {}, t0=1.1, t1=1.2, status=400,
+                   response={"success": False, "message": "Failed: shape"})
+    v = check("P5", history(wire=[failure], cycles=[cycle()]))
+    assert v.status == "fail" and "engine 0 answered 400" in v.witness[0]
+    retried = [call(0, "/flush_cache", None, t0=1.1, t1=1.2, status=400, response="busy"),
+               call(1, "/flush_cache", None, t0=1.3, t1=1.4, status=200, response="ok")]
+    assert check("P5", history(wire=retried, cycles=[cycle()])).status == "unknown"
+
+
+# -- V1 / V2 / V3 / V4 / P6 ------------------------------------------------------------------------------
+
+def test_versions_agree_fails_on_an_unstamped_lora_update():
+    h = history(cycles=[cycle(lora=True, labels=("default", "default"))])
+    v = check("V1", h)
+    assert v.status == "fail" and "LoRA" in v.witness[0] and "'default'" in v.witness[0]
+
+
+def test_failed_cycle_must_not_publish():
+    h = history(cycles=[cycle(ok=False, error="x", returned=1, published=(None, 1), labels=("default", "1"))])
+    v = check("V2", h)
+    assert v.status == "fail" and any("manager's version moved" in w for w in v.witness)
+
+
+def test_nothing_before_first_update():
+    good = Batch([group(0, ["r1"], None)], None)
+    bad = Batch([group(0, ["r1"], 0, staleness=0)], 0, {"staleness_mean": 0.0})
+    assert check("V3", history(batches=[BatchRecord(0, 1.0, good, None)])).passed
+    v = check("V3", history(batches=[BatchRecord(0, 1.0, bad, None)]))
+    assert v.status == "fail" and "no version yet" in "\n".join(v.witness)
+    assert check("V3", history()).status == "unknown"
+
+
+def test_version_going_backwards_on_failover_fails():
+    h = history(cycles=[cycle(0, t0=1, t1=2, returned=3, published=(2, 3)),
+                        cycle(1, t0=3, t1=4, returned=1, published=(3, 1), cell=1)],
+                batches=[BatchRecord(0, 5, Batch([group(0, ["r1"], 3, staleness=-2)], 1), 1)])
+    v = check("V4-S1", h)
+    text = "\n".join(v.witness)
+    assert v.status == "fail" and "3 (after cycle 0 (cell 0)) → 1" in text and "negative staleness -2" in text
+
+
+def test_weights_match_uses_digests_when_the_backend_has_them():
+    assert check("P6", history(cycles=[cycle(digest="abc", digests=["abc"])])).passed
+    assert check("P6", history(cycles=[cycle(digest="abc", digests=["abd"])])).status == "fail"
+    assert check("P6", history(cycles=[cycle()])).status == "unknown"
+
+
+# -- S2 / S3 ---------------------------------------------------------------------------------------------
+
+def test_oldest_uses_every_turn_and_span():
+    wire = [gen("a", 0, 1, version="2", spans=["1", "2"]), gen("b", 1, 2, version="2", seq=101)]
+    good = BatchRecord(0, 3, Batch([group(0, ["a", "b"], 1, staleness=1)], 2), 2)
+    bad = BatchRecord(0, 3, Batch([group(0, ["a", "b"], 2, staleness=0)], 2), 2)
+    assert check("S2", history(wire=wire, batches=[good])).passed
+    v = check("S2", history(wire=wire, batches=[bad]))
+    assert v.status == "fail" and "as old as 1" in v.witness[0] and "recorded oldest 2" in v.witness[0]
+
+
+def test_default_labels_are_ignored_not_zero():
+    wire = [gen("a", 0, 1, version="default"), gen("b", 1, 2, version="3", seq=101)]
+    assert check("S2", history(wire=wire, batches=[BatchRecord(0, 3, Batch([group(0, ["a", "b"], 3)], 3), 3)])).passed
+    assert check("S2", history(wire=wire,
+                               batches=[BatchRecord(0, 3, Batch([group(0, ["a", "b"], 0)], 3), 3)])).status == "fail"
+
+
+def test_staleness_bound_at_consumption():
+    wire = [gen("a", 0, 1, version="1")]
+    stale = BatchRecord(0, 5, Batch([group(0, ["a"], 1, staleness=3)], 4), 4)
+    v = check("S3", history(wire=wire, batches=[stale], max_staleness=1))
+    assert v.status == "fail" and "staleness 3" in v.witness[0] and "bound 1" in v.witness[0]
+    fresh = BatchRecord(0, 5, Batch([group(0, ["a"], 1, staleness=1)], 2), 2)
+    assert check("S3", history(wire=wire, batches=[fresh], max_staleness=1)).passed
+    assert check("S3", history(wire=wire, batches=[fresh])).status == "unknown"
+
+
+# -- F3 --------------------------------------------------------------------------------------------------
+
+def test_checkpoint_created_in_place_fails_and_renamed_passes():
+    load = call(0, "/update_weights_from_disk", {"model_path": "/ck/v1"}, t0=2, t1=3, response={"success": True})
+    v = check("F3", history(wire=[load], fs=[FsEvent(1.0, "created", "v1")]))
+    assert v.status == "fail" and "created in place" in v.witness[0]
+    assert check("F3", history(wire=[load], fs=[FsEvent(1.0, "moved_in", "v1")])).passed
+    early = [FsEvent(1.0, "moved_in", "v1"), FsEvent(2.5, "deleted", "v1")]
+    assert check("F3", history(wire=[load], fs=early)).status == "fail"
+    assert check("F3", history(wire=[load], fs=None)).status == "unknown"
+
+
+def test_a_raising_checker_is_unknown_not_pass():
+    from conformance.cases import evaluate
+
+    broken = history(batches=[BatchRecord(0, 1.0, None, None)])  # type: ignore[arg-type]
+    assert evaluate("V3", broken).status == "unknown"

@@ -141,9 +141,21 @@ class Run:
         self.cell += 1
 
     async def until_in_flight(self, per_engine: int = 1) -> None:
+        """Wait until every engine has ``per_engine`` generates in flight. A producer blocked on a full buffer
+        is freed by consuming a batch, as a trainer would."""
         wire, engines = self.backend.wire, len(self.backend.urls)
-        await wait_for_condition(lambda: all(wire.in_flight().get(e, 0) >= per_engine for e in range(engines)),
-                                 WAIT_TIMEOUT_S, f"{per_engine} /generate call(s) in flight on every engine")
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        idle_since: float | None = None
+        while not all(wire.in_flight().get(e, 0) >= per_engine for e in range(engines)):
+            now = time.monotonic()
+            if now > deadline:
+                raise ScenarioTimeout(f"timed out after {WAIT_TIMEOUT_S:.0f}s waiting for {per_engine} /generate "
+                                      f"call(s) in flight on every engine (in flight: {wire.in_flight()})")
+            idle_since = (idle_since or now) if not wire.in_flight() else None
+            if idle_since is not None and now - idle_since > 0.1:
+                await self.drain(1)
+                idle_since = None
+            await asyncio.sleep(0.002)
 
     async def until_completed(self, n: int) -> None:
         wire = self.backend.wire
@@ -227,7 +239,7 @@ async def _steady(run: Run) -> None:
     await run.start()
     for _ in range(3):
         await run.drain(1)
-        await run.until_in_flight(2)
+        await run.until_in_flight(1)
         await run.update()
     await run.drain(2)
 
@@ -285,7 +297,7 @@ async def _staleness(run: Run) -> None:
 async def _aborted_groups(run: Run) -> None:
     await run.start()
     await run.update()
-    await run.until_in_flight(2)
+    await run.until_in_flight(1)
     for engine in range(len(run.backend.urls)):
         await run.inject_abort(engine)
     await run.drain(3)
@@ -313,8 +325,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
             rollout=replace(_BASE.rollout, max_staleness=1), needs={"staleness_filter": True}),
     replace(_BASE, name="failover", doc="two updates, failover to a fresh trainer cell, two more",
             script=_failover, checks=("V4-S1", "V1", "I1-I2"), needs={"failover": True}),
-    replace(_BASE, name="failing-transfer", doc="an update the engines reject (wrong shape), then a good one",
-            script=_failing_transfer, checks=("V2", "P5", "I6", "V1")),
+    replace(_BASE, name="failing-transfer", doc="a disk update the engines reject (wrong shape; SGLang rolls back "
+            "and answers 400), then a good one", script=_failing_transfer, checks=("V2", "P5", "I6", "V1"),
+            transport="disk"),
     replace(_BASE, name="lora", doc="two LoRA updates while rollouts run",
             script=_lora, checks=("V1", "I1-I2", "I6"), needs={"lora": True}),
     replace(_BASE, name="staleness", doc="groups buffered while three updates land; bound 1 at consumption",

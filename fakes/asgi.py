@@ -83,10 +83,16 @@ async def _start(send: Send, status: int, content_type: str | None, headers: dic
 async def send_reply(send: Send, reply: Reply) -> None:
     """Write ``reply`` to the ASGI ``send`` channel (SSE: ``data: <json>\\n\\n`` ... ``data: [DONE]\\n\\n``)."""
     if reply.stream is not None:
-        await _start(send, reply.status, "text/event-stream; charset=utf-8", reply.headers)
-        async for item in reply.stream:
-            await send({"type": "http.response.body", "body": b"data: " + dumps(item) + b"\n\n", "more_body": True})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        stream = reply.stream
+        try:
+            await _start(send, reply.status, "text/event-stream; charset=utf-8", reply.headers)
+            async for item in stream:
+                await send({"type": "http.response.body", "body": b"data: " + dumps(item) + b"\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()  # runs the generator's cleanup (aborts unfinished requests) on early exit
         return
     if reply.body is None:
         payload, content_type = b"", None
@@ -125,12 +131,14 @@ def request_from_scope(scope: Scope, body: bytes, receive: Receive) -> HTTPReque
     return HTTPRequest(method=scope["method"], path=scope["path"], query=query, body=body, receive=receive)
 
 
-async def lifespan(receive: Receive, send: Send) -> None:
-    """Acknowledge ASGI lifespan startup/shutdown (nothing to set up)."""
+async def lifespan(receive: Receive, send: Send, on_shutdown: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Acknowledge ASGI lifespan startup; run ``on_shutdown`` before acknowledging shutdown."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if on_shutdown is not None:
+                await on_shutdown()
             await send({"type": "lifespan.shutdown.complete"})
             return

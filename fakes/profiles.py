@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 _MODEL_INFO_BASE = ("model_path", "tokenizer_path", "is_generation", "preferred_sampling_params", "weight_version")
-_MODEL_INFO_056 = _MODEL_INFO_BASE + ("has_image_understanding", "has_audio_understanding", "model_type", "architectures")
+_MODEL_INFO_056 = _MODEL_INFO_BASE + (
+    "has_image_understanding",
+    "has_audio_understanding",
+    "model_type",
+    "architectures",
+)
 _MODEL_INFO_0523 = _MODEL_INFO_056 + (
     "served_model_name",
     "load_format",

@@ -230,7 +230,8 @@ class Scheduler:
         for req in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(req)
             req.aborted_in_waiting_queue = True
-            message = "Abort before prefill" if self.profile.waiting_abort_style == "before_prefill" else "Abort in waiting queue"
+            before_prefill = self.profile.waiting_abort_style == "before_prefill"
+            message = "Abort before prefill" if before_prefill else "Abort in waiting queue"
             self._finish(req, {"type": "abort", "message": message})
             done.append(req)
         return done
@@ -253,7 +254,9 @@ class Scheduler:
         for req in retracted:
             req.state = WAITING
             req.retractions += 1
-            self._event("request.retract", rid=req.rid, completion_tokens=len(req.output_ids), retractions=req.retractions)
+            self._event(
+                "request.retract", rid=req.rid, completion_tokens=len(req.output_ids), retractions=req.retractions
+            )
         # FCFS by arrival: retracted (older) requests are re-admitted before newer waiting ones.
         self.waiting = sorted(self.waiting + retracted, key=lambda r: r.serial)
         return retracted

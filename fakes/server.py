@@ -87,8 +87,15 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def make_uvicorn_server(config: Any, ready: threading.Event | None = None) -> Any:
-    """A `uvicorn.Server` whose `.ready` (a threading.Event) is set once startup is over (listening or failed)."""
+def make_uvicorn_server(config: Any, ready: threading.Event | None = None,
+                        on_started: Callable[[Any], None] | None = None) -> Any:
+    """A `uvicorn.Server` that never touches process signals (its owner handles them).
+
+    `.ready` (a threading.Event) is set once startup is over, listening or failed; `on_started(server)` is
+    called in the server's loop right after it.
+    """
+    import contextlib
+
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -97,6 +104,42 @@ def make_uvicorn_server(config: Any, ready: threading.Event | None = None) -> An
                 await super().startup(sockets=sockets)
             finally:
                 self.ready.set()
+                if on_started is not None:
+                    on_started(self)
+
+        def capture_signals(self) -> Any:  # uvicorn >= 0.29 would re-raise SIGTERM after serving
+            return contextlib.nullcontext()
+
+        async def main_loop(self) -> None:
+            """uvicorn's loop (a tick every 0.1 s), but woken at once by `request_exit`."""
+            self._wake = asyncio.Event()
+            counter = 0
+            should_exit = await self.on_tick(counter)
+            while not should_exit:
+                counter = (counter + 1) % 864000
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 0.1)
+                except asyncio.TimeoutError:
+                    pass
+                should_exit = await self.on_tick(counter)
+
+        def request_exit(self, loop: asyncio.AbstractEventLoop | None = None, force: bool = False) -> None:
+            """Ask the server to stop (from any thread when `loop` is its loop)."""
+            self.should_exit = True
+            self.force_exit = self.force_exit or force
+            wake = getattr(self, "_wake", None)
+            if wake is None:
+                return
+            if loop is None:
+                wake.set()
+            elif not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(wake.set)
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            return None
 
     server = _Server(config)
     server.ready = ready if ready is not None else threading.Event()
@@ -257,16 +300,10 @@ class LoopbackServer:
     def _stop_thread(self) -> None:
         thread, server = self._thread, self._server
         if thread is not None and server is not None and thread.is_alive():
-            server.should_exit = True
-            loop = self.loop
-            if loop is not None and not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(lambda: None)  # wake the loop
-                except RuntimeError:
-                    pass
+            server.request_exit(self.loop)
             thread.join(self.stop_timeout + 1.0)
             if thread.is_alive():
-                server.force_exit = True
+                server.request_exit(self.loop, force=True)
                 thread.join(2.0)
             if thread.is_alive():
                 raise RuntimeError(f"loopback server thread {thread.name} did not stop")

@@ -39,6 +39,7 @@ import binascii
 import copy
 import json
 import math
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ POST_INIT: dict[str, dict[str, tuple[Any, Any]]] = {"AbortReq": {"rid": (None, "
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
 _MISSING = object()
+_INT_STR = re.compile(r"^([+-]?[0-9](?:_?[0-9])*)(?:\.0+)?$")  # pydantic's str -> int: digits, `_`, a zero fraction
 
 
 class RequestError(Exception):
@@ -385,20 +387,9 @@ def _check_int(value: Any, loc: tuple, strict: bool) -> tuple[Any, list[dict[str
         return value, [_err("int_from_float", loc, "Input should be a valid integer, got a number with a fractional "
                                                    "part", value)]
     if isinstance(value, str):
-        text = value.strip()
-        try:
-            return int(text), []
-        except ValueError:
-            pass
-        try:
-            as_float = float(text)
-        except ValueError:
-            as_float = None
-        if as_float is not None and math.isfinite(as_float) and as_float.is_integer():
-            return int(as_float), []
-        if as_float is not None and math.isfinite(as_float):
-            return value, [_err("int_parsing", loc, "Input should be a valid integer, unable to parse string as an "
-                                                    "integer", value)]
+        match = _INT_STR.match(value.strip())
+        if match is not None:
+            return int(match.group(1).replace("_", "")), []
         return value, [_err("int_parsing", loc, "Input should be a valid integer, unable to parse string as an "
                                                 "integer", value)]
     return value, [_err("int_type", loc, "Input should be a valid integer", value)]
@@ -434,10 +425,12 @@ def _check_bool(value: Any, loc: tuple, strict: bool) -> tuple[Any, list[dict[st
             return False, []
         return value, [parsing]
     if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:  # pydantic-core reads an int for bool through i64
+            return value, [_err("bool_type", loc, "Input should be a valid boolean", value)]
         return (bool(value), []) if value in (0, 1) else (value, [parsing])
     if isinstance(value, float) and value in (0.0, 1.0):
         return bool(value), []
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and -(2**63) <= value < 2**63:
         return value, [parsing]
     return value, [_err("bool_type", loc, "Input should be a valid boolean", value)]
 

@@ -587,11 +587,13 @@ def perturbed(blobs: Mapping[str, Any], step: int, seed: int = 0) -> dict[str, T
 _MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers ("header too large")
 
 
-def encode_safetensors(blobs: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
-    """The safetensors serialisation of ``blobs`` (same layout as ``safetensors.torch.save``: tensors ordered
-    by decreasing alignment then name, header padded with spaces to 8 bytes)."""
+def encode_safetensors(blobs: Mapping[str, Any], metadata: Mapping[str, str] | None = None, *,
+                       keep_order: bool = False) -> bytes:
+    """The safetensors serialisation of ``blobs``: byte-identical to ``safetensors.torch.save`` (tensors
+    ordered by decreasing alignment then name, header padded with spaces to 8 bytes), or with ``keep_order``
+    the data in mapping order (still valid safetensors; ``decode_safetensors`` returns data order)."""
     items = _as_blobs(blobs)
-    order = sorted(items, key=lambda n: (-_itemsize(items[n].dtype), n))
+    order = list(items) if keep_order else sorted(items, key=lambda n: (-_itemsize(items[n].dtype), n))
     header: dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -735,6 +737,12 @@ def save_checkpoint(path: str, blobs: Mapping[str, Any], fmt: str = "safetensors
     if filename is not None and shards != 1:
         raise ValueError("filename is only for single-file checkpoints")
     items = _as_blobs(blobs)
+    _write_weight_files(path, items, fmt, shards, filename)
+    cfg = dict(config) if config is not None else _config_for(items)
+    _write_bytes(os.path.join(path, "config.json"), json.dumps(cfg, indent=2).encode())
+
+
+def _write_weight_files(path: str, items: dict[str, TensorBlob], fmt: str, shards: int, filename: str | None) -> None:
     os.makedirs(path, exist_ok=True)
     stem, ext = ("model", "safetensors") if fmt == "safetensors" else ("pytorch_model", "bin")
     if shards == 1:
@@ -756,8 +764,6 @@ def save_checkpoint(path: str, blobs: Mapping[str, Any], fmt: str = "safetensors
                  "weight_map": {n: fname for fname, names in files.items() for n in names}}
         index_name = SAFE_WEIGHTS_INDEX_NAME if fmt == "safetensors" else "pytorch_model.bin.index.json"
         _write_bytes(os.path.join(path, index_name), json.dumps(index, indent=2, sort_keys=True).encode())
-    cfg = dict(config) if config is not None else _config_for(items)
-    _write_bytes(os.path.join(path, "config.json"), json.dumps(cfg, indent=2).encode())
 
 
 def _load_torch_file(path: str) -> dict[str, TensorBlob]:
@@ -897,7 +903,7 @@ def encode_tensor_payload(blobs: Mapping[str, Any], fmt: str = "safetensors") ->
     output_str=True)``: shared-memory handles, decode once, same host, sender alive), ``"pickle"``
     (tensors inline, any process), ``"safetensors"`` (fake-only, no torch needed)."""
     if fmt == "safetensors":
-        raw = encode_safetensors(blobs)
+        raw = encode_safetensors(blobs, keep_order=True)
     elif fmt in ("torch", "pickle"):
         import torch  # lazy  # noqa: F401
         import torch.multiprocessing  # noqa: F401  (registers torch's ForkingPickler reductions)
@@ -1138,6 +1144,9 @@ class DistributedGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
+        # the operation's own timeout, not only the wait's: an abandoned broadcast must not outlive it (a group
+        # with one in flight cannot be torn down before it expires)
+        opts.timeout = datetime.timedelta(seconds=timeout_s)
         try:
             work = self._pg.broadcast([wire], opts)
             work.wait(datetime.timedelta(seconds=timeout_s))
@@ -1192,7 +1201,8 @@ class DistributedGroup:
             pg, self._pg = self._pg, None
             self._store = None
         if pg is not None:
-            _shutdown_pg(pg)
+            # a broken group may still have a broadcast in flight: shutdown() would wait for it to time out
+            _shutdown_pg(pg, abort=self._broken is not None)
 
     def __enter__(self) -> DistributedGroup:
         return self
@@ -1230,11 +1240,12 @@ def _make_gloo_group(master_address: str, master_port: int, rank: int, world_siz
     return pg, store
 
 
-def _shutdown_pg(pg: Any) -> None:
+def _shutdown_pg(pg: Any, abort: bool = False) -> None:
     try:
-        pg.shutdown()
+        pg.abort() if abort else pg.shutdown()
     except Exception:  # noqa: BLE001 - best effort: a peer may already be gone
         pass
+
 
 
 def trainer_group(master_address: str, master_port: int, world_size: int, group_name: str,
@@ -1278,9 +1289,10 @@ def save_lora_adapter(path: str, tensors: Mapping[str, Any], config: Mapping | N
     cfg = dict(config) if config is not None else {
         "peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "bias": "none",
         "target_modules": ["q_proj", "v_proj"], "task_type": "CAUSAL_LM"}
+    if fmt not in ("safetensors", "pt"):
+        raise ValueError(f"fmt must be 'safetensors' or 'pt', got {fmt!r}")
     filename = "adapter_model.safetensors" if fmt == "safetensors" else "adapter_model.bin"
-    save_checkpoint(path, tensors, fmt=fmt, filename=filename, config={})
-    os.remove(os.path.join(path, "config.json"))
+    _write_weight_files(path, _as_blobs(tensors), fmt, 1, filename)
     _write_bytes(os.path.join(path, "adapter_config.json"), json.dumps(cfg, indent=2).encode())
 
 

@@ -18,6 +18,6 @@ integration = ReferenceIntegration()
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport",
     "NegativeStaleness", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
-    "TensorTransport", "VersionRegression", "encode_pickle_b64", "encode_safetensors_b64", "integration", "numeric_label",
-    "write_checkpoint_atomic",
+    "TensorTransport", "VersionRegression", "encode_pickle_b64", "encode_safetensors_b64", "integration",
+    "numeric_label", "write_checkpoint_atomic",
 ]

@@ -34,7 +34,7 @@ class HttpEngineClient:
     """
 
     def __init__(self, url: str, http: httpx.AsyncClient, timeout_s: float = 60.0, *,
-                 generate_timeout_s: float = 300.0, flush_deadline_s: float = 30.0) -> None:
+                 generate_timeout_s: float = 300.0, flush_deadline_s: float = 10.0) -> None:
         self.url = url.rstrip("/")
         self.http = http
         self.timeout_s = timeout_s

@@ -7,7 +7,7 @@ subclass that overrides one of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import httpx
 
@@ -40,9 +40,11 @@ class ReferenceIntegration:
     timeout_s: float = 60.0
     """Bound on every control call and on every collective."""
     generate_timeout_s: float = 300.0
-    flush_deadline_s: float = 30.0
+    flush_deadline_s: float = 10.0
     checkpoint_config: dict[str, Any] = field(default_factory=dict)
     """Written as ``config.json`` beside each disk checkpoint (a real run writes the model's HF config)."""
+    http_mounts: Mapping[str, httpx.AsyncBaseTransport] | None = None
+    """Custom httpx transports by URL prefix (e.g. ``httpx.ASGITransport`` to reach engines in process)."""
 
     async def build(self, env: BuildEnv) -> Roles:
         http = self.make_http_client(env)
@@ -72,8 +74,8 @@ class ReferenceIntegration:
 
     def make_http_client(self, env: BuildEnv) -> httpx.AsyncClient:
         """One pooled client for every engine (no pool limit: in-flight generations must never queue here)."""
-        return httpx.AsyncClient(timeout=self.timeout_s, limits=httpx.Limits(max_connections=None,
-                                                                              max_keepalive_connections=64))
+        return httpx.AsyncClient(timeout=self.timeout_s, mounts=self.http_mounts,
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
     def make_transports(self, env: BuildEnv) -> dict[str, WeightTransport]:
         """A fresh set per trainer cell (a failover cell builds its own process group)."""

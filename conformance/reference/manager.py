@@ -129,6 +129,11 @@ class ReferenceManager:
         previous, self._adapter = self._adapter, name
         return previous if previous != name else None
 
+    @property
+    def buffered_groups(self) -> int:
+        """Finished groups waiting for consumption."""
+        return self._buffer.qsize() if self._buffer is not None else 0
+
     # -- producer --------------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -258,8 +263,10 @@ class ReferenceManager:
             if not getter.done():
                 getter.cancel()
         if self._producer.done():
-            self._producer.result()  # raises the original exception
-            raise RuntimeError("the rollout producer stopped")
+            if self._producer.cancelled():
+                raise RuntimeError("the rollout producer was stopped")
+            self._producer.result()  # raises the original exception (S5)
+            raise RuntimeError("the rollout producer returned")
         return getter.result()
 
     async def next_batch(self) -> Batch:

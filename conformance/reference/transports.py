@@ -39,7 +39,7 @@ CheckpointWriter = Callable[[Path, str, Mapping[str, torch.Tensor], Mapping[str,
 """``(root, name, tensors, config) -> final directory``: writes one checkpoint under ``root``."""
 
 
-def _host_tensor(t: torch.Tensor) -> torch.Tensor:
+def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy that shares storage with nothing (safetensors refuses shared storage)."""
     return t.detach().to("cpu").contiguous().clone()
 
@@ -50,13 +50,13 @@ def encode_safetensors_b64(named_tensors: NamedTensors) -> str:
     Real SGLang on GPU expects base64 of its ``MultiprocessingSerializer`` payload instead (CUDA IPC handles);
     pass that encoder to the integration there.
     """
-    return base64.b64encode(save({name: _host_tensor(t) for name, t in named_tensors})).decode("ascii")
+    return base64.b64encode(save({name: host_copy(t) for name, t in named_tensors})).decode("ascii")
 
 
 def encode_pickle_b64(named_tensors: NamedTensors) -> str:
     """Alternative :data:`TensorEncoder`: base64 of a plain pickle of ``[(name, tensor), ...]`` (tensors
     inline), which SGLang's pickle-based deserializer also reads."""
-    return base64.b64encode(pickle.dumps([(n, _host_tensor(t)) for n, t in named_tensors], protocol=4)).decode()
+    return base64.b64encode(pickle.dumps([(n, host_copy(t)) for n, t in named_tensors], protocol=4)).decode()
 
 
 def _fsync(path: Path) -> None:
@@ -74,7 +74,7 @@ def write_checkpoint_atomic(root: Path, name: str, tensors: Mapping[str, torch.T
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
     try:
-        save_file({n: _host_tensor(t) for n, t in tensors.items()}, staging / "model.safetensors")
+        save_file({n: host_copy(t) for n, t in tensors.items()}, staging / "model.safetensors")
         (staging / "config.json").write_text(json.dumps(dict(config)))
         for path in (staging / "model.safetensors", staging / "config.json", staging):
             _fsync(path)
@@ -97,8 +97,10 @@ class WeightTransport(Protocol):
     needs_session: bool
     """Whether the transfer must run inside ``begin_weight_update`` / ``end_weight_update`` (0.5.23)."""
 
-    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
-        """Set-up done before the engines are paused (connecting a process group)."""
+    async def prepare(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+                      version: int) -> None:
+        """Work done before the engines are paused, while they still generate (connect a group, write a
+        checkpoint, encode a payload)."""
 
     async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
@@ -108,9 +110,27 @@ class WeightTransport(Protocol):
         """Release what the transport holds (groups, files)."""
 
 
-class DiskTransport:
-    """Checkpoints ``root / f"v{version}"`` written atomically; an older one is deleted only after every
-    engine acknowledged a newer one (F3)."""
+class _Staging:
+    """Keeps what :meth:`prepare` built for one version, so the transfer inside the pause only sends it."""
+
+    _staged: tuple[int, Any] | None = None
+
+    async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> Any:
+        raise NotImplementedError
+
+    async def prepare(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+                      version: int) -> None:
+        self._staged = (version, await self._build(weights, version))
+
+    async def _staged_for(self, weights: Mapping[str, torch.Tensor], version: int) -> Any:
+        if self._staged is None or self._staged[0] != version:
+            self._staged = (version, await self._build(weights, version))
+        return self._staged[1]
+
+
+class DiskTransport(_Staging):
+    """Checkpoints ``root / f"v{version}"``, written atomically before the pause; an older one is deleted
+    only after every engine acknowledged a newer one (F3)."""
 
     needs_session = False
 
@@ -118,13 +138,14 @@ class DiskTransport:
                  config: Mapping[str, Any] | None = None) -> None:
         self.root, self.writer, self.config = Path(root), writer, dict(config or {})
 
-    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
-        return None
+    async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> Path:
+        return await asyncio.to_thread(self.writer, self.root, f"v{version}", weights, self.config)
 
     async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
-        path = await asyncio.to_thread(self.writer, self.root, f"v{version}", weights, self.config)
+        path = await self._staged_for(weights, version)
         await gather_or_cancel(*(engine.update_weights_from_disk(path) for engine in engines))
+        self._staged = None
         await asyncio.to_thread(self._remove_older_than, version)
 
     def _remove_older_than(self, version: int) -> None:
@@ -133,28 +154,31 @@ class DiskTransport:
                 shutil.rmtree(path, ignore_errors=True)
 
     async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+        self._staged = None
         for staging in self.root.glob(".*.tmp"):
             shutil.rmtree(staging, ignore_errors=True)
 
 
-class TensorTransport:
-    """The tensors in the request body: one ``serialized_named_tensors`` entry per engine (TP size 1)."""
+class TensorTransport(_Staging):
+    """The tensors in the request body, encoded before the pause: one ``serialized_named_tensors`` entry per
+    engine (TP size 1)."""
 
     needs_session = True
 
     def __init__(self, encoder: TensorEncoder = encode_safetensors_b64) -> None:
         self.encoder = encoder
 
-    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
-        return None
+    async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> list[str]:
+        return [await asyncio.to_thread(self.encoder, list(weights.items()))]
 
     async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
-        payload = [self.encoder(list(weights.items()))]
+        payload = await self._staged_for(weights, version)
         await gather_or_cancel(*(engine.update_weights_from_tensor(payload) for engine in engines))
+        self._staged = None
 
     async def close(self, engines: Sequence[HttpEngineClient]) -> None:
-        return None
+        self._staged = None
 
 
 class DistributedTransport:
@@ -192,7 +216,9 @@ class DistributedTransport:
         group._set_sequence_number_for_group()
         return group
 
-    async def prepare(self, engines: Sequence[HttpEngineClient]) -> None:
+    async def prepare(self, engines: Sequence[HttpEngineClient],
+                      weights: Mapping[str, torch.Tensor] | None = None, version: int | None = None) -> None:
+        """Connect the group (once per cell, and again after a failed transfer)."""
         if self._group is not None:
             return
         if self._stale_name is not None:  # best effort: the engines may have dropped it already

@@ -55,7 +55,7 @@ class ReferenceUpdater:
             await self._await_retirement()
             new = self._version + 1
             if mover is not None:
-                await mover.prepare(self.engines)
+                await mover.prepare(self.engines, weights, new)  # while the engines still generate
             try:
                 await self._pause_all()
                 if self._flush_needed():

@@ -333,9 +333,10 @@ def _pydantic_type(text: str, version: str) -> Any:
 ALL_TYPES = sorted({(v, spec["type"]) for v in VERSIONS for s in structs.snapshot(v)["structs"].values()
                     for spec in s["fields"].values()})
 JSON_SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 3), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+    st.none(), st.booleans(), st.integers(-3, 3), st.integers(), st.integers(2**62, 2**65),
+    st.floats(allow_nan=False, allow_infinity=False),
     st.sampled_from(["", "a", "5", " 5 ", "5.0", "5.5", "true", "False", "yes", "off", "1", "0", "aGk=", "!!",
-                     "abort", "in_place", "retract", "all", "draft", "x y"]),
+                     "abort", "in_place", "retract", "all", "draft", "x y", "1e3", "1_000", "5.", "-0", "\u0663"]),
 )
 JSON_VALUES = st.recursive(
     JSON_SCALARS,

@@ -1,0 +1,198 @@
+"""The suite's own proof: the reference integration with one real bug put back, per mutant.
+
+Each mutant is a subclass of one reference piece overriding one small method (or a different checkpoint
+writer), reproducing a bug found in a real framework (``seeds/``, ``docs/rl-frameworks.md`` section c). The
+suite must fail every mutant on the invariants listed in ``kills``. Select one with
+``--integration conformance.mutants:<name>``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from .interface import Integration, LoraAdapter, Sample
+from .reference import HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
+from .reference.manager import FinishedGroup, numeric_label
+from .reference.transports import WeightTransport, host_copy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One reintroduced bug."""
+
+    name: str
+    bug: str
+    """One line: what the mutant gets wrong."""
+    source: str
+    """Where the bug was found (seed, issue)."""
+    kills: tuple[str, ...]
+    """Invariant ids expected to catch it."""
+    integration: Integration
+
+
+# -- engine client -----------------------------------------------------------------------------------------
+
+class BareVersionBumpClient(HttpEngineClient):
+    def _version_payload(self, version: str) -> dict[str, Any]:
+        return {"new_version": version}  # SGLang then defaults abort_all_requests=True
+
+
+class UncheckedTransferClient(HttpEngineClient):
+    def _validate(self, endpoint: str, response: httpx.Response) -> Any:
+        if endpoint.startswith(("/update_weights_from_", "/load_lora_adapter")):
+            if response.status_code != 200:  # logged, not raised (minimind's update_policy)
+                log.warning("weight update %s failed: %s %s", endpoint, response.status_code, response.text)
+            return None
+        return super()._validate(endpoint, response)
+
+
+# -- updater -------------------------------------------------------------------------------------------------
+
+class LoraUnstampedUpdater(ReferenceUpdater):
+    _stamp_due = True
+
+    async def _transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
+                        lora: LoraAdapter | None) -> str | None:
+        self._stamp_due = lora is None  # the bump lives in the full-weight path only
+        return await super()._transfer(new, mover, weights, lora)
+
+    async def _stamp(self, new: int) -> None:
+        if self._stamp_due:
+            await super()._stamp(new)
+
+
+class NoResumeOnFailureUpdater(ReferenceUpdater):
+    async def _release_on_failure(self, exc: BaseException) -> None:
+        return None  # continue_generation only on the success path, as in the miles mixin
+
+
+class AlwaysFlushUpdater(ReferenceUpdater):
+    def _flush_needed(self) -> bool:
+        return True  # flushes even under in_place
+
+
+class PublishFirstUpdater(ReferenceUpdater):
+    async def _transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
+                        lora: LoraAdapter | None) -> str | None:
+        await self._stamp(new)  # bump and publish first, then push the weights
+        self._publish(new, None)
+        return await super()._transfer(new, mover, weights, lora)
+
+
+# -- manager -------------------------------------------------------------------------------------------------
+
+class SilentRegressionManager(ReferenceManager):
+    def set_weight_version(self, version: int) -> None:
+        if self._version is not None and version < self._version:
+            log.warning("weight version went backwards: %s -> %s", self._version, version)  # warn, then store
+        self._version = version
+
+
+class NoneAsZeroManager(ReferenceManager):
+    def _current_version(self) -> int | None:
+        return self._version or 0  # "no update yet" measured as version 0
+
+    def _label_value(self, label: Any) -> int | None:
+        return numeric_label(label) or 0  # "default" counted as version 0
+
+
+class LastTurnLabelManager(ReferenceManager):
+    def _oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
+        last = [self._label_value(s.turns[-1].weight_version) for s in samples if s.turns]
+        numeric = [v for v in last if v is not None]  # earlier turns and per-token spans ignored
+        return (min(numeric) if numeric else None), super()._oldest_version(samples)[1]
+
+
+class ProductionTimeFilterManager(ReferenceManager):
+    async def _enqueue(self, group: FinishedGroup) -> None:
+        oldest, _ = self._oldest_version(group.samples)
+        if self._too_stale(self._staleness(self._current_version(), oldest)):  # judged when it finishes
+            self._counters["stale_groups_filtered"] += 1
+            self._recycle(group.prompt)
+            return
+        await super()._enqueue(group)
+
+    def _rejected_at_consumption(self, staleness: int | None) -> bool:
+        return False
+
+
+class KeepsAbortedManager(ReferenceManager):
+    async def _handle_aborted(self, prompt: Any, samples: list[Sample]) -> None:
+        self._counters["aborted_groups_recycled"] += 1
+        await self._enqueue(FinishedGroup(prompt, samples))  # re-queued with its partial turns
+
+
+# -- integration ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FreshCounterIntegration(ReferenceIntegration):
+    def start_version(self, manager: ReferenceManager) -> int:
+        return 0  # each trainer cell's counter starts at 0
+
+
+def write_checkpoint_in_place(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
+                              config: Mapping[str, Any]) -> Path:
+    """Writes straight into the final directory: readers can see it half-written."""
+    final = root / name
+    final.mkdir(parents=True, exist_ok=True)
+    save_file({n: host_copy(t) for n, t in tensors.items()}, final / "model.safetensors")
+    (final / "config.json").write_text(json.dumps(dict(config)))
+    return final
+
+
+def _mutant(name: str, bug: str, source: str, kills: tuple[str, ...], **pieces: Any) -> Mutant:
+    cls = pieces.pop("integration_cls", ReferenceIntegration)
+    return Mutant(name, bug, source, kills, cls(name=name, **pieces))
+
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in [
+    _mutant("version_bump_aborts", "update_weight_version posts only new_version, so SGLang aborts every request",
+            "seed 000; miles #2589", ("I1", "I2"), client_cls=BareVersionBumpClient),
+    _mutant("lora_unstamped", "a LoRA update bumps the trainer counter but never the engines' label",
+            "seed 001 [P1]; rl-frameworks c.3", ("V1",), updater_cls=LoraUnstampedUpdater),
+    _mutant("failover_regression_stored", "a failover cell restarts at 0 and the manager stores the lower version",
+            "seed 001 [P2]; miles #2244 review", ("V4",), integration_cls=FreshCounterIntegration,
+            manager_cls=SilentRegressionManager),
+    _mutant("none_as_zero", "no version yet and 'default' labels count as version 0",
+            "rl-frameworks c.4; miles test_staleness_filter_off_before_the_first_weight_update", ("V3",),
+            manager_cls=NoneAsZeroManager),
+    _mutant("oldest_wrong", "a group's oldest version is the last turn's output-time label only",
+            "rl-frameworks S2/V6; rllm #622", ("S2", "V6"), manager_cls=LastTurnLabelManager),
+    _mutant("filter_at_production", "staleness is judged when a group finishes, not when it is consumed",
+            "rl-frameworks S3; miles test_buffer_get_skips_groups_stale_at_consumption_time", ("S3",),
+            manager_cls=ProductionTimeFilterManager),
+    _mutant("recycle_partial", "an aborted group is re-queued with its partial turns",
+            "slime #2092", ("I4",), manager_cls=KeepsAbortedManager),
+    _mutant("resume_not_finally", "a failed update leaves the engines paused with the session open",
+            "rl-frameworks I6; AReaL #1181; miles mixin", ("I6",), updater_cls=NoResumeOnFailureUpdater),
+    _mutant("success_false_ignored", "an engine's success:false / non-200 transfer answer is logged, not raised",
+            "miles #684; minimind update_policy", ("P5",), client_cls=UncheckedTransferClient),
+    _mutant("non_atomic_checkpoint", "the checkpoint is written in place at its final path",
+            "seed 004 (minimind)", ("F3",), disk_writer=write_checkpoint_in_place),
+    _mutant("flush_under_in_place", "the cache is flushed under in_place too",
+            "rl-frameworks C2; ray #63769 review", ("C2",), updater_cls=AlwaysFlushUpdater),
+    _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
+            "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",), updater_cls=PublishFirstUpdater),
+]}
+
+
+def __getattr__(name: str) -> Integration:
+    """``conformance.mutants:<name>`` is that mutant's integration."""
+    try:
+        return MUTANTS[name].integration
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (mutants: {sorted(MUTANTS)})") from None
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *MUTANTS])

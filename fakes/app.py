@@ -1,0 +1,273 @@
+"""``make_app(engine)``: the ASGI app of one fake SGLang server.
+
+Which routes exist, their methods and their body structs come from the profile's io_struct snapshot
+(``structs.endpoints``), so a route a release lacks answers FastAPI's 404 ``{"detail": "Not Found"}``.
+Per call: fault injection → body validation (SGLang's 400 bodies, no state change) → the engine → a
+``control`` event with the exact wire payload. Fake-only debug routes live under ``/_fake/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from . import structs
+from .asgi import (
+    HTTPRequest,
+    Receive,
+    Reply,
+    Route,
+    Router,
+    Scope,
+    Send,
+    lifespan,
+    read_body,
+    request_from_scope,
+    send_reply,
+)
+from .engine import EngineClosed, EngineCrashed, flush_fault_scope
+
+if TYPE_CHECKING:
+    from .engine import FakeEngine
+
+EngineHandler = Callable[["FakeEngine", HTTPRequest, Any], Awaitable[Reply]]
+NOT_CONTROL = frozenset({"/generate", "/health", "/health_generate", "/ready"})
+
+
+# -- handlers: (engine, request, validated body or None) -> Reply --------------------------------------
+
+
+async def _generate(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return await engine.generate(obj)
+
+
+async def _pause(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return await engine.pause_generation(obj)
+
+
+async def _continue(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return await engine.continue_generation(obj)
+
+
+async def _flush(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    timeout = 0.0
+    if engine.profile.flush_timeout_query and "timeout" in req.query:
+        raw = req.query["timeout"]
+        try:
+            timeout = float(raw)
+        except ValueError:
+            error = {
+                "type": "float_parsing",
+                "loc": ("query", "timeout"),
+                "msg": "Input should be a valid number, unable to parse string as a number",
+                "input": raw,
+            }
+            return Reply(400, structs.error_body(f"1 validation error:\n  {error} {[error]}"))
+    return await engine.flush_cache(max(0.0, timeout))
+
+
+async def _health(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return await engine.health()
+
+
+async def _ready(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return await engine.ready()
+
+
+async def _model_info(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return Reply(200, engine.model_info())
+
+
+async def _server_info(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return Reply(200, engine.server_info())
+
+
+async def _weight_version(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    return engine.get_weight_version()
+
+
+def _method(name: str) -> EngineHandler:
+    """A handler that passes the validated body to ``engine.<name>(obj)``."""
+
+    async def handler(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+        return await getattr(engine, name)(obj)
+
+    handler.__name__ = name
+    return handler
+
+
+HANDLERS: dict[str, EngineHandler] = {
+    "/generate": _generate,
+    "/pause_generation": _pause,
+    "/continue_generation": _continue,
+    "/abort_request": _method("abort_request"),
+    "/update_weight_version": _method("update_weight_version"),
+    "/update_weights_from_disk": _method("update_weights_from_disk"),
+    "/update_weights_from_tensor": _method("update_weights_from_tensor"),
+    "/update_weights_from_distributed": _method("update_weights_from_distributed"),
+    "/init_weights_update_group": _method("init_weights_update_group"),
+    "/destroy_weights_update_group": _method("destroy_weights_update_group"),
+    "/begin_weight_update": _method("begin_weight_update"),
+    "/end_weight_update": _method("end_weight_update"),
+    "/load_lora_adapter": _method("load_lora_adapter"),
+    "/unload_lora_adapter": _method("unload_lora_adapter"),
+    "/load_lora_adapter_from_tensors": _method("load_lora_adapter_from_tensors"),
+    "/get_weights_by_name": _method("get_weights_by_name"),
+    "/flush_cache": _flush,
+    "/health": _health,
+    "/health_generate": _health,
+    "/ready": _ready,
+    "/model_info": _model_info,
+    "/get_model_info": _model_info,
+    "/server_info": _server_info,
+    "/get_server_info": _server_info,
+    "/get_weight_version": _weight_version,
+    "/weight_version": _weight_version,
+}
+
+
+# -- fake-only debug routes ----------------------------------------------------------------------------
+
+
+def _fake_routes(engine: FakeEngine) -> list[Route]:
+    async def events(req: HTTPRequest) -> Reply:
+        return Reply(200, engine.events.to_jsonl())
+
+    async def state(req: HTTPRequest) -> Reply:
+        return Reply(200, engine.snapshot())
+
+    async def digest(req: HTTPRequest) -> Reply:
+        return Reply(200, {"digest": engine.weights.digest(), "weight_version": engine.weight_version})
+
+    async def step(req: HTTPRequest) -> Reply:
+        try:
+            body = json.loads(req.body) if req.body else {}
+            n = body.get("n", 1) if isinstance(body, dict) else None
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(f"'n' must be a non-negative int, got {n!r}")
+        except ValueError as e:
+            return Reply(400, {"error": {"message": str(e)}})
+        tokens = await engine.step(n)
+        return Reply(200, {"steps": n, "tokens": tokens, "state": engine.snapshot()})
+
+    return [
+        Route("/_fake/events", ("GET",), events, control=False),
+        Route("/_fake/state", ("GET",), state, control=False),
+        Route("/_fake/digest", ("GET",), digest, control=False),
+        Route("/_fake/step", ("POST",), step, control=False),
+    ]
+
+
+# -- the app ---------------------------------------------------------------------------------------------
+
+
+def _wire_payload(raw: bytes) -> Any:
+    """What the client sent: parsed JSON, else the raw text, None when empty."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return raw.decode("utf-8", errors="replace")
+
+
+class FakeSGLangApp:
+    """ASGI callable over one ``FakeEngine``."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+        version = engine.profile.version
+        wire = structs.endpoints(version)
+        self.structs: dict[str, str | None] = {}
+        routes = _fake_routes(engine)
+        for path, handler in HANDLERS.items():
+            if path not in wire:
+                continue  # this release has no such route: 404 Not Found
+            self.structs[path] = wire[path].get("struct")
+            methods = tuple(wire[path]["methods"])
+            routes.append(Route(path, methods, self._bind(path, handler), control=path not in NOT_CONTROL))
+        self.router = Router(routes)
+
+    def _bind(self, path: str, handler: EngineHandler) -> Callable[[HTTPRequest], Awaitable[Reply]]:
+        async def endpoint(req: HTTPRequest) -> Reply:
+            return await self._handle(path, handler, req)
+
+        return endpoint
+
+    async def _handle(self, path: str, handler: EngineHandler, req: HTTPRequest) -> Reply:
+        engine = self.engine
+        if engine.dead:  # the process is gone: nothing reaches it, nothing is recorded
+            return engine.dead_reply(path)
+        reply = await self._answer(path, handler, req)
+        if path not in NOT_CONTROL:
+            engine.record_control(path, _wire_payload(req.body), reply.status, reply.body)
+        return reply
+
+    async def _answer(self, path: str, handler: EngineHandler, req: HTTPRequest) -> Reply:
+        engine = self.engine
+        fault = engine.faults.pick(path) if engine.faults is not None else None
+        if fault is not None:
+            early = await engine.apply_fault(fault, path)
+            if early is not None:
+                return early
+        struct_name = self.structs.get(path)
+        obj = None
+        if struct_name is not None:
+            try:
+                obj = structs.validate_raw(struct_name, req.body, engine.profile.version, method=req.method, path=path)
+            except structs.RequestError as e:
+                return Reply(e.status, e.body)
+        try:
+            with flush_fault_scope(fault is not None and fault.kind == "flush_fail"):
+                return await handler(engine, req, obj)
+        except (EngineCrashed, EngineClosed):
+            return engine.dead_reply(path)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send, on_shutdown=self.engine.aclose)
+            return
+        if scope["type"] != "http":
+            raise RuntimeError(f"fake SGLang serves HTTP only, got scope type {scope['type']!r}")
+        body = await read_body(receive)
+        req = request_from_scope(scope, body, receive)
+        route = self.router.match(req.method, req.path)
+        if isinstance(route, Reply):
+            await send_reply(send, route)
+            return
+        if route.path == "/generate":
+            await _until_disconnect(self._serve(route, req, send), receive)
+        else:
+            await self._serve(route, req, send)
+
+    async def _serve(self, route: Route, req: HTTPRequest, send: Send) -> None:
+        await send_reply(send, await route.handler(req))
+
+
+async def _until_disconnect(serving: Awaitable[None], receive: Receive) -> None:
+    """Run ``serving``; if the client disconnects first, cancel it (its cleanup aborts the requests,
+    as SGLang's ``create_abort_task`` / ``is_disconnected`` checks do)."""
+    work = asyncio.ensure_future(serving)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+
+
+def make_app(engine: FakeEngine) -> FakeSGLangApp:
+    """The ASGI app for ``engine`` (also available as ``engine.app``)."""
+    return FakeSGLangApp(engine)

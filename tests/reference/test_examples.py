@@ -1,0 +1,59 @@
+"""The example adapters run a full update cycle against fake engines on real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conformance.interface import BuildEnv, Integration, RolloutConfig
+from examples.httpx_adapter import integration as httpx_example
+from examples.requests_adapter import integration as requests_example
+from fakes.engine import FakeEngine
+from fakes.server import LoopbackServer
+
+from conftest import digest, finish_reasons, prompt_source, trainer_weights, within
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("integration, transport, pause_mode", [
+    (requests_example, "disk", "retract"),
+    (httpx_example, "tensor", "in_place"),
+    (httpx_example, "disk", "retract"),
+], ids=["requests-disk-retract", "httpx-tensor-in_place", "httpx-disk-retract"])
+async def test_example_adapter_runs_an_update_cycle(tmp_path: Path, integration: Integration, transport: str,
+                                                     pause_mode: str) -> None:
+    assert integration.capabilities.missing(transport=transport, pause_mode=pause_mode) is None
+    engines = [FakeEngine(tokens_per_second=400.0, engine_id=f"e{i}") for i in range(2)]
+    servers = [LoopbackServer(e.app).start() for e in engines]
+    try:
+        env = BuildEnv([s.url for s in servers], tmp_path, RolloutConfig(batch_size=2, group_size=2),
+                       prompt_source(), pause_mode=pause_mode)
+        roles = await within(integration.build(env))
+        await within(roles.manager.start())
+        await within(asyncio.gather(*(asyncio.to_thread(s.run_coroutine, e.wait_until(
+            lambda e=e: bool(e.scheduler.running), 5.0), 6.0) for s, e in zip(servers, engines))))
+        weights = trainer_weights(engines[0], step=1)
+        updater = roles.new_updater()
+
+        assert await within(updater.update(weights, transport=transport)) == 1
+
+        assert roles.manager.weight_version == 1
+        assert [await within(client.get_weight_version()) for client in roles.engines] == ["1", "1"]
+        assert [e.weights.digest() for e in engines] == [digest(weights)] * 2
+        batch = await within(roles.manager.next_batch())
+        assert len(batch.groups) == 2 and "abort" not in finish_reasons(engines)
+        assert roles.new_updater().version == 1  # failover continues the version
+        await within(roles.close())
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_requests_example_declares_only_what_it_supports() -> None:
+    assert requests_example.capabilities.missing(transport="tensor") is not None
+    assert requests_example.capabilities.missing(lora=True) is not None
+    assert httpx_example.capabilities.missing(transport="distributed") is not None

@@ -1,0 +1,107 @@
+"""Each mutant is the reference with one small, intended difference (the kill tests live with the suite)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+import conformance.mutants as mutants
+from conformance.fswatch import DirectoryWatch
+from conformance.interface import BuildEnv, RolloutConfig, Sample, Turn
+from conformance.reference import (HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater,
+                                   integration as reference, write_checkpoint_atomic)
+
+from conftest import prompt_source
+
+pytestmark = pytest.mark.cpu
+
+# mutant -> (integration fields that differ from the reference, methods its overriding classes define)
+INTENDED = {
+    "version_bump_aborts": ({"client_cls"}, {"_version_payload"}),
+    "lora_unstamped": ({"updater_cls"}, {"_transfer", "_stamp"}),
+    "failover_regression_stored": ({"manager_cls"}, {"set_weight_version", "start_version"}),
+    "none_as_zero": ({"manager_cls"}, {"_current_version", "_label_value"}),
+    "oldest_wrong": ({"manager_cls"}, {"_oldest_version"}),
+    "filter_at_production": ({"manager_cls"}, {"_enqueue", "_rejected_at_consumption"}),
+    "recycle_partial": ({"manager_cls"}, {"_handle_aborted"}),
+    "resume_not_finally": ({"updater_cls"}, {"_release_on_failure"}),
+    "success_false_ignored": ({"client_cls"}, {"_validate"}),
+    "non_atomic_checkpoint": ({"disk_writer"}, set()),
+    "flush_under_in_place": ({"updater_cls"}, {"_flush_needed"}),
+    "publish_before_transfer": ({"updater_cls"}, {"_transfer"}),
+}
+BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration)
+
+
+def own_methods(cls: type) -> set[str]:
+    return {name for name, value in vars(cls).items() if callable(value) and not name.startswith("__")}
+
+
+def test_every_mutant_is_listed_reachable_and_documented() -> None:
+    assert set(mutants.MUTANTS) == set(INTENDED)
+    for name, mutant in mutants.MUTANTS.items():
+        assert getattr(mutants, name) is mutant.integration and mutant.integration.name == name
+        assert mutant.bug and mutant.source and mutant.kills
+        assert mutant.integration.capabilities == reference.capabilities
+    with pytest.raises(AttributeError):
+        mutants.no_such_mutant  # noqa: B018
+
+
+@pytest.mark.parametrize("name", sorted(INTENDED))
+def test_mutant_differs_from_the_reference_only_where_intended(name: str) -> None:
+    fields, methods = INTENDED[name]
+    integration = mutants.MUTANTS[name].integration
+    differing = {f.name for f in dataclasses.fields(reference)
+                 if f.name != "name" and getattr(integration, f.name) != getattr(reference, f.name)}
+    assert differing == fields
+    classes = [getattr(integration, f) for f in fields if isinstance(getattr(integration, f), type)]
+    classes += [type(integration)] if type(integration) is not ReferenceIntegration else []
+    assert all(issubclass(cls, BASES) for cls in classes)
+    assert set().union(*(own_methods(cls) for cls in classes)) == methods
+
+
+def test_version_bump_mutant_drops_the_abort_flag() -> None:
+    assert reference.client_cls._version_payload(None, "3") == {"new_version": "3", "abort_all_requests": False}
+    mutant = mutants.MUTANTS["version_bump_aborts"].integration
+    assert mutant.client_cls._version_payload(None, "3") == {"new_version": "3"}
+
+
+def _manager(cls: type[ReferenceManager], tmp_path: Path) -> ReferenceManager:
+    env = BuildEnv(["http://x"], tmp_path, RolloutConfig(), prompt_source())
+    return cls([object()], env)  # type: ignore[list-item]  # no engine is called
+
+
+def test_manager_mutants_change_the_accounting(tmp_path: Path) -> None:
+    spanning = [Sample(0, [Turn("a", "2", "length", 3, ["1", "2"]), Turn("b", "3", "length", 3)])]
+    unversioned = [Sample(0, [Turn("c", "default", "length", 3)])]
+    ref = _manager(ReferenceManager, tmp_path)
+    assert (ref._oldest_version(spanning), ref._oldest_version(unversioned), ref._current_version()) == (
+        (1, 0), (None, 1), None)
+    wrong = _manager(mutants.LastTurnLabelManager, tmp_path)
+    assert wrong._oldest_version(spanning) == (3, 0)
+    zero = _manager(mutants.NoneAsZeroManager, tmp_path)
+    assert (zero._oldest_version(unversioned)[0], zero._current_version()) == (0, 0)
+    silent = _manager(mutants.SilentRegressionManager, tmp_path)
+    silent.set_weight_version(5)
+    silent.set_weight_version(1)
+    assert silent.weight_version == 1
+    assert mutants.MUTANTS["failover_regression_stored"].integration.start_version(silent) == 0
+    assert reference.start_version(silent) == 1
+
+
+def test_in_place_checkpoint_mutant_creates_its_final_directory_in_place(tmp_path: Path) -> None:
+    tensors = {"w": torch.ones(2, 2)}
+    arrivals = {}
+    for name, writer in (("reference", write_checkpoint_atomic), ("mutant", mutants.write_checkpoint_in_place)):
+        root = tmp_path / name
+        root.mkdir()
+        watch = DirectoryWatch(root).start()
+        writer(root, "v1", tensors, {})
+        events = watch.stop()
+        if events is None:
+            pytest.skip("no inotify on this platform")
+        arrivals[name] = [e.kind for e in events if e.name == "v1"]
+    assert arrivals == {"reference": ["moved_in"], "mutant": ["created"]}  # F3

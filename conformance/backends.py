@@ -11,6 +11,8 @@ A backend starts N engines, gives each a URL the integration talks real HTTP to 
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
@@ -41,9 +43,20 @@ class Backend(Protocol):
         """Engine-side truth for the history (event logs), or {}."""
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One context for every probe client: building one per client costs more than the probe itself."""
+    return ssl.create_default_context()
+
+
+def probe_client(timeout_s: float = 5.0) -> httpx.AsyncClient:
+    """An HTTP client for the suite's own calls (not recorded on the wire)."""
+    return httpx.AsyncClient(timeout=timeout_s, headers={PROBE_HEADER: "1"}, verify=_ssl_context())
+
+
 async def probe_labels(urls: list[str], timeout_s: float = 5.0) -> list[str | None]:
     """Each engine's version label as real SGLang reports it (``/model_info``, else ``/get_model_info``)."""
-    async with httpx.AsyncClient(timeout=timeout_s, headers={PROBE_HEADER: "1"}) as client:
+    async with probe_client(timeout_s) as client:
         async def one(url: str) -> str | None:
             for path in ("/model_info", "/get_model_info"):
                 try:
@@ -58,7 +71,7 @@ async def probe_labels(urls: list[str], timeout_s: float = 5.0) -> list[str | No
 
 async def inject_abort_all(url: str, timeout_s: float = 5.0) -> None:
     """A fault the suite injects itself: abort every request on one engine (``/abort_request``)."""
-    async with httpx.AsyncClient(timeout=timeout_s, headers={PROBE_HEADER: "1"}) as client:
+    async with probe_client(timeout_s) as client:
         r = await client.post(url + "/abort_request", json={"abort_all": True})
         r.raise_for_status()
 

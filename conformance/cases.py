@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -110,6 +111,10 @@ def evaluate(check: str, history: History) -> Verdict:
 
 
 def run_cases(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
-              scenarios: list[str] | None = None) -> dict[str, ScenarioResult]:
-    """Every scenario (or the named ones) → its result."""
-    return {name: run_one(name, integration, backend_factory, seed) for name in (scenarios or SCENARIOS)}
+              scenarios: list[str] | None = None, parallel: int = 4) -> dict[str, ScenarioResult]:
+    """Every scenario (or the named ones) → its result. Scenarios are independent (each has its own engines
+    and event loop) and mostly wait on real time, so ``parallel`` of them run at once in threads."""
+    names = list(scenarios or SCENARIOS)
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario") as pool:
+        futures = {name: pool.submit(run_one, name, integration, backend_factory, seed) for name in names}
+        return {name: futures[name].result() for name in names}

@@ -33,6 +33,10 @@ class ScenarioTimeout(Exception):
     """A wait inside a scenario passed its deadline."""
 
 
+class UnexpectedUpdateFailure(Exception):
+    """An update the scenario expected to succeed failed: the run stops there (the cycle is recorded)."""
+
+
 class Trainer:
     """A stand-in trainer: deterministic new weights per step, over the engines' own parameter names."""
 
@@ -122,6 +126,9 @@ class Run:
             labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=poison,
             trainer_digest=digest_of(weights) if weights is not None and not poison else None,
             digests_after=self.backend.digests()))
+        if error is not None and not poison:
+            raise UnexpectedUpdateFailure(f"update cycle {len(self.history.cycles) - 1} ({transport}"
+                                          f"{', LoRA' if lora else ''}) failed: {error}")
         return returned
 
     async def drain(self, n: int = 1) -> None:

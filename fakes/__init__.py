@@ -1,8 +1,9 @@
 """fakes: a faithful fake SGLang engine and router for CPU tests (vendorable; see README.md).
 
-Everything public is re-exported lazily, so `import fakes` imports nothing heavy (no uvicorn, httpx or torch):
-
-    from fakes import FakeEngine, FakeRouter, LoopbackServer, ManualClock, PROFILES, FaultPlan, Fault
+Everything public is re-exported lazily (module `__getattr__`), so importing the package imports nothing heavy
+(no uvicorn, httpx or torch): `FakeEngine`, `FakeRouter`, `LoopbackServer`, `asgi_client`, `mount_respx`,
+`ManualClock`, `RealClock`, `PROFILES`, `FaultPlan`, `Fault`, `WeightStore`, `TensorBlob`, ... The package uses
+relative imports only, so it can be vendored under any name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m fakes`: fake SGLang engines (and a router in front of them) on 127.0.0.1, in one process.
+"""`python -m fakes` (or the vendored package's name): fake SGLang engines (and a router in front of them) on 127.0.0.1, in one process.
 
 Prints one URL per line once everything listens — the engines first, then the router — and serves until
 SIGINT or SIGTERM, then shuts down cleanly and exits 0.
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .profiles import DEFAULT_PROFILE, PROFILES
 
     parser = argparse.ArgumentParser(
-        prog="python -m fakes",
+        prog=f"python -m {__package__ or 'fakes'}",
         description="Serve fake SGLang engines (and optionally a fake sglang router) on loopback. Prints one URL "
                     "per line (engines, then the router) when all listen; SIGINT/SIGTERM stops them (exit 0).",
     )

@@ -177,7 +177,7 @@ class LoopbackServer:
         if mode == "thread" and (app is None) == (factory is None):
             raise ValueError("thread mode needs exactly one of app= or factory=")
         if mode == "process" and (app is not None or factory is not None):
-            raise ValueError("process mode serves `python -m fakes`; pass cli_args, not an app")
+            raise ValueError("process mode serves this package's CLI (`python -m <package>`); pass cli_args, not an app")
         self.app = app
         self.host = host
         self.port = port

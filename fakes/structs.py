@@ -25,7 +25,9 @@ Deviations (documented, deliberate):
   * 0.5.23 checks `/generate` bodies a second time against `sglang.api.v1.GenerateRequest` (the
     "contract gate", 400 `{"error": "<text>"}`); that gate is not modelled here.
   * The body is JSON-decoded whatever the Content-Type (newer FastAPI refuses a body without one).
-  * The message's `File "...", line N, in handler` context uses the wheel-relative path of http_server.py.
+  * The message follows FastAPI >= 0.120 (`"N validation error(s):\n  {...}\n  File ..." + " [errors]"`; older
+    FastAPI gives just `str(errors)`); its `File "...", line N, in handler` context uses the wheel-relative
+    path of http_server.py and the handler's first decorator line from the snapshot.
   * `__post_init__` effects are applied from `POST_INIT` (AbortReq: `rid=None` -> `""`), not executed.
 
 No import-time I/O: snapshots are read on first use and cached.
@@ -52,7 +54,6 @@ POST_INIT: dict[str, dict[str, tuple[Any, Any]]] = {"AbortReq": {"rid": (None, "
 
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "off", "f", "false", "n", "no"}
-_MISSING = object()
 _INT_STR = re.compile(r"^([+-]?[0-9](?:_?[0-9])*)(?:\.0+)?$")  # pydantic's str -> int: digits, `_`, a zero fraction
 
 
@@ -465,7 +466,7 @@ def validate(struct_name: str, body: Any, profile_version: str, *, method: str |
              path: str | None = None) -> dict[str, Any]:
     """The body as SGLang's handler sees it: unknown keys dropped, defaults filled, values coerced.
 
-    `body` is the decoded JSON (`_MISSING`/no body: pass `NO_BODY`). Raises `RequestError(400, ...)` with
+    `body` is the decoded JSON; pass `NO_BODY` when the request had no body at all. Raises `RequestError(400, ...)` with
     SGLang's body on a validation failure, and `KeyError` if the profile has no such struct (the route does
     not exist there: the app answers 404 itself). `method`/`path` only enrich the error message.
     """

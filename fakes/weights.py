@@ -32,7 +32,8 @@ Contents
                      trainers and tests without torch.
 
   Pickles are read with an allow-list unpickler (torch, ``multiprocessing.resource_sharer``,
-  ``collections.OrderedDict``, plain builtins), as SGLang's newer ``SafeUnpickler`` does.
+  ``collections.OrderedDict``, plain builtins), as SGLang's newer ``SafeUnpickler`` does. It keeps garbage
+  and stray objects out; it is not a security boundary (torch's own rebuild functions are allowed).
 * The distributed transport (``/init_weights_update_group`` + ``/update_weights_from_distributed``):
   ``DistributedGroup`` joins a real ``torch.distributed`` gloo group built exactly like SGLang's
   ``init_custom_process_group`` builds its group (rendezvous ``tcp://`` TCPStore hosted by rank 0,
@@ -59,6 +60,7 @@ import random
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +79,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "SUPPORTED_LOAD_FORMATS",
+    "PAYLOAD_FORMATS",
     "encode_tensor_payload",
     "decode_tensor_payload",
     "DistributedGroup",
@@ -332,8 +335,11 @@ class TensorBlob:
         t = tensor.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous().reshape(-1)
-        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.contiguous().reshape(-1).view(torch.uint8)
+        try:
+            data = raw.numpy().tobytes()
+        except (ImportError, RuntimeError):  # a torch build without numpy
+            data = bytes(raw.tolist())
         return cls(dtype, tuple(tensor.shape), data)
 
     def to_torch(self) -> Any:
@@ -533,7 +539,7 @@ _TINY_CONFIG = {
 
 
 def tiny_model(seed: int = 0) -> dict[str, TensorBlob]:
-    """A tiny deterministic Llama-shaped model (``TINY_SPEC``; float32 + bfloat16, ~22 KiB); no torch."""
+    """A tiny deterministic Llama-shaped model (``TINY_SPEC``; float32 + bfloat16, 21 tensors, 17.3 KiB); no torch."""
     out = {}
     for name, (dtype, shape) in TINY_SPEC.items():
         rng = random.Random(f"tiny:{seed}:{name}")
@@ -1089,7 +1095,7 @@ class DistributedGroup:
 
         def connect() -> None:
             try:
-                made = _make_gloo_group(master_address, master_port, rank, world_size, group_name, timeout_s)
+                made = _make_gloo_group(master_address, master_port, rank, world_size, group_name, deadline)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 with lock:
                     state["error"] = e
@@ -1102,9 +1108,12 @@ class DistributedGroup:
             finally:
                 done.set()
 
-        # The rendezvous runs in a daemon thread so that the caller gets an answer within timeout_s even
-        # where torch's own timeouts overshoot (a TCPStore client retries past its timeout).
-        thread = threading.Thread(target=connect, name=f"weights-join-{group_name}-r{rank}", daemon=True)
+        # The rendezvous runs in its own thread so that the caller gets an answer within timeout_s even where
+        # torch's own timeouts overshoot a little. Not a daemon: a thread still inside torch's C++ rendezvous
+        # when the interpreter exits aborts the process; every phase is bounded by the deadline, so exit
+        # waits at most about a second for it.
+        deadline = time.monotonic() + timeout_s
+        thread = threading.Thread(target=connect, name=f"weights-join-{group_name}-r{rank}")
         thread.start()
         done.wait(timeout_s)
         where = f"weight update group {group_name!r} at {master_address}:{master_port} as rank {rank} of {world_size}"
@@ -1114,14 +1123,17 @@ class DistributedGroup:
                 return cls(pg=pg, store=store, rank=rank, world_size=world_size, group_name=group_name,
                            backend=str(backend).lower(), master_address=master_address,
                            master_port=master_port, timeout_s=timeout_s)
-            if "error" not in state:
+            err = state.get("error")
+            timed_out = err is None or isinstance(err, TimeoutError) or time.monotonic() >= deadline - 0.05 or (
+                "timed out" in str(err).lower() or "timeout" in type(err).__name__.lower())
+            if timed_out:
                 state["abandoned"] = True
+                cause = "" if err is None else f" ({type(err).__name__}: {_first_line(err)})"
                 hint = ("the engines did not all join (check world_size and that every engine got "
                         "/init_weights_update_group)") if rank == 0 else (
                         "the trainer (rank 0) is not hosting the rendezvous there, or not every rank joined "
                         "(check master_address/master_port, rank_offset and world_size)")
-                raise WeightError(f"Timed out after {timeout_s:g}s joining {where}: {hint}")
-            err = state["error"]
+                raise WeightError(f"Timed out after {timeout_s:g}s joining {where}: {hint}{cause}")
         raise WeightError(f"Failed to join {where}: {type(err).__name__}: {_first_line(err)}")
 
     def _check_usable(self) -> None:
@@ -1211,25 +1223,46 @@ class DistributedGroup:
         self.destroy()
 
 
+def _wait_for_listener(host: str, port: int, deadline: float) -> None:
+    """Block until something accepts TCP connections at host:port (the trainer's TCPStore), or the deadline.
+
+    torch's TCPStore client retries well past its own timeout when nobody listens; probing first keeps the
+    whole rendezvous inside the caller's deadline."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"nothing accepted connections at {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=min(remaining, 1.0)):
+                return
+        except OSError:
+            threading.Event().wait(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
 def _make_gloo_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-                     timeout_s: float) -> tuple[Any, Any]:
+                     deadline: float) -> tuple[Any, Any]:
     """Build the group the way SGLang's ``init_custom_process_group`` + torch's ``_new_process_group_helper``
     do for gloo, minus the global registration: ``rendezvous("tcp://host:port")`` (rank 0 hosts a
     multi-tenant TCPStore), ``PrefixStore(group_name)``, ``PrefixStore(group_name + "/")``,
-    ``PrefixStore("cpu/")``, ``ProcessGroupGloo`` and the sequence-number handshake."""
+    ``PrefixStore("cpu/")``, ``ProcessGroupGloo`` and the sequence-number handshake. Every phase is bounded
+    by ``deadline`` (``time.monotonic()``)."""
     import datetime
 
     import torch.distributed as dist
     from torch.distributed import PrefixStore, ProcessGroupGloo
 
-    timeout = datetime.timedelta(seconds=timeout_s)
+    def left() -> datetime.timedelta:
+        return datetime.timedelta(seconds=max(0.001, deadline - time.monotonic()))
+
+    if rank != 0:
+        _wait_for_listener(master_address, master_port, deadline)
     host = f"[{master_address}]" if ":" in master_address else master_address
-    store, _, _ = next(dist.rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    store, _, _ = next(dist.rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=left()))
+    store.set_timeout(left())
     group_store = PrefixStore(group_name, store)
     backend_store = PrefixStore("cpu/", PrefixStore(f"{group_name}/", group_store))
     opts = ProcessGroupGloo._Options()
-    opts._timeout = timeout
+    opts._timeout = left()
     local_ip = _local_ip_towards(master_address)
     if local_ip is not None:
         opts._devices = [ProcessGroupGloo.create_device(hostname=local_ip)]
@@ -1245,7 +1278,6 @@ def _shutdown_pg(pg: Any, abort: bool = False) -> None:
         pg.abort() if abort else pg.shutdown()
     except Exception:  # noqa: BLE001 - best effort: a peer may already be gone
         pass
-
 
 
 def trainer_group(master_address: str, master_port: int, world_size: int, group_name: str,

@@ -1,4 +1,4 @@
-"""Three asyncio helpers the reference builds its update cycle from."""
+"""The asyncio helpers the reference builds its update cycle from."""
 
 from __future__ import annotations
 
@@ -38,6 +38,36 @@ def run_in_daemon_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]
 
     threading.Thread(target=target, name=f"reference-{getattr(fn, '__name__', 'call')}", daemon=True).start()
     return future
+
+
+def _failure(task: "asyncio.Future[Any]") -> BaseException | None:
+    return asyncio.CancelledError() if task.cancelled() else task.exception()
+
+
+async def gather_all(*aws: Awaitable[Any]) -> list[Any]:
+    """All results in order, once every awaitable finished; raises the earliest failure (the others as notes).
+
+    Engine calls are never abandoned half-way: an engine is not resumed while its update is still running.
+    The earliest failure is usually the cause (an engine refused), later ones its effects (peers timing out).
+    """
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return []
+    finished: list[asyncio.Future[Any]] = []
+    for task in tasks:
+        task.add_done_callback(finished.append)
+    try:
+        await asyncio.wait(tasks)
+    except BaseException:  # we were cancelled: leave no orphan behind
+        for task in tasks:
+            task.cancel()
+        raise
+    errors = [e for e in map(_failure, finished) if e is not None]
+    if errors:
+        for other in errors[1:]:
+            errors[0].add_note(f"also failed: {other!r}")
+        raise errors[0]
+    return [t.result() for t in tasks]
 
 
 async def gather_or_cancel(*aws: Awaitable[Any]) -> list[Any]:

@@ -27,7 +27,7 @@ from safetensors.torch import save, save_file
 
 from ..interface import LoraAdapter
 from .client import HttpEngineClient
-from .concurrency import gather_or_cancel, run_in_daemon_thread, settle_all
+from .concurrency import gather_all, gather_or_cancel, run_in_daemon_thread, settle_all
 
 log = logging.getLogger(__name__)
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -144,7 +144,7 @@ class DiskTransport(_Staging):
     async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
         path = await self._staged_for(weights, version)
-        await gather_or_cancel(*(engine.update_weights_from_disk(path) for engine in engines))
+        await gather_all(*(engine.update_weights_from_disk(path) for engine in engines))
         self._staged = None
         await asyncio.to_thread(self._remove_older_than, version)
 
@@ -174,7 +174,7 @@ class TensorTransport(_Staging):
     async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
         payload = await self._staged_for(weights, version)
-        await gather_or_cancel(*(engine.update_weights_from_tensor(payload) for engine in engines))
+        await gather_all(*(engine.update_weights_from_tensor(payload) for engine in engines))
         self._staged = None
 
     async def close(self, engines: Sequence[HttpEngineClient]) -> None:
@@ -246,12 +246,13 @@ class DistributedTransport:
         tensors = [weights[n].detach().to("cpu").contiguous() for n in names]
         dtypes = [str(t.dtype).removeprefix("torch.") for t in tensors]
         shapes = [list(t.shape) for t in tensors]
-        try:
-            await gather_or_cancel(
-                run_in_daemon_thread(self._broadcast, self._group, tensors),
-                *(engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name)
-                  for engine in engines))
-        except BaseException:
+        broadcast = run_in_daemon_thread(self._broadcast, self._group, tensors)
+        broadcast.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even when abandoned
+        try:  # each engine answers once it received every tensor, or once its collective timed out
+            await gather_all(*(engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name)
+                               for engine in engines))
+            await broadcast
+        except BaseException:  # the ranks are out of step: rebuild the group next cycle
             self._stale_name, self._group, self._store = self.group_name, None, None
             raise
 
@@ -283,7 +284,7 @@ class LoraTransport:
         name = self.versioned_name(adapter, version)
         payload = [self.encoder(list(adapter.tensors.items()))]
         try:
-            await gather_or_cancel(*(engine.load_lora_adapter_from_tensors(name, adapter.config, payload)
+            await gather_all(*(engine.load_lora_adapter_from_tensors(name, adapter.config, payload)
                                      for engine in engines))
         except BaseException:
             await settle_all(engine.unload_lora_adapter(name) for engine in engines)

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from ..interface import LoraAdapter
 from .client import HttpEngineClient
-from .concurrency import gather_or_cancel, settle_all
+from .concurrency import gather_all, settle_all
 from .manager import ReferenceManager
 from .transports import LoraTransport, WeightTransport
 
@@ -59,7 +59,7 @@ class ReferenceUpdater:
             try:
                 await self._pause_all()
                 if self._flush_needed():
-                    await gather_or_cancel(*(e.flush_cache() for e in self.engines))
+                    await gather_all(*(e.flush_cache() for e in self.engines))
                 if mover is not None and mover.needs_session:
                     await self._begin_sessions()
                 adapter = await self._transfer(new, mover, weights, lora)
@@ -80,7 +80,7 @@ class ReferenceUpdater:
     # -- the steps of a cycle ---------------------------------------------------------------------------
 
     async def _pause_all(self) -> None:
-        await gather_or_cancel(*(e.pause(self.pause_mode) for e in self.engines))
+        await gather_all(*(e.pause(self.pause_mode) for e in self.engines))
 
     def _flush_needed(self) -> bool:
         """C2: retract flushes (the radix cache holds old-weight KV); in_place never does (its resident
@@ -92,7 +92,7 @@ class ReferenceUpdater:
             if await engine.begin_weight_update():
                 self._open_sessions.append(engine)
 
-        await gather_or_cancel(*(begin(e) for e in self.engines))
+        await gather_all(*(begin(e) for e in self.engines))
 
     async def _transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
                         lora: LoraAdapter | None) -> str | None:
@@ -105,11 +105,11 @@ class ReferenceUpdater:
 
     async def _stamp(self, new: int) -> None:
         """Relabel every engine, only after the transfer succeeded everywhere (V2)."""
-        await gather_or_cancel(*(e.update_weight_version(str(new)) for e in self.engines))
+        await gather_all(*(e.update_weight_version(str(new)) for e in self.engines))
 
     async def _end_sessions(self) -> None:
         sessions, self._open_sessions = self._open_sessions, []
-        await gather_or_cancel(*(e.end_weight_update() for e in sessions))
+        await gather_all(*(e.end_weight_update() for e in sessions))
 
     async def _resume_all(self) -> None:
         errors = await settle_all(e.resume() for e in self.engines)

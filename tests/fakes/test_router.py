@@ -13,7 +13,7 @@ from fakes.faults import Fault, FaultPlan
 from fakes.router import WEIGHT_SYNC_PATHS, FakeRouter, normalise_generate
 from fakes.server import LoopbackServer, asgi_client
 
-pytestmark = [pytest.mark.cpu, pytest.mark.asyncio]
+pytestmark = pytest.mark.cpu
 httpx = pytest.importorskip("httpx")
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 3}}
@@ -29,6 +29,7 @@ def _router(engines: dict[str, FakeEngine], **kwargs: Any) -> FakeRouter:
     return FakeRouter.for_apps({url: e.app for url, e in engines.items()}, **kwargs)
 
 
+@pytest.mark.asyncio
 async def test_in_process_round_robin_and_weight_sync_404() -> None:
     engines = _engines()
     router = _router(engines)
@@ -42,6 +43,7 @@ async def test_in_process_round_robin_and_weight_sync_404() -> None:
     await router.aclose()
 
 
+@pytest.mark.asyncio
 async def test_retryable_worker_errors_go_to_the_next_worker() -> None:
     engines = _engines(e0={"faults": FaultPlan([Fault("/generate", "error", status=503, times=1)])})
     router = _router(engines)
@@ -52,6 +54,7 @@ async def test_retryable_worker_errors_go_to_the_next_worker() -> None:
     await router.aclose()
 
 
+@pytest.mark.asyncio
 async def test_a_non_retryable_worker_error_passes_through() -> None:
     engines = _engines(e0={"faults": FaultPlan([Fault("/generate", "error", status=400,
                                                       body={"error": {"message": "bad"}}, times=1)])})
@@ -62,6 +65,7 @@ async def test_a_non_retryable_worker_error_passes_through() -> None:
     await router.aclose()
 
 
+@pytest.mark.asyncio
 async def test_all_attempts_failing_returns_the_last_status() -> None:
     plan = {"faults": FaultPlan([Fault("/generate", "error", status=500)])}
     router = _router(_engines(e0=plan, e1=plan), max_attempts=3)
@@ -91,6 +95,7 @@ def test_a_dead_worker_is_skipped_and_marked_unhealthy() -> None:
             assert flush.json()["failed"][0]["worker"] == dead_url
 
 
+@pytest.mark.asyncio
 async def test_unhealthy_workers_are_not_routed_to() -> None:
     engines = _engines()
     router = _router(engines)
@@ -107,6 +112,7 @@ async def test_unhealthy_workers_are_not_routed_to() -> None:
     await router.aclose()
 
 
+@pytest.mark.asyncio
 async def test_flush_fan_out_reports_failures() -> None:
     engines = _engines(e1={"faults": FaultPlan([Fault("/flush_cache", "flush_fail", times=1)])})
     router = _router(engines)
@@ -121,6 +127,7 @@ async def test_flush_fan_out_reports_failures() -> None:
     await router.aclose()
 
 
+@pytest.mark.asyncio
 async def test_streaming_passes_through_in_process() -> None:
     router = _router(_engines(1))
     async with asgi_client(router.app) as client:
@@ -130,6 +137,7 @@ async def test_streaming_passes_through_in_process() -> None:
     await router.aclose()
 
 
+@pytest.mark.asyncio
 async def test_spec_flavor_follows_spec_section_8() -> None:
     engines = _engines()
     router = _router(engines, flavor="spec")
@@ -147,6 +155,7 @@ async def test_spec_flavor_follows_spec_section_8() -> None:
     await router.aclose()
 
 
+@pytest.mark.asyncio
 async def test_router_faults_as_data() -> None:
     plan = FaultPlan([Fault("/get_model_info", "error", status=502, body={"error": "injected"}, times=1),
                       Fault("/workers", "hang", times=1), Fault("/v1/models", "crash")])

@@ -21,6 +21,8 @@ from fakes.weights import TensorBlob, perturbed, weights_digest
 
 T = TypeVar("T")
 STEP_TIMEOUT_S = 10.0
+GROUP_TIMEOUT_S = 2.0
+"""The engines' collective timeout: a broken broadcast (an engine refused) ends this fast."""
 
 
 async def within(aw: Awaitable[T], timeout_s: float = STEP_TIMEOUT_S) -> T:
@@ -68,7 +70,7 @@ class Rig:
     def start_engines(self, n: int = 2, *, profile: str = "0.5.23", tokens_per_second: float = 400.0,
                       faults: dict[int, FaultPlan] | None = None) -> list[FakeEngine]:
         self.engines = [FakeEngine(profile=profile, tokens_per_second=tokens_per_second, enable_lora=True,
-                                   engine_id=f"e{i}", group_timeout_s=10.0, faults=(faults or {}).get(i))
+                                   engine_id=f"e{i}", group_timeout_s=GROUP_TIMEOUT_S, faults=(faults or {}).get(i))
                         for i in range(n)]
         return self.engines
 

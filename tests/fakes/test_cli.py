@@ -1,0 +1,149 @@
+"""`python -m fakes`: engines + router in one process, URLs on stdout, clean exit 0 on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+requests = pytest.importorskip("requests")
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 10.0
+
+
+class Cli:
+    """A running `python -m fakes ...`: `.urls` once printed, `.stop(sig)` -> exit code (bounded)."""
+
+    def __init__(self, *args: str) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+        self.proc = subprocess.Popen([sys.executable, "-m", "fakes", *args], cwd=REPO, env=env, text=True,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump_stdout, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
+
+    def _pump_stdout(self) -> None:
+        for line in iter(self.proc.stdout.readline, ""):
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def read_urls(self, n: int) -> list[str]:
+        urls = []
+        while len(urls) < n:
+            try:
+                line = self.lines.get(timeout=START_TIMEOUT)
+            except queue.Empty:
+                raise AssertionError(f"no URL within {START_TIMEOUT} s; stderr: {''.join(self.stderr)}") from None
+            assert line is not None, f"exited {self.proc.poll()} early; stderr: {''.join(self.stderr)}"
+            urls.append(line)
+        return urls
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(STOP_TIMEOUT)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def cli_factory() -> Iterator[type[Cli]]:
+    started: list[Cli] = []
+
+    def make(*args: str) -> Cli:
+        cli = Cli(*args)
+        started.append(cli)
+        return cli
+
+    yield make  # type: ignore[misc]
+    for cli in started:
+        cli.stop(signal.SIGKILL)
+
+
+def test_two_engines_and_a_router_then_sigterm_exits_zero(cli_factory) -> None:
+    cli = cli_factory("--engines", "2", "--router", "--tokens-per-second", "5000", "--weight-version", "v0")
+    urls = cli.read_urls(3)
+    engines, router = urls[:2], urls[2]
+    assert all(u.startswith("http://127.0.0.1:") for u in urls) and len(set(urls)) == 3
+    for url in engines:
+        info = requests.get(url + "/model_info", timeout=10).json()
+        assert info["weight_version"] == "v0"
+    resp = requests.post(router + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}},
+                         timeout=10)
+    assert resp.status_code == 200 and resp.json()["meta_info"]["finish_reason"]["type"] == "length"
+    listed = sorted(w["url"] for w in requests.get(router + "/workers", timeout=10).json()["workers"])
+    assert listed == sorted(engines)
+    assert requests.post(router + "/update_weight_version", json={"new_version": "1"}, timeout=10).status_code == 404
+    assert cli.stop(signal.SIGTERM) == 0, "".join(cli.stderr)
+    assert "Traceback" not in "".join(cli.stderr)
+
+
+def test_profile_lora_faults_and_sigint(cli_factory) -> None:
+    cli = cli_factory("--engines", "1", "--profile", "0.5.4", "--enable-lora", "--max-running-requests", "4",
+                      "--seed", "3", "--faults", '[{"endpoint": "/flush_cache", "kind": "flush_fail", "times": 1}]')
+    (url,) = cli.read_urls(1)
+    assert requests.post(url + "/flush_cache", timeout=10).status_code == 400  # the injected flush failure
+    assert requests.post(url + "/flush_cache", timeout=10).status_code == 200
+    assert requests.get(url + "/model_info", timeout=10).status_code == 404  # 0.5.4 has /get_model_info only
+    assert requests.get(url + "/get_model_info", timeout=10).json()["weight_version"] == "default"
+    resp = requests.post(url + "/load_lora_adapter", json={"lora_name": "a", "lora_path": "/nonexistent"}, timeout=10)
+    assert "not enabled" not in resp.text
+    assert cli.stop(signal.SIGINT) == 0, "".join(cli.stderr)
+
+
+def _consecutive_free_ports(n: int) -> int:
+    for _ in range(20):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        held = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))
+                held.append(sock)
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    pytest.skip("no run of free consecutive ports")
+
+
+def test_fixed_base_port(cli_factory) -> None:
+    base = _consecutive_free_ports(2)
+    cli = cli_factory("--engines", "1", "--router", "--port", str(base))
+    assert cli.read_urls(2) == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
+    assert cli.stop() == 0
+
+
+def test_help_documents_every_option() -> None:
+    out = subprocess.run([sys.executable, "-m", "fakes", "--help"], cwd=REPO, capture_output=True, text=True,
+                         timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0
+    for option in ("--engines", "--router", "--profile", "--tokens-per-second", "--max-running-requests",
+                   "--enable-lora", "--port", "--seed", "--host", "--faults", "--router-flavor", "--weight-version"):
+        assert option in out.stdout, option
+
+
+def test_bad_arguments_fail_fast() -> None:
+    out = subprocess.run([sys.executable, "-m", "fakes", "--profile", "9.9.9"], cwd=REPO, capture_output=True,
+                         text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 2 and "invalid choice" in out.stderr

@@ -134,7 +134,7 @@ class KeepsAbortedManager(ReferenceManager):
 
 # -- integration ---------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FreshCounterIntegration(ReferenceIntegration):
     def start_version(self, manager: ReferenceManager) -> int:
         return 0  # each trainer cell's counter starts at 0

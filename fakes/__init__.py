@@ -19,6 +19,8 @@ _EXPORTS = {
     "LoopbackServer": "server",
     "asgi_client": "server",
     "mount_respx": "server",
+    "RealRouterProcess": "server",
+    "real_router_available": "server",
     "ManualClock": "clock",
     "RealClock": "clock",
     "PROFILES": "profiles",

@@ -35,6 +35,52 @@ if TYPE_CHECKING:
 EngineHandler = Callable[["FakeEngine", HTTPRequest, Any], Awaitable[Reply]]
 NOT_CONTROL = frozenset({"/generate", "/health", "/health_generate", "/ready"})
 
+_INTERNAL = frozenset({"http_worker_ipc"})  # BaseReq plumbing between SGLang's processes
+# Fields SGLang accepts that the fake validates but deliberately does not act on (no GPU, one TP rank, no draft
+# model, no multimodal / disaggregation / sessions); every other field of a served struct is read by the engine.
+IGNORED_FIELDS: dict[str, frozenset[str]] = {
+    "AbortReq": _INTERNAL | {"abort_message", "abort_reason", "finished_reason", "weight_versions"},
+    "BeginWeightUpdateReqInput": _INTERNAL | {"selector"},
+    "EndWeightUpdateReqInput": _INTERNAL,
+    "ContinueGenerationReqInput": _INTERNAL | {"torch_empty_cache"},
+    "PauseGenerationReqInput": _INTERNAL,
+    "UpdateWeightVersionReqInput": _INTERNAL,
+    "DestroyWeightsUpdateGroupReqInput": _INTERNAL,
+    "InitWeightsUpdateGroupReqInput": _INTERNAL,
+    "GetWeightsByNameReqInput": _INTERNAL,
+    "UpdateWeightFromDiskReqInput": _INTERNAL
+    | {"is_async", "keep_pause", "manifest", "recapture_cuda_graph", "token_step", "torch_empty_cache"},
+    "UpdateWeightsFromDistributedReqInput": _INTERNAL | {"selector", "torch_empty_cache"},
+    "UpdateWeightsFromTensorReqInput": _INTERNAL | {"disable_draft_model", "selector", "torch_empty_cache"},
+    "LoadLoRAAdapterReqInput": _INTERNAL | {"lora_id"},
+    "UnloadLoRAAdapterReqInput": _INTERNAL | {"lora_id"},
+    "LoadLoRAAdapterFromTensorsReqInput": _INTERNAL
+    | {"added_tokens_config", "config_dict", "expected_checksums", "lora_id"},
+    "GenerateReqInput": _INTERNAL
+    | {
+        # multimodal inputs
+        "audio_data", "image_data", "video_data", "input_embeds", "modalities", "use_audio_in_video",
+        "video_config", "images_config", "mm_hashes", "mm_content_hashes", "mm_processor_kwargs",
+        "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",
+        "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "multi_item_delimiter_indices",
+        "token_indices_to_pool", "positional_embed_overrides",
+        # PD disaggregation, data parallelism, routing
+        "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+        "data_parallel_rank", "routed_dp_rank", "disagg_prefill_dp_rank", "routing_key",
+        # sessions, scheduling hints, caching
+        "session_id", "session_params", "conversation_id", "priority", "background", "extra_key",
+        "cache_salt", "kv_hints", "received_time", "lora_id",
+        # extra outputs the fake does not produce (logprobs beyond output triples, hidden states, ...)
+        "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "sampling_logprobs_mode",
+        "return_sampling_mask", "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
+        "return_flat_raw_top_logprobs_b64", "return_hidden_states", "return_routed_experts",
+        "routed_experts_start_len", "return_indexer_topk", "return_prompt_token_ids", "return_bytes",
+        "return_entropy", "require_reasoning", "max_thinking_tokens", "watermark", "custom_logit_processor",
+        # logging / tracing
+        "log_metrics", "no_logs", "custom_labels", "external_trace_header",
+    },
+}
+
 
 # -- handlers: (engine, request, validated body or None) -> Reply --------------------------------------
 
@@ -186,24 +232,21 @@ class FakeSGLangApp:
             if path not in wire:
                 continue  # this release has no such route: 404 Not Found
             self.structs[path] = wire[path].get("struct")
-            methods = tuple(wire[path]["methods"])
-            routes.append(Route(path, methods, self._bind(path, handler), control=path not in NOT_CONTROL))
+            control = path not in NOT_CONTROL
+            routes.append(Route(path, tuple(wire[path]["methods"]), self._bind(path, handler, control), control))
         self.router = Router(routes)
 
-    def _bind(self, path: str, handler: EngineHandler) -> Callable[[HTTPRequest], Awaitable[Reply]]:
+    def _bind(self, path: str, handler: EngineHandler, control: bool) -> Callable[[HTTPRequest], Awaitable[Reply]]:
         async def endpoint(req: HTTPRequest) -> Reply:
-            return await self._handle(path, handler, req)
+            engine = self.engine
+            if engine.dead:  # the process is gone: nothing reaches it, nothing is recorded
+                return engine.dead_reply(path)
+            reply = await self._answer(path, handler, req)
+            if control:
+                engine.record_control(path, _wire_payload(req.body), reply.status, reply.body)
+            return reply
 
         return endpoint
-
-    async def _handle(self, path: str, handler: EngineHandler, req: HTTPRequest) -> Reply:
-        engine = self.engine
-        if engine.dead:  # the process is gone: nothing reaches it, nothing is recorded
-            return engine.dead_reply(path)
-        reply = await self._answer(path, handler, req)
-        if path not in NOT_CONTROL:
-            engine.record_control(path, _wire_payload(req.body), reply.status, reply.body)
-        return reply
 
     async def _answer(self, path: str, handler: EngineHandler, req: HTTPRequest) -> Reply:
         engine = self.engine
@@ -242,7 +285,8 @@ class FakeSGLangApp:
         else:
             await self._serve(route, req, send)
 
-    async def _serve(self, route: Route, req: HTTPRequest, send: Send) -> None:
+    @staticmethod
+    async def _serve(route: Route, req: HTTPRequest, send: Send) -> None:
         await send_reply(send, await route.handler(req))
 
 

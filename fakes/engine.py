@@ -243,6 +243,7 @@ class FakeEngine:
         self._lora_update_lock: asyncio.Lock | None = None
         self._rid_rng = random.Random(f"rid:{seed}:{engine_id}")
         self._outputs = 0  # scheduler outputs so far (health checks watch it)
+        self._health_checks = 0
         self._background: set[asyncio.Task] = set()
         # loop binding
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -552,6 +553,8 @@ class FakeEngine:
         else:
             is_batch = bool(input_ids) and isinstance(input_ids[0], list)
             prompts = [list(p) for p in input_ids] if is_batch else [list(input_ids)]
+        if not prompts:
+            raise ValueError("The batch of prompts is empty.")
         params = obj.get("sampling_params") or {}
         if isinstance(params, list):
             if len(params) != len(prompts):
@@ -732,7 +735,8 @@ class FakeEngine:
         if self.dead:
             return Reply(503)
         start = self._outputs
-        spec = _Spec(f"{HEALTH_RID_PREFIX}{self._new_rid()}", [0], {"max_new_tokens": 1}, None, False, False, False)
+        self._health_checks += 1
+        spec = _Spec(f"{HEALTH_RID_PREFIX}{self._health_checks}", [0], {"max_new_tokens": 1}, None, False, False, False)
 
         async def probe() -> None:
             with contextlib.suppress(ValueError, EngineCrashed, EngineClosed):
@@ -1016,10 +1020,10 @@ class FakeEngine:
         return await self._load_lora(obj["lora_name"], obj["lora_path"], bool(obj.get("pinned")), read)
 
     async def load_lora_adapter_from_tensors(self, obj: Mapping[str, Any]) -> Reply:
-        field_name = self.profile.lora_from_tensors_field or "serialized_named_tensors"
+        """0.5.10+: one ``serialized_tensors`` str (≤0.5.16) or ``serialized_named_tensors`` list (0.5.23)."""
 
         async def read() -> None:
-            payload = obj[field_name]
+            payload = obj["serialized_tensors"] if "serialized_tensors" in obj else obj["serialized_named_tensors"]
             W.decode_tensor_payload(payload[0] if isinstance(payload, list) else payload)
 
         return await self._load_lora(obj["lora_name"], "__tensor__", bool(obj.get("pinned")), read)

@@ -444,3 +444,100 @@ def mount_respx(router: Any, base_url: str, app: ASGIApp) -> Any:
     import respx
 
     return router.route(url__startswith=base_url.rstrip("/")).mock(side_effect=respx.ASGIHandler(app))
+
+
+# ------------------------------------------------------------------------------------------------ real router
+
+
+def real_router_available() -> bool:
+    """Whether the real sglang router (`pip install sglang-router`, a CPU Rust wheel) is importable."""
+    return _has_module("sglang_router")
+
+
+class RealRouterProcess:
+    """The REAL sglang router (`python -m sglang_router.launch_router`) in front of `worker_urls`, on loopback.
+
+        with RealRouterProcess([engine_a.url, engine_b.url]) as router:
+            httpx.post(router.url + "/generate", json=...)
+
+    Start waits (bounded) until `/readiness` reports every worker healthy — `/health` answers before the
+    workers are registered. Its Prometheus exporter gets its own free port (the default one is fixed, so two
+    routers at once would collide). Note: its "first healthy worker" is the first in `GET /workers`, i.e. the
+    order the workers finished registering, not the `worker_urls` order.
+    """
+
+    def __init__(self, worker_urls: Sequence[str], policy: str = "round_robin", *, host: str = "127.0.0.1",
+                 extra_args: Sequence[str] = (), start_timeout: float = 30.0, stop_timeout: float = 10.0) -> None:
+        self.worker_urls = list(worker_urls)
+        self.policy = policy
+        self.host = host
+        self.extra_args = list(extra_args)
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.process: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.returncode: int | None = None
+        self._output: collections.deque[str] = collections.deque(maxlen=200)
+
+    def start(self) -> RealRouterProcess:
+        import json as _json
+        import time
+        import urllib.error
+        import urllib.request
+
+        def free_port() -> int:
+            with bind_loopback(self.host, 0) as sock:
+                return sock.getsockname()[1]
+
+        port = free_port()
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(port),
+               "--worker-urls", *self.worker_urls, "--policy", self.policy, "--log-level", "error",
+               "--shutdown-grace-period-secs", "0", "--prometheus-host", self.host,
+               "--prometheus-port", str(free_port()), *self.extra_args]
+        self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        reader = threading.Thread(target=_pump, args=(self.process.stdout, self._output.append), daemon=True)
+        reader.start()
+        self.url = _url(self.host, port)
+        deadline = _Deadline(self.start_timeout)
+        while True:  # poll readiness until every worker is registered and healthy (bounded)
+            if self.process.poll() is not None:
+                output = "".join(self._output)[-3000:]
+                self.stop()
+                raise RuntimeError(f"sglang router exited ({self.returncode}): {output}")
+            try:
+                with urllib.request.urlopen(self.url + "/readiness", timeout=1.0) as resp:
+                    ready = _json.loads(resp.read() or b"{}")
+                if ready.get("healthy_workers") == len(self.worker_urls):
+                    return self
+            except (OSError, ValueError, urllib.error.URLError):
+                pass
+            if deadline.left() <= 0:
+                self.stop()
+                raise TimeoutError(f"sglang router not ready within {self.start_timeout} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5.0)
+        self.returncode = proc.returncode
+        if proc.stdout is not None:
+            proc.stdout.close()
+        self.process = None
+
+    def output(self) -> str:
+        return "".join(self._output)
+
+    def __enter__(self) -> RealRouterProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -19,7 +19,7 @@ from .transports import (CheckpointWriter, DiskTransport, DistributedTransport, 
 from .updater import ReferenceUpdater
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReferenceIntegration:
     """The reference :class:`~conformance.interface.Integration`.
 

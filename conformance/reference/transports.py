@@ -262,7 +262,10 @@ class DistributedTransport:
             for error in await settle_all(e.destroy_weights_update_group(name) for e in engines):
                 log.warning("destroying process group %s: %s", name, error)
         if self._group is not None:
-            self._group.shutdown()
+            try:
+                self._group.shutdown()
+            except Exception as exc:  # a peer may be gone already
+                log.warning("shutting down process group %s: %s", name, exc)
         self._group = self._store = self._stale_name = None
 
 
@@ -285,7 +288,7 @@ class LoraTransport:
         payload = [self.encoder(list(adapter.tensors.items()))]
         try:
             await gather_all(*(engine.load_lora_adapter_from_tensors(name, adapter.config, payload)
-                                     for engine in engines))
+                               for engine in engines))
         except BaseException:
             await settle_all(engine.unload_lora_adapter(name) for engine in engines)
             raise

@@ -8,9 +8,11 @@ import threading
 
 import pytest
 
+from fakes import structs
 from fakes import weights as W
 from fakes.engine import FLUSH_OK_TEXT, FakeEngine
 from fakes.faults import Fault, FaultPlan
+from fakes.profiles import PROFILES, get_profile
 from fakes.scheduler import Request
 
 pytestmark = pytest.mark.cpu
@@ -57,6 +59,29 @@ async def test_route_exists_from_its_release_on(connect, profile_version: str, p
         assert resp.status_code != 404 or resp.json() != {"detail": "Not Found"}
     else:
         assert (resp.status_code, resp.json()) == (404, {"detail": "Not Found"})
+
+
+@pytest.mark.parametrize("version", sorted(PROFILES))
+def test_profile_route_switches_agree_with_the_io_struct_snapshots(version: str) -> None:
+    profile, routes = get_profile(version), structs.endpoints(version)
+    assert profile.model_info_route == ("/model_info" in routes) == ("/server_info" in routes)
+    assert profile.ready_route == ("/ready" in routes)
+    assert profile.destroy_group_route == ("/destroy_weights_update_group" in routes)
+    assert profile.weight_update_sessions == ("/begin_weight_update" in routes)
+    assert profile.weight_version_alias == ("/weight_version" in routes)
+    assert (profile.get_weight_version != "gone") == ("/get_weight_version" in routes)
+    assert profile.pause_modes == structs.has_struct("PauseGenerationReqInput", version)
+    disk_fields = structs.struct_fields("UpdateWeightFromDiskReqInput", version)
+    assert profile.disk_flush_cache_field == ("flush_cache" in disk_fields)
+    assert profile.continue_torch_empty_cache == (
+        profile.pause_modes and "torch_empty_cache" in structs.struct_fields("ContinueGenerationReqInput", version))
+    lora_tensors = routes.get("/load_lora_adapter_from_tensors")
+    if profile.lora_from_tensors_field is None:
+        assert lora_tensors is None
+    else:
+        assert profile.lora_from_tensors_field in structs.struct_fields(lora_tensors["struct"], version)
+    with pytest.raises(ValueError, match="known profiles: 0.5.4, 0.5.10, 0.5.23"):
+        get_profile("0.4.0")
 
 
 @pytest.mark.asyncio

@@ -332,3 +332,27 @@ async def test_rejected_requests_change_nothing(connect, profile_version: str) -
         assert resp.status_code == 400, (path, body, resp.text)
         assert wire.engine.snapshot() == before, (path, body)
     assert not any(t.done() for t in tasks)
+
+
+# -- abort_all_requests on weight updates; crash on an undecodable tensor payload -------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_update_with_abort_all_requests_aborts_in_flight_then_updates(connect) -> None:
+    wire = await connect(FakeEngine("0.5.10"))
+    tasks = await decoding(wire, n=2)
+    payload = W.encode_tensor_payload(W.perturbed(W.tiny_model(0), 1), fmt="safetensors")
+    update = wire.spawn("POST", "/update_weights_from_tensor",
+                        json={"serialized_named_tensors": [payload], "abort_all_requests": True, "weight_version": "2"})
+    await wire.wait(lambda: wire.engine.update_lock.writers_waiting == 1)  # not paused: waits for the readers
+    responses = await wire.step_until_done(tasks)  # the aborts finish on the next step, then the update runs
+    assert [r.json()["meta_info"]["finish_reason"] for r in responses] == [ABORTED, ABORTED]
+    assert (await wire.result(update)).json()["message"] == "Success Weight version updated to 2."
+
+
+@pytest.mark.asyncio
+async def test_undecodable_tensor_payload_kills_the_engine(connect) -> None:
+    wire = await connect(FakeEngine("0.5.10"))
+    resp = await wire.post("/update_weights_from_tensor", json={"serialized_named_tensors": ["bm90IGEgcGF5bG9hZA=="]})
+    assert resp.status_code == 500 and wire.engine.crashed  # model_runner has no try/except here
+    assert (await wire.get("/health")).status_code == 503

@@ -9,13 +9,7 @@ unknowns and nulls) against `fakes.router.GENERATE_FIELDS`/`SAMPLING_FIELDS`, wi
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,12 +17,12 @@ import pytest
 
 from fakes.engine import FakeEngine
 from fakes.router import WEIGHT_SYNC_PATHS, FakeRouter, normalise_generate
-from fakes.server import LoopbackServer
+from fakes.server import LoopbackServer, RealRouterProcess, real_router_available
 
 pytestmark = pytest.mark.cpu
 httpx = pytest.importorskip("httpx")
 
-HAVE_REAL_ROUTER = importlib.util.find_spec("sglang_router") is not None
+HAVE_REAL_ROUTER = real_router_available()
 KINDS = [
     pytest.param("real", marks=pytest.mark.skipif(not HAVE_REAL_ROUTER, reason="sglang-router is not installed "
                                                   "(pip install sglang-router==0.3.2)")),
@@ -40,46 +34,11 @@ ROUTER_START_TIMEOUT = 30.0
 HTTP = httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def real_router(worker_urls: list[str]) -> Iterator[str]:
-    """`python -m sglang_router.launch_router` on a free port; yields its URL once all workers are healthy."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", *worker_urls, "--policy", "round_robin", "--log-level", "error",
-           "--shutdown-grace-period-secs", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + ROUTER_START_TIMEOUT
-    try:
-        while True:  # poll until every worker is registered and healthy (bounded): /health answers earlier
-            if proc.poll() is not None:
-                raise RuntimeError(f"sglang router exited ({proc.returncode}): {proc.stdout.read()[-2000:]}")
-            try:
-                ready = HTTP.get(url + "/readiness", timeout=1.0)
-                if ready.status_code == 200 and ready.json().get("healthy_workers") == len(worker_urls):
-                    break
-            except (httpx.TransportError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"sglang router did not answer /health within {ROUTER_START_TIMEOUT} s")
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    """The real router on a free port; yields its URL once every worker is registered and healthy."""
+    with RealRouterProcess(worker_urls, start_timeout=ROUTER_START_TIMEOUT) as router:
+        yield router.url
 
 
 @contextlib.contextmanager

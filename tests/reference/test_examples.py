@@ -13,7 +13,7 @@ from examples.requests_adapter import integration as requests_example
 from fakes.engine import FakeEngine
 from fakes.server import LoopbackServer
 
-from conftest import digest, finish_reasons, prompt_source, trainer_weights, within
+from reference_rig import digest, finish_reasons, prompt_source, trainer_weights, within
 
 pytestmark = pytest.mark.cpu
 

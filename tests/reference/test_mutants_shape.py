@@ -14,7 +14,7 @@ from conformance.interface import BuildEnv, RolloutConfig, Sample, Turn
 from conformance.reference import (HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater,
                                    integration as reference, write_checkpoint_atomic)
 
-from conftest import prompt_source
+from reference_rig import prompt_source
 
 pytestmark = pytest.mark.cpu
 

@@ -9,7 +9,7 @@ from conformance.reference import EngineError, HttpEngineClient
 from fakes.engine import FakeEngine
 from fakes.faults import Fault, FaultPlan
 
-from conftest import Rig, control_endpoints, trainer_weights, within
+from reference_rig import Rig, control_endpoints, trainer_weights, within
 
 pytestmark = pytest.mark.cpu
 

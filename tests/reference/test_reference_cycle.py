@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from conformance.interface import LoraAdapter
+from conformance.interface import EngineClient, LoraAdapter, Manager, Updater
 from conformance.reference import EngineError
 from fakes.faults import Fault, FaultPlan
 from fakes.weights import tiny_lora
 
-from conftest import Rig, control_endpoints, digest, finish_reasons, trainer_weights, within
+from reference_rig import Rig, control_endpoints, digest, finish_reasons, trainer_weights, within
 
 pytestmark = pytest.mark.cpu
 
@@ -108,6 +108,8 @@ async def test_failover_cell_continues_the_published_version(rig: Rig) -> None:
     engines = rig.start_engines()
     roles = await rig.build()
     first_cell = roles.new_updater()
+    assert isinstance(first_cell, Updater) and isinstance(roles.manager, Manager)
+    assert all(isinstance(client, EngineClient) for client in roles.engines)
     for step in (1, 2):
         await within(first_cell.update(trainer_weights(engines[0], step), transport="tensor"))
 

@@ -16,7 +16,7 @@ import pytest
 from conformance.interface import Batch, BuildEnv, RolloutConfig
 from conformance.reference import NegativeStaleness, ReferenceManager, VersionRegression
 
-from conftest import Rig, prompt_source, within
+from reference_rig import Rig, prompt_source, within
 
 pytestmark = pytest.mark.cpu
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
@@ -117,8 +118,8 @@ class FakeBackend:
             self.urls.append(server.url)
 
     def stop(self) -> None:
-        for server in self._servers:
-            server.stop()
+        with ThreadPoolExecutor(max_workers=max(1, len(self._servers))) as pool:
+            list(pool.map(lambda server: server.stop(), self._servers))
         self._servers.clear()
 
     def initial_weights(self) -> Mapping[str, Any]:

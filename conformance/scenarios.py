@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
 from .backends import Backend, digest_of, inject_abort_all, probe_labels
+from .checks.labels import finish_type
 from .fswatch import DirectoryWatch
 from .history import BatchRecord, History, Injected, UpdateCycle
 from .interface import BuildEnv, Integration, LoraAdapter, Prompt, Roles, RolloutConfig, Updater
@@ -169,10 +170,26 @@ class Run:
         target = wire.completed() + n
         await wait_for_condition(lambda: wire.completed() >= target, WAIT_TIMEOUT_S, f"{n} more /generate calls")
 
-    async def inject_abort(self, engine: int) -> None:
-        """Abort every request on one engine, as an operator or a crash would (not the integration's doing)."""
-        self.history.injected.append(Injected(time.monotonic(), "abort", engine, "POST /abort_request abort_all"))
-        await inject_abort_all(self.backend.urls[engine])
+    async def abort_in_flight(self) -> None:
+        """Abort requests on every engine, as an operator or a crash would (not the integration's doing), until
+        at least one abort shows on the wire: ``abort_all`` only reaches requests the scheduler already holds."""
+        wire = self.backend.wire
+        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        while True:
+            await self.until_in_flight(1)
+            mark = time.monotonic()
+            for engine, url in enumerate(self.backend.urls):
+                self.history.injected.append(Injected(time.monotonic(), "abort", engine, "POST /abort_request abort_all"))
+                await inject_abort_all(url)
+            try:
+                await wait_for_condition(lambda: any(c.t_start < mark and c.t_end is not None and any(
+                    finish_type(o) == "abort" for o in c.generate_outputs()) for c in wire.snapshot()), 0.5,
+                    "an aborted request")
+                return
+            except ScenarioTimeout:
+                if time.monotonic() > deadline:
+                    raise ScenarioTimeout("no in-flight request could be aborted within "
+                                          f"{WAIT_TIMEOUT_S:.0f}s") from None
 
 
 Script = Callable[[Run], Awaitable[None]]
@@ -188,8 +205,8 @@ class Scenario:
     checks: tuple[str, ...]
     transport: str = "tensor"
     pause_mode: str = "retract"
-    rollout: RolloutConfig = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=24,
-                                           max_in_flight_groups=4, buffer_capacity=8)
+    rollout: RolloutConfig = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=16,
+                                           max_in_flight_groups=3, buffer_capacity=4)
     needs: Mapping[str, Any] = field(default_factory=dict)
 
     def missing(self, integration: Integration) -> str | None:
@@ -294,7 +311,7 @@ async def _lora(run: Run) -> None:
 async def _staleness(run: Run) -> None:
     await run.start()
     await run.update()
-    await run.until_completed(24)
+    await run.until_completed(16)
     for _ in range(3):
         await run.until_in_flight(1)
         await run.update()
@@ -304,10 +321,8 @@ async def _staleness(run: Run) -> None:
 async def _aborted_groups(run: Run) -> None:
     await run.start()
     await run.update()
-    await run.until_in_flight(1)
-    for engine in range(len(run.backend.urls)):
-        await run.inject_abort(engine)
-    await run.drain(3)
+    await run.abort_in_flight()
+    await run.drain(run.scenario.rollout.buffer_capacity // run.scenario.rollout.batch_size + 2)
 
 
 _STEADY_CHECKS = ("I1-I2", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
@@ -339,7 +354,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
             script=_lora, checks=("V1", "I1-I2", "I6"), needs={"lora": True}),
     replace(_BASE, name="staleness", doc="groups buffered while three updates land; bound 1 at consumption",
             script=_staleness, checks=("S3", "S2", "V4-S1"),
-            rollout=replace(_BASE.rollout, max_staleness=1, buffer_capacity=16), needs={"staleness_filter": True}),
+            rollout=replace(_BASE.rollout, max_staleness=1, buffer_capacity=8), needs={"staleness_filter": True}),
     replace(_BASE, name="aborted-groups", doc="every engine aborts its requests mid-rollout (injected)",
             script=_aborted_groups, checks=("I4",)),
 ]}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.cpu
-requests = pytest.importorskip("requests")
+import requests
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 20.0

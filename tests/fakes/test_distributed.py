@@ -22,8 +22,8 @@ from fakes.weights import (
 
 pytestmark = pytest.mark.cpu
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+import torch
+import torch.distributed as dist
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 

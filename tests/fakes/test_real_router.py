@@ -20,7 +20,7 @@ from fakes.router import WEIGHT_SYNC_PATHS, FakeRouter, normalise_generate
 from fakes.server import LoopbackServer, RealRouterProcess, real_router_available
 
 pytestmark = pytest.mark.cpu
-httpx = pytest.importorskip("httpx")
+import httpx
 
 HAVE_REAL_ROUTER = real_router_available()
 KINDS = [

@@ -14,7 +14,7 @@ from fakes.router import WEIGHT_SYNC_PATHS, FakeRouter, normalise_generate
 from fakes.server import LoopbackServer, asgi_client
 
 pytestmark = pytest.mark.cpu
-httpx = pytest.importorskip("httpx")
+import httpx
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 3}}
 
@@ -78,7 +78,7 @@ async def test_all_attempts_failing_returns_the_last_status() -> None:
 
 def test_a_dead_worker_is_skipped_and_marked_unhealthy() -> None:
     """Loopback: one worker's server is stopped; its connection is refused and the router moves on."""
-    requests = pytest.importorskip("requests")
+    import requests
     alive, dead = FakeEngine(tokens_per_second=5000, weight_version="alive"), FakeEngine(weight_version="dead")
     with LoopbackServer(alive.app) as s_alive:
         s_dead = LoopbackServer(dead.app).start()

@@ -40,9 +40,9 @@ def _assert_generated(body: dict) -> None:
 
 
 def test_thread_mode_serves_requests_httpx_and_aiohttp_then_stops_clean() -> None:
-    requests = pytest.importorskip("requests")
-    httpx = pytest.importorskip("httpx")
-    aiohttp = pytest.importorskip("aiohttp")
+    import requests
+    import httpx
+    import aiohttp
     engine = FakeEngine(tokens_per_second=2000)
     with LoopbackServer(engine.app) as server:
         port = int(server.url.rsplit(":", 1)[1])
@@ -71,7 +71,7 @@ def test_thread_mode_serves_requests_httpx_and_aiohttp_then_stops_clean() -> Non
 
 
 def test_thread_mode_run_coroutine_drives_a_manual_clock_engine() -> None:
-    requests = pytest.importorskip("requests")
+    import requests
     engine = FakeEngine()  # manual clock: nothing decodes until the test steps it
     with LoopbackServer(engine.app) as server:
         results: list[dict] = []
@@ -89,7 +89,7 @@ def test_thread_mode_run_coroutine_drives_a_manual_clock_engine() -> None:
 
 
 def test_thread_mode_factory_builds_the_app_inside_the_server_loop() -> None:
-    httpx = pytest.importorskip("httpx")
+    import httpx
     seen: list[asyncio.AbstractEventLoop] = []
 
     def factory():
@@ -103,7 +103,7 @@ def test_thread_mode_factory_builds_the_app_inside_the_server_loop() -> None:
 
 def test_stop_is_bounded_with_a_request_hanging_in_flight() -> None:
     """A /generate parked on a paused engine never answers; stop still returns within its bound."""
-    requests = pytest.importorskip("requests")
+    import requests
     engine = FakeEngine(profile="0.5.23")
     server = LoopbackServer(engine.app, stop_timeout=0.5).start()
     assert requests.post(server.url + "/pause_generation", json={"mode": "retract"}, timeout=5).status_code == 200
@@ -126,7 +126,7 @@ def test_stop_is_bounded_with_a_request_hanging_in_flight() -> None:
 
 
 def test_process_mode_reads_the_printed_url_and_exits_zero() -> None:
-    requests = pytest.importorskip("requests")
+    import requests
     server = LoopbackServer(mode="process", cli_args=["--engines", "1", "--tokens-per-second", "2000"])
     with server:
         assert server.process is not None and server.url.startswith("http://127.0.0.1:")
@@ -154,8 +154,8 @@ async def test_asgi_client_in_process() -> None:
 
 @pytest.mark.asyncio
 async def test_mount_respx_routes_a_base_url_to_the_app() -> None:
-    respx = pytest.importorskip("respx")
-    httpx = pytest.importorskip("httpx")
+    import respx
+    import httpx
     engine = FakeEngine(tokens_per_second=2000)
     with respx.mock(assert_all_called=True) as router:
         mount_respx(router, "http://engine-0:30000", engine.app)

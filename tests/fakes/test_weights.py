@@ -40,8 +40,8 @@ from fakes.weights import (
 
 pytestmark = pytest.mark.cpu
 
-torch = pytest.importorskip("torch")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+import torch
+import safetensors.torch as safetensors_torch
 
 ALL_DTYPES = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool",
               "float8_e4m3fn", "float8_e5m2"]

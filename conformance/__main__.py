@@ -31,10 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     report = Path(args.out) / "conformance-result.json"
     plugin = [] if plugin_installed() else ["-p", "conformance.plugin", "--noconftest"]
     pytest_args = ["--pyargs", "conformance.suite", "-m", args.marker, *plugin,
-                   "--sglang-profile", args.sglang_profile, "--conformance-seed", str(args.seed),
-                   "--conformance-report", str(report), *extra]
+                   "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                   f"--sglang-profile={args.sglang_profile}", f"--conformance-seed={args.seed}",
+                   f"--conformance-report={report}", *extra]  # joined forms: pytest must not take them for paths
     if args.integration:
-        pytest_args += ["--integration", args.integration]
+        pytest_args.append(f"--integration={args.integration}")
     code = pytest.main(pytest_args)
     if report.exists():
         print(f"\nconformance report: {report} and {report.with_suffix('.md')}")

@@ -159,5 +159,15 @@ class History:
         done = [c.returned for c in self.cycles if c.ok and c.t_end <= t and c.returned is not None]
         return done[-1] if done else None
 
+    def rebase(self, t0: float) -> None:
+        """Shift every timestamp so the scenario starts at t=0 (witnesses then read as seconds into the run)."""
+        for call in self.wire:
+            call.t_start -= t0
+            call.t_end = None if call.t_end is None else call.t_end - t0
+        for c in self.cycles:
+            c.t_start, c.t_end = c.t_start - t0, c.t_end - t0
+        for item in [*self.batches, *(self.fs or []), *self.injected]:
+            item.t -= t0
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)

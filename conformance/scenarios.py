@@ -230,6 +230,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
         raise Unsupported(missing)
     history = History(scenario.name, integration.name, backend.name, backend.profile, seed,
                       max_staleness=scenario.rollout.max_staleness)
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
         env = BuildEnv(list(backend.urls), Path(tmp), scenario.rollout, prompt_source(seed), scenario.pause_mode, seed)
         env.checkpoint_dir.mkdir()
@@ -254,6 +255,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
     history.wire = backend.wire.snapshot()
     history.final_labels = await probe_labels(list(backend.urls))
     history.engine_truth = backend.truth()
+    history.rebase(t0)
     return history
 
 

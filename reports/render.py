@@ -23,6 +23,12 @@ def render_markdown(result: dict[str, Any]) -> str:
     for inv in invariants:
         cells = [_CELL[by_key[(inv, s)]["status"]] if (inv, s) in by_key else "" for s in scenarios]
         lines.append(f"| {inv} | " + " | ".join(cells) + " |")
+    measured = [c for c in cases if c["invariant"] in ("I1-I2", "S3") and c.get("metrics")]
+    if measured:
+        lines += ["", "## Metrics", "", "| case | metrics |", "|---|---|"]
+        for c in measured:
+            shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c["metrics"].items())
+            lines.append(f"| {c['case']} | {shown} |")
     bad = [c for c in cases if c["status"] not in ("pass",)]
     if bad:
         lines += ["", "## Not passed", ""]

@@ -14,13 +14,12 @@ def _injected_abort_windows(h: History) -> list[tuple[float, int | None]]:
 def no_aborts_on_update(h: History) -> Verdict:
     """I1/I2: a version bump never aborts (``abort_all_requests: false`` on the wire) and a whole update
     cycle under retract / in_place aborts none of the requests in flight. Reports the aborted-sample rate."""
-    failures: list[str] = []
+    unsafe_bumps: dict[int, list] = {}
     for call in h.integration_calls("/update_weight_version"):
         payload = call.payload if isinstance(call.payload, dict) else {}
         if payload.get("abort_all_requests") is not False:
-            failures.append(
-                f"engine {call.engine}: POST /update_weight_version {payload} at t={call.t_start:.3f}s does not send "
-                f"\"abort_all_requests\": false, so SGLang's default (True) aborts every request in the scheduler")
+            unsafe_bumps.setdefault(call.engine, []).append(call)
+    failures: list[str] = []
     injected = _injected_abort_windows(h)
     generates = [c for c in h.integration_calls("/generate")]
     total = aborted = overlapping = 0
@@ -46,7 +45,14 @@ def no_aborts_on_update(h: History) -> Verdict:
                 f"request {meta.get('id')} (engine {call.engine}) {where}{bump} and finished with finish_reason "
                 f"abort ({meta['finish_reason'].get('message') if isinstance(meta.get('finish_reason'), dict) else ''}) "
                 f"after {meta.get('completion_tokens', len(out.get('output_ids') or []))} tokens")
+    for engine, calls in sorted(unsafe_bumps.items()):
+        failures.append(
+            f"engine {engine}: {len(calls)} POST /update_weight_version call(s) do not send \"abort_all_requests\": "
+            f"false (first: {calls[0].payload} at t={calls[0].t_start:.3f}s), so SGLang's default (True) aborts "
+            f"every request in the scheduler")
     updates = max(1, len(h.cycles))
+    if aborted:
+        failures.insert(0, f"{aborted} of {total} requests ({aborted / total:.0%}) were aborted during update cycles")
     metrics = {"requests": total, "aborted": aborted, "aborted_sample_rate": aborted / total if total else 0.0,
                "aborts_per_update": aborted / updates, "requests_spanning_updates": overlapping}
     vacuous = None if overlapping else "no request was in flight during any update cycle: the run proves nothing"

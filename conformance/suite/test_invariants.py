@@ -26,4 +26,5 @@ def test_invariant(case: Case, backend: str, conformance_run, request: pytest.Fi
     verdict = result.verdicts[case.check]
     request.node.user_properties.append(("verdict", json.dumps({"status": verdict.status,
                                                                  "metrics": verdict.metrics}, default=str)))
-    assert verdict.passed, verdict.explain()
+    if not verdict.passed:
+        pytest.fail(verdict.explain(), pytrace=False)

@@ -57,7 +57,7 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
     rollout = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=16, max_in_flight_groups=4,
                             buffer_capacity=8, max_staleness=2 if caps.staleness_filter else None)
     scenario = Scenario("model-based", "random trainer actions", lambda run: asyncio.sleep(0), (),
-                        transport=transports[0], pause_mode=pause_mode, rollout=rollout)
+                        transport=tuple(transports), pause_mode=pause_mode, rollout=rollout)
 
     class IntegrationMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -72,7 +72,7 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
                                    max_staleness=rollout.max_staleness)
             roles = self.loop.run(integration.build(env))
             self.run = Run(scenario, self.backend, roles, self.history,
-                           Trainer(self.backend.initial_weights(), seed), roles.new_updater())
+                           Trainer(self.backend.initial_weights(), seed), roles.new_updater(), transport=transports[0])
             self.loop.run(self.run.start())
 
         @rule(transport=st.sampled_from(transports))

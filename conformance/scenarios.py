@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
 from .backends import Backend, digest_of, inject_abort_all, probe_labels
-from .checks.labels import finish_type
+from .checks.labels import finish_type, output_versions
 from .fswatch import DirectoryWatch
 from .history import BatchRecord, History, Injected, UpdateCycle
 from .interface import BuildEnv, Integration, LoraAdapter, Prompt, Roles, RolloutConfig, Updater
@@ -92,6 +92,8 @@ class Run:
     history: History
     trainer: Trainer
     updater: Updater
+    transport: str = "tensor"
+    """The scenario's transport, resolved against the integration's capabilities."""
     cell: int = 0
     step: int = 0
 
@@ -100,7 +102,7 @@ class Run:
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it."""
-        transport = transport or self.scenario.transport
+        transport = transport or self.transport
         manager, urls = self.roles.manager, self.backend.urls
         step = self.step + 1
         weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
@@ -148,13 +150,13 @@ class Run:
         self.updater = self.roles.new_updater()
         self.cell += 1
 
-    async def until_in_flight(self, per_engine: int = 1) -> None:
-        """Wait until every engine has ``per_engine`` generates in flight. A producer blocked on a full buffer
-        is freed by consuming a batch, as a trainer would."""
+    async def until_in_flight(self, per_engine: int = 1, min_age_s: float = 0.0) -> None:
+        """Wait until every engine has ``per_engine`` generates in flight (open for at least ``min_age_s``, i.e.
+        decoding by then). A producer blocked on a full buffer is freed by consuming a batch, as a trainer would."""
         wire, engines = self.backend.wire, len(self.backend.urls)
         deadline = time.monotonic() + WAIT_TIMEOUT_S
         idle_since: float | None = None
-        while not all(wire.in_flight().get(e, 0) >= per_engine for e in range(engines)):
+        while not all(wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in range(engines)):
             now = time.monotonic()
             if now > deadline:
                 raise ScenarioTimeout(f"timed out after {WAIT_TIMEOUT_S:.0f}s waiting for {per_engine} /generate "
@@ -165,10 +167,16 @@ class Run:
                 idle_since = None
             await asyncio.sleep(0.002)
 
-    async def until_completed(self, n: int) -> None:
+    async def until_producer_blocked(self, quiet_s: float = 0.1) -> None:
+        """Wait until no /generate has been in flight for ``quiet_s``: the producer is blocked on a full buffer."""
         wire = self.backend.wire
-        target = wire.completed() + n
-        await wait_for_condition(lambda: wire.completed() >= target, WAIT_TIMEOUT_S, f"{n} more /generate calls")
+        quiet_since: list[float | None] = [None]
+
+        def blocked() -> bool:
+            now = time.monotonic()
+            quiet_since[0] = (quiet_since[0] or now) if not wire.in_flight() else None
+            return quiet_since[0] is not None and now - quiet_since[0] >= quiet_s
+        await wait_for_condition(blocked, WAIT_TIMEOUT_S, "the producer to fill its buffer (no /generate in flight)")
 
     async def abort_in_flight(self) -> None:
         """Abort requests on every engine, as an operator or a crash would (not the integration's doing), until
@@ -203,14 +211,26 @@ class Scenario:
     doc: str
     script: Script
     checks: tuple[str, ...]
-    transport: str = "tensor"
+    transport: tuple[str, ...] = ("tensor", "disk", "distributed")
+    """Transports the scenario's full updates may use, preferred first; the first the integration has is used."""
     pause_mode: str = "retract"
     rollout: RolloutConfig = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=16,
                                            max_in_flight_groups=3, buffer_capacity=4)
     needs: Mapping[str, Any] = field(default_factory=dict)
 
+    full_updates: bool = True
+    """False when the scenario only pushes LoRA adapters (no full-weight transport needed)."""
+
+    def transport_for(self, integration: Integration) -> str | None:
+        """The transport this scenario uses with ``integration`` (None when it has none of them)."""
+        return next((t for t in self.transport if t in integration.capabilities.transports), None)
+
     def missing(self, integration: Integration) -> str | None:
-        return integration.capabilities.missing(transport=self.transport, pause_mode=self.pause_mode, **self.needs)
+        caps = integration.capabilities
+        if self.full_updates and self.transport_for(integration) is None:
+            return (f"integration supports none of the transports this scenario needs {list(self.transport)} "
+                    f"(declares {sorted(caps.transports)})")
+        return caps.missing(pause_mode=self.pause_mode, **self.needs)
 
 
 def prompt_source(seed: int) -> Callable[[], Prompt]:
@@ -238,7 +258,8 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
         roles: Roles | None = None
         try:
             roles = await asyncio.wait_for(integration.build(env), WAIT_TIMEOUT_S)
-            run = Run(scenario, backend, roles, history, Trainer(backend.initial_weights(), seed), roles.new_updater())
+            run = Run(scenario, backend, roles, history, Trainer(backend.initial_weights(), seed), roles.new_updater(),
+                      transport=scenario.transport_for(integration) or "tensor")
             await scenario.script(run)
         except Exception as exc:
             history.errors.append(f"{type(exc).__name__}: {exc}")
@@ -278,6 +299,33 @@ async def _first_drain(run: Run) -> None:
     await run.drain(2)
 
 
+def _consumed_mixed_group(history: History) -> bool:
+    """Whether a consumed group was generated under more than one version (per turn labels and spans)."""
+    outputs = history.outputs_by_rid()
+    for rec in history.batches:
+        for group in rec.batch.groups:
+            versions = {v for s in group.samples for t in s.turns if t.rid in outputs
+                        for v in output_versions(outputs[t.rid][1])}
+            if len(versions) > 1:
+                return True
+    return False
+
+
+async def _mixed_versions(run: Run) -> None:
+    """Update while multi-turn samples decode, until a consumed group was generated under two versions."""
+    rollout = run.scenario.rollout
+    await run.start()
+    for _ in range(8):
+        await run.until_in_flight(1, min_age_s=0.005)
+        await run.update()
+        for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 1):
+            await run.drain(1)
+            run.history.wire = run.backend.wire.snapshot()
+            if _consumed_mixed_group(run.history):
+                return
+    raise ScenarioTimeout("no group generated under more than one version was consumed in 8 updates")
+
+
 async def _failover(run: Run) -> None:
     await run.start()
     await run.drain(1)
@@ -311,11 +359,12 @@ async def _lora(run: Run) -> None:
 
 
 async def _staleness(run: Run) -> None:
+    rollout = run.scenario.rollout
     await run.start()
     await run.update()
-    await run.until_completed(16)
+    await run.drain(rollout.buffer_capacity // rollout.batch_size + 1)  # what was buffered before version 1
+    await run.until_producer_blocked()  # the buffer is now full of groups generated under version 1
     for _ in range(3):
-        await run.until_in_flight(1)
         await run.update()
     await run.drain(3)
 
@@ -337,7 +386,7 @@ def _steady_scenarios() -> list[Scenario]:
             checks = _STEADY_CHECKS + (("C2",) if mode == "in_place" else ()) + (("F3",) if transport == "disk" else ())
             out.append(Scenario(f"steady-{transport}-{mode}",
                                 f"multi-turn rollouts, three {transport} updates under pause {mode}",
-                                _steady, checks, transport=transport, pause_mode=mode))
+                                _steady, checks, transport=(transport,), pause_mode=mode))
     return out
 
 
@@ -347,13 +396,17 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     replace(_BASE, name="first-drain", doc="batches drained before the first update, staleness bound on",
             script=_first_drain, checks=("V3", "S2"),
             rollout=replace(_BASE.rollout, max_staleness=1), needs={"staleness_filter": True}),
+    replace(_BASE, name="mixed-versions", doc="three-turn samples generating while updates land, until one spanning two versions is consumed",
+            script=_mixed_versions, checks=("S2", "I1-I2", "V1"), pause_mode="in_place",
+            rollout=replace(_BASE.rollout, batch_size=1, group_size=1, turns=3, max_new_tokens=64, max_in_flight_groups=2,
+                            buffer_capacity=2)),
     replace(_BASE, name="failover", doc="two updates, failover to a fresh trainer cell, two more",
             script=_failover, checks=("V4-S1", "V1", "I1-I2"), needs={"failover": True}),
-    replace(_BASE, name="failing-transfer", doc="a disk update the engines reject (wrong shape; SGLang rolls back "
-            "and answers 400), then a good one", script=_failing_transfer, checks=("V2", "P5", "I6", "V1"),
-            transport="disk"),
+    replace(_BASE, name="failing-transfer", doc="an update the engines reject (wrong shape: SGLang answers 400 on disk "
+            "(rolled back) and distributed; a rejected tensor update kills the server), then a good one",
+            script=_failing_transfer, checks=("V2", "P5", "I6", "V1"), transport=("disk", "distributed")),
     replace(_BASE, name="lora", doc="two LoRA updates while rollouts run",
-            script=_lora, checks=("V1", "I1-I2", "I6"), needs={"lora": True}),
+            script=_lora, checks=("V1", "I1-I2", "I6"), needs={"lora": True}, full_updates=False),
     replace(_BASE, name="staleness", doc="groups buffered while three updates land; bound 1 at consumption",
             script=_staleness, checks=("S3", "S2", "V4-S1"),
             rollout=replace(_BASE.rollout, max_staleness=1, buffer_capacity=8), needs={"staleness_filter": True}),

@@ -55,12 +55,13 @@ class WireLog:
             call.t_end, call.status, call.response = time.monotonic(), status, response
             self._changed.notify_all()
 
-    def in_flight(self, path: str = "/generate") -> dict[int, int]:
-        """Open calls per engine."""
+    def in_flight(self, path: str = "/generate", min_age_s: float = 0.0) -> dict[int, int]:
+        """Open calls per engine (opened at least ``min_age_s`` ago)."""
+        newest = time.monotonic() - min_age_s
         with self._lock:
             counts: dict[int, int] = {}
             for c in self.calls:
-                if c.path == path and c.t_end is None:
+                if c.path == path and c.t_end is None and c.t_start <= newest:
                     counts[c.engine] = counts.get(c.engine, 0) + 1
             return counts
 

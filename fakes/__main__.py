@@ -46,7 +46,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--faults", default=None, metavar="JSON",
                         help='fault plan for every engine, a JSON list of Fault fields, e.g. '
                              '\'[{"endpoint": "/flush_cache", "kind": "flush_fail", "times": 1}]\'')
+    # Benchmarks only (benchmarks/loopback_roundtrips.py): serve a bare hello-world ASGI app instead of each
+    # engine, on the very same server stack, so the fake's /generate can be compared with it.
+    parser.add_argument("--hello-world", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+HELLO_WORLD_BODY = b'{"text":"hello"}'
+_HELLO_WORLD_HEADERS = [(b"content-type", b"application/json"),
+                        (b"content-length", str(len(HELLO_WORLD_BODY)).encode())]
+
+
+async def hello_world_app(scope: dict, receive: Any, send: Any) -> None:
+    """The floor of the loopback benchmarks: a bare ASGI app that reads the request body and answers a small
+    JSON object, whatever the path (lifespan acknowledged like the fake's apps)."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    while (await receive()).get("more_body", False):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": _HELLO_WORLD_HEADERS})
+    await send({"type": "http.response.body", "body": HELLO_WORLD_BODY, "more_body": False})
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None,
@@ -82,7 +107,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None,
     ]
     sockets = [bind_loopback(args.host, args.port + i if args.port else 0) for i in range(args.engines)]
     urls = [_url(args.host, s.getsockname()[1]) for s in sockets]
-    apps: list[Any] = [e.app for e in engines]
+    apps: list[Any] = [hello_world_app if args.hello_world else e.app for e in engines]
     router = None
     if args.router:
         router = FakeRouter(urls, policy=args.policy, flavor=args.router_flavor, seed=args.seed)

@@ -15,7 +15,6 @@ import contextlib
 import contextvars
 import random
 import threading
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -49,6 +48,9 @@ WEIGHT_VERSION_DEPRECATED = {  # 0.5.10–0.5.16, spec §5
 }
 DEFAULT_MODEL_PATH = "fake-sglang/tiny-llama"
 HEALTH_RID_PREFIX = "HEALTH_CHECK_"
+# uuid.UUID(int=..., version=4): variant RFC 4122 (bits 62-63 = 10), version 4 (bits 76-79 = 0100)
+_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64)) & ((1 << 128) - 1)
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
 _MAX_CATCH_UP_STEPS = 1000
 
 # Set by the app for the duration of one HTTP call when a ``flush_fail`` fault fired for it.
@@ -91,8 +93,13 @@ class _UpdateLock:
     """SGLang's ``model_update_lock`` (``utils/aio_rwlock.py``): writer-preferring, so readers wait while
     a writer waits or holds it (spec §3.3.2)."""
 
-    def __init__(self, wait: Callable[[Callable[[], bool]], Awaitable[None]], notify: Callable[[], None]) -> None:
-        self._wait, self._notify = wait, notify
+    def __init__(
+        self,
+        wait: Callable[[Callable[[], bool]], Awaitable[None]],
+        notify: Callable[[], None],
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._wait, self._notify, self._check = wait, notify, check
         self.readers = 0
         self.readers_waiting = 0
         self.writer = False
@@ -103,6 +110,11 @@ class _UpdateLock:
         return self.readers > 0 or self.writer
 
     async def acquire_read(self) -> None:
+        if not self.writer and self.writers_waiting == 0:  # uncontended: no wait (what the slow path ends in)
+            self._check()
+            self.readers += 1
+            self._notify()
+            return
         self.readers_waiting += 1
         self._notify()
         try:
@@ -142,14 +154,43 @@ class _Adapter:
     users: int = 0
 
 
-@dataclass(eq=False)
 class _Call:
-    """One HTTP /generate call: the queue its requests' outputs go to."""
+    """One HTTP /generate call: the queue its requests' outputs go to (single consumer, unbounded; an
+    ``asyncio.Queue`` without the ~3 KB and the locks it costs per call)."""
 
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    __slots__ = ("_items", "_head", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._head = 0
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while self._head >= len(self._items):
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        item = self._items[self._head]
+        self._items[self._head] = None
+        self._head += 1
+        if self._head == len(self._items):
+            self._items.clear()
+            self._head = 0
+        return item
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Sink:
     call: _Call
     index: int
@@ -157,7 +198,7 @@ class _Sink:
     adapter: _Adapter | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Spec:
     """One normalized generate item (after batch / n>1 expansion)."""
 
@@ -238,6 +279,7 @@ class FakeEngine:
         self._loras: OrderedDict[str, _Adapter] = OrderedDict()
         self._groups: dict[str, Any] = {}
         self._sinks: dict[Request, _Sink] = {}
+        self._sink_rids: dict[str, int] = {}  # rid -> how many of ``_sinks`` carry it (O(1) rid lookups)
         self._calls: set[_Call] = set()
         self._flushing = False
         self._lora_update_lock: asyncio.Lock | None = None
@@ -250,7 +292,7 @@ class FakeEngine:
         self._waiters: set[asyncio.Future] = set()
         self._ticker: asyncio.Task | None = None
         self._sync_lock = threading.Lock()
-        self.update_lock = _UpdateLock(self._wait_for, self._touch)
+        self.update_lock = _UpdateLock(self._wait_for, self._touch, self._raise_if_dead)
         self._app = None
         self._event("weights.load", digest=self.weights.digest(), source="startup", model_path=self.model_path)
 
@@ -433,8 +475,8 @@ class FakeEngine:
                 last = self.clock.now()
                 continue
             delay = last + interval - self.clock.now()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Always yield to the loop, even when behind: catching up must not starve the HTTP side.
+            await asyncio.sleep(delay if delay > 0 else 0)
             now = self.clock.now()
             n = min(max(1, int((now - last) / interval)), _MAX_CATCH_UP_STEPS)
             for _ in range(n):
@@ -452,28 +494,44 @@ class FakeEngine:
     def _deliver(self, result: StepResult) -> None:
         if result.produced_output:
             self._outputs += 1
+        sinks = self._sinks
         for req in result.emitted:
-            sink = self._sinks.get(req)
-            if sink is not None and req.stream:
-                sink.call.queue.put_nowait((sink.index, self._render(req, sink), False))
+            if req.stream:
+                sink = sinks.get(req)
+                if sink is not None:
+                    sink.call.put_nowait((sink.index, self._render(req, sink), False))
         self._deliver_finished(result.finished)
 
     def _deliver_finished(self, reqs: list[Request] | tuple[Request, ...]) -> None:
         for req in reqs:
-            sink = self._sinks.pop(req, None)
+            sink = self._pop_sink(req)
             if sink is None:
                 continue
             if sink.adapter is not None:
                 sink.adapter.users -= 1
-            sink.call.queue.put_nowait((sink.index, self._render(req, sink), True))
+            sink.call.put_nowait((sink.index, self._render(req, sink), True))
         self._touch()
+
+    def _add_sink(self, req: Request, sink: _Sink) -> None:
+        self._sinks[req] = sink
+        self._sink_rids[req.rid] = self._sink_rids.get(req.rid, 0) + 1
+
+    def _pop_sink(self, req: Request) -> _Sink | None:
+        sink = self._sinks.pop(req, None)
+        if sink is not None:
+            left = self._sink_rids[req.rid] - 1
+            if left:
+                self._sink_rids[req.rid] = left
+            else:
+                del self._sink_rids[req.rid]
+        return sink
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         """``TokenizerManager.abort_request``: fire-and-forget. A rid the tokenizer does not hold (and an
         empty rid without ``abort_all``) is ignored; the scheduler then matches by prefix (spec §7.3).
         Waiting-queue aborts are answered after the caller's handler returns (so on ≤0.5.16 they carry
         a version set right after the abort, spec §6.3)."""
-        if not abort_all and not any(r.rid == rid for r in self._sinks):
+        if not abort_all and rid not in self._sink_rids:
             return
         done = self.scheduler.abort(rid, abort_all)
         if done:
@@ -506,7 +564,7 @@ class FakeEngine:
 
     def _fail_calls(self, exc: Exception) -> None:
         for call in list(self._calls):
-            call.queue.put_nowait((None, exc, True))
+            call.put_nowait((None, exc, True))
         self._touch()
 
     def dead_reply(self, endpoint: str) -> Reply:
@@ -539,7 +597,9 @@ class FakeEngine:
 
     # -- /generate --------------------------------------------------------------------------------
     def _new_rid(self) -> str:
-        return uuid.UUID(int=self._rid_rng.getrandbits(128), version=4).hex
+        """``uuid.UUID(int=<128 random bits>, version=4).hex``, without the UUID object."""
+        value = self._rid_rng.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET
+        return f"{value:032x}"
 
     def normalize_generate(self, obj: Mapping[str, Any]) -> tuple[list[_Spec], bool]:
         """``GenerateReqInput.normalize_batch_and_arguments``: expand batch and ``n>1`` into items with rids.
@@ -650,7 +710,7 @@ class FakeEngine:
             reqs = self._dispatch(specs, call)
             remaining = len(reqs)
             while remaining:
-                index, item, final = await call.queue.get()
+                index, item, final = await call.get()
                 if isinstance(item, BaseException):
                     raise item
                 if final:
@@ -663,7 +723,7 @@ class FakeEngine:
             for req in unfinished:  # create_abort_task: the client left before the end
                 self.abort(req.rid)
             for req in unfinished:
-                sink = self._sinks.pop(req, None)
+                sink = self._pop_sink(req)
                 if sink is not None and sink.adapter is not None:
                     sink.adapter.users -= 1
             self.update_lock.release_read()
@@ -687,9 +747,10 @@ class FakeEngine:
         """Validate LoRA names and rids, then hand the items to the scheduler (all or none)."""
         adapters = [self._lookup_adapter(s.lora) for s in specs]
         if self.profile.reject_duplicate_rid:
-            seen = {r.rid for r in self._sinks}
+            held = self._sink_rids
+            seen: set[str] = set()
             for s in specs:
-                if s.rid in seen:
+                if s.rid in held or s.rid in seen:
                     raise ValueError(f"Duplicate request ID detected: {s.rid}")
                 seen.add(s.rid)
         self._calls.add(call)
@@ -709,7 +770,7 @@ class FakeEngine:
             if adapter is not None:
                 adapter.users += 1
                 self._loras.move_to_end(adapter.name)
-            self._sinks[req] = _Sink(call, index, adapter=adapter)
+            self._add_sink(req, _Sink(call, index, adapter=adapter))
             self.scheduler.submit(req)
             reqs.append(req)
         self._touch()

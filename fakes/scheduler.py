@@ -48,7 +48,12 @@ def _hash64(*parts: object) -> int:
     return int.from_bytes(digest, "big")
 
 
-@dataclass(eq=False)
+_blake2b = hashlib.blake2b
+# -round(k / 1000 + 0.001, 4) for every k = (h >> 16) % 4000: one shared float per value, no rounding per token.
+_LOGPROBS: tuple[float, ...] = tuple(-round(k / 1000 + 0.001, 4) for k in range(4000))
+
+
+@dataclass(eq=False, slots=True)
 class Request:
     """One generate request as the scheduler holds it (identity-hashed: rids may repeat on 0.5.4)."""
 
@@ -205,14 +210,18 @@ class Scheduler:
         admitted = self._admit()
         emitted: list[Request] = []
         finished: list[Request] = []
-        for req in list(self.running):
-            token = self._decode_one(req) if (req.abort_pending or len(req.output_ids) < req.max_new_tokens) else None
-            reason = self._finish_reason(req, token)
+        decode, finish_reason = self._decode_one, self._finish_reason
+        for req in self.running:
+            token = decode(req) if (req.abort_pending or len(req.output_ids) < req.max_new_tokens) else None
+            reason = finish_reason(req, token)
             if reason is None:
                 emitted.append(req)
             else:
-                self._finish(req, reason)
+                self._finish(req, reason, detach=False)
                 finished.append(req)
+        if finished:  # leave the batch at once (one pass, not one list.remove per finished request)
+            gone = set(finished)
+            self.running[:] = [r for r in self.running if r not in gone]
         return StepResult(tuple(admitted), tuple(emitted), tuple(finished))
 
     def abort(self, rid: str = "", abort_all: bool = False) -> list[Request]:
@@ -334,12 +343,14 @@ class Scheduler:
 
     # -- internals ----------------------------------------------------------------------------
     def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
-        while self.waiting and len(self.running) < self.max_running_requests:
-            req = self.waiting.pop(0)
+        room = self.max_running_requests - len(self.running)
+        if room <= 0 or not self.waiting:
+            return []
+        admitted = self.waiting[:room]  # FCFS: the head of the waiting queue
+        del self.waiting[:room]
+        for req in admitted:
             req.state = RUNNING
             self.running.append(req)
-            admitted.append(req)
             self._event(
                 "request.admit",
                 rid=req.rid,
@@ -350,11 +361,12 @@ class Scheduler:
 
     def _decode_one(self, req: Request) -> int:
         position = len(req.output_ids)
-        h = _hash64(self.seed, req.rid, position)
+        # == _hash64(self.seed, req.rid, position), inlined (it runs once per token)
+        h = int.from_bytes(_blake2b(f"{self.seed!s}:{req.rid!s}:{position}".encode(), digest_size=8).digest(), "big")
         token = _FIRST_PRINTABLE + h % _NUM_PRINTABLE
         req.output_ids.append(token)
         req.token_versions.append(self.version)
-        req.token_logprobs.append(-round(((h >> 16) % 4000) / 1000 + 0.001, 4))
+        req.token_logprobs.append(_LOGPROBS[(h >> 16) % 4000])
         if self.trace_tokens:
             self._event("request.token", rid=req.rid, index=position, token=token, version=self.version)
         return token
@@ -374,8 +386,8 @@ class Scheduler:
                     return {"type": "stop", "matched": stop}
         return None
 
-    def _finish(self, req: Request, reason: dict[str, Any]) -> None:
-        if req in self.running:
+    def _finish(self, req: Request, reason: dict[str, Any], *, detach: bool = True) -> None:
+        if detach and req in self.running:
             self.running.remove(req)
         req.state = FINISHED
         req.finish_reason = reason

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 _MUTATION_ROWS: list[dict] = []
 
 

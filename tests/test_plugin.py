@@ -1,0 +1,74 @@
+"""The plugin as a user meets it: integration selection, usage errors that say what to fix, capability skips
+with their reason, and a mutant failing through the real pytest path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.cases import IntegrationError, fake_backend_factory, load_integration, run_cases
+
+pytestmark = pytest.mark.cpu
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = str(ROOT / "conformance" / "suite")
+
+
+@pytest.fixture
+def run_suite(pytester: pytest.Pytester):
+    """Run the conformance suite in a subprocess with the repo importable, as a downstream user would."""
+    def run(*args: str) -> pytest.RunResult:
+        pytester.chdir()
+        env_path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        pytester._monkeypatch.setenv("PYTHONPATH", env_path)
+        return pytester.runpytest_subprocess(SUITE, "-p", "no:cacheprovider", "-p", "no:xdist", *args,
+                                             timeout=120)
+    return run
+
+
+@pytest.mark.parametrize(("spec", "fix"), [
+    ("conformance.reference", "must be 'module:attribute'"),
+    ("no_such_module_xyz:integration", "cannot import integration module 'no_such_module_xyz'"),
+    ("conformance.reference:nope", "has no attribute 'nope'"),
+    ("conformance.interface:Capabilities", "is not an Integration: it lacks"),
+])
+def test_a_broken_integration_spec_names_the_fix(spec: str, fix: str) -> None:
+    with pytest.raises(IntegrationError, match=fix):
+        load_integration(spec)
+
+
+def test_a_broken_integration_is_a_usage_error(run_suite) -> None:
+    result = run_suite("-m", "cpu", "--integration", "no_such_module_xyz:integration")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*weightsync-conformance: cannot import integration module 'no_such_module_xyz'*"])
+
+
+def test_an_unknown_profile_is_a_usage_error(run_suite) -> None:
+    result = run_suite("-m", "cpu", "--sglang-profile", "9.9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--sglang-profile '9.9' is not known*"])
+
+
+def test_a_mutant_fails_through_pytest_with_its_witness(run_suite) -> None:
+    result = run_suite("-m", "cpu", "--integration", "conformance.mutants:lora_unstamped", "-k", "V1-lora",
+                       "--conformance-seed", "7")
+    result.assert_outcomes(failed=1, deselected=137)
+    result.stdout.fnmatch_lines(["*seed=7*", "*?V1 versions agree? FAIL*", "*LoRA*engine 0 reports weight_version*"])
+
+
+def test_missing_capabilities_skip_with_the_reason(run_suite) -> None:
+    result = run_suite("-m", "cpu", "--integration", "examples.requests_adapter:integration", "-k", "lora", "-rs")
+    result.assert_outcomes(skipped=3, deselected=135)
+    result.stdout.fnmatch_lines(["*integration does not declare capability 'lora'*"])
+
+
+@pytest.mark.parametrize("example", ["examples.requests_adapter:integration", "examples.httpx_adapter:integration"])
+def test_example_adapters_pass_every_case_they_can_run(example: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    results = run_cases(load_integration(example), fake_backend_factory())
+    ran = {name: r for name, r in results.items() if not r.skipped}
+    assert ran, f"{example} ran no scenario"
+    bad = {f"{check}-{name}": v.explain() for name, r in ran.items() for check, v in r.verdicts.items() if not v.passed}
+    assert not bad, "\n".join(bad.values())

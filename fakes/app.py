@@ -27,7 +27,7 @@ from .asgi import (
     request_from_scope,
     send_reply,
 )
-from .engine import EngineClosed, EngineCrashed, flush_fault_scope
+from .engine import EngineClosed, EngineCrashed, _flush_fault, flush_fault_scope
 
 if TYPE_CHECKING:
     from .engine import FakeEngine
@@ -263,7 +263,10 @@ class FakeSGLangApp:
             except structs.RequestError as e:
                 return Reply(e.status, e.body)
         try:
-            with flush_fault_scope(fault is not None and fault.kind == "flush_fail"):
+            flush_fail = fault is not None and fault.kind == "flush_fail"
+            if not flush_fail and not _flush_fault.get():  # the scope would set what is already there
+                return await handler(engine, req, obj)
+            with flush_fault_scope(flush_fail):
                 return await handler(engine, req, obj)
         except (EngineCrashed, EngineClosed):
             return engine.dead_reply(path)

@@ -56,9 +56,12 @@ class Route:
     control: bool = True
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # what json.dumps(...) builds per call
+
+
 def dumps(obj: Any) -> bytes:
     """Compact JSON like SGLang's ORJSONResponse."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _ENCODER.encode(obj).encode("utf-8")
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -73,10 +76,16 @@ async def read_body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
+_JSON, _TEXT, _OCTETS, _SSE = (
+    "application/json", "text/plain; charset=utf-8", "application/octet-stream", "text/event-stream; charset=utf-8"
+)
+_CONTENT_TYPES = {t: t.encode() for t in (_JSON, _TEXT, _OCTETS, _SSE)}
+
+
 async def _start(send: Send, status: int, content_type: str | None, headers: dict[str, str]) -> None:
     raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
     if content_type is not None:
-        raw.append((b"content-type", content_type.encode()))
+        raw.append((b"content-type", _CONTENT_TYPES.get(content_type) or content_type.encode()))
     await send({"type": "http.response.start", "status": status, "headers": raw})
 
 
@@ -85,7 +94,7 @@ async def send_reply(send: Send, reply: Reply) -> None:
     if reply.stream is not None:
         stream = reply.stream
         try:
-            await _start(send, reply.status, "text/event-stream; charset=utf-8", reply.headers)
+            await _start(send, reply.status, _SSE, reply.headers)
             async for item in stream:
                 await send({"type": "http.response.body", "body": b"data: " + dumps(item) + b"\n\n", "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
@@ -97,11 +106,11 @@ async def send_reply(send: Send, reply: Reply) -> None:
     if reply.body is None:
         payload, content_type = b"", None
     elif isinstance(reply.body, str):
-        payload, content_type = reply.body.encode("utf-8"), "text/plain; charset=utf-8"
+        payload, content_type = reply.body.encode("utf-8"), _TEXT
     elif isinstance(reply.body, bytes):
-        payload, content_type = reply.body, "application/octet-stream"
+        payload, content_type = reply.body, _OCTETS
     else:
-        payload, content_type = dumps(reply.body), "application/json"
+        payload, content_type = dumps(reply.body), _JSON
     headers = {"content-length": str(len(payload)), **reply.headers}
     await _start(send, reply.status, content_type, headers)
     await send({"type": "http.response.body", "body": payload, "more_body": False})
@@ -127,7 +136,8 @@ class Router:
 
 
 def request_from_scope(scope: Scope, body: bytes, receive: Receive) -> HTTPRequest:
-    query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+    raw_query = scope.get("query_string", b"")
+    query = dict(parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True)) if raw_query else {}
     return HTTPRequest(method=scope["method"], path=scope["path"], query=query, body=body, receive=receive)
 
 

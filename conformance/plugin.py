@@ -5,7 +5,6 @@ Import-light: the suite's machinery is imported only when a conformance test run
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable

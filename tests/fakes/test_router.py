@@ -14,7 +14,6 @@ from fakes.router import WEIGHT_SYNC_PATHS, FakeRouter, normalise_generate
 from fakes.server import LoopbackServer, asgi_client
 
 pytestmark = pytest.mark.cpu
-import httpx
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 3}}
 

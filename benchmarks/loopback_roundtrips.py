@@ -23,10 +23,10 @@ validation, the scheduler, the ticker and delivery, i.e. what a test pays per /g
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import os
 import time
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable
 
 import _bench
 
@@ -34,7 +34,7 @@ from fakes import FakeEngine, LoopbackServer
 from fakes.__main__ import hello_world_app
 
 CONCURRENCY = 64
-TOKENS_PER_SECOND = 1000.0
+TOKENS_PER_SECOND = 1000.0  # default of --tokens-per-second
 MAX_NEW_TOKENS = 4
 PAYLOAD = json.dumps({"text": "benchmark prompt", "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS}}).encode()
 HEADERS = {"content-type": "application/json"}
@@ -111,86 +111,153 @@ async def _httpx(url: str, app: str, requests: int, seconds: float, transport: A
         return await _drive(one, requests, seconds)
 
 
-@contextlib.contextmanager
-def _server(placement: str, app: str) -> Iterator[str]:
-    """The base URL of ``app`` ("fake" or "hello") served in ``placement`` ("process" or "thread")."""
-    if placement == "process":
-        cli = ["--engines", "1", "--tokens-per-second", str(TOKENS_PER_SECOND), "--max-running-requests",
-               str(CONCURRENCY)] + (["--hello-world"] if app == "hello" else [])
-        server = LoopbackServer(mode="process", cli_args=cli)
-    elif app == "hello":
-        server = LoopbackServer(hello_world_app)
-    else:
-        server = LoopbackServer(factory=lambda: FakeEngine(tokens_per_second=TOKENS_PER_SECOND,
-                                                           max_running_requests=CONCURRENCY).app)
-    with server:
-        yield server.url
+def _proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
-def _in_process_app(app: str) -> Any:
-    if app == "hello":
-        return hello_world_app, None
-    engine = FakeEngine(tokens_per_second=TOKENS_PER_SECOND, max_running_requests=CONCURRENCY)
-    return engine.app, engine
+class Target:
+    """One app ("fake" or "hello") served in one placement; ``measure`` runs one round of round trips."""
 
+    def __init__(self, placement: str, app: str, tps: float) -> None:
+        self.placement, self.app, self.tps = placement, app, tps
+        self.server: LoopbackServer | None = None
 
-def measure(placement: str, client: str, app: str, requests: int, seconds: float) -> tuple[int, float]:
-    if placement == "in-process":
-        import httpx
+    def __enter__(self) -> "Target":
+        if self.placement == "process":
+            cli = ["--engines", "1", "--tokens-per-second", str(self.tps), "--max-running-requests", str(CONCURRENCY)]
+            self.server = LoopbackServer(mode="process", cli_args=cli + (["--hello-world"] if self.app == "hello" else []))
+        elif self.placement == "thread":
+            if self.app == "hello":
+                self.server = LoopbackServer(hello_world_app)
+            else:
+                tps = self.tps
+                self.server = LoopbackServer(
+                    factory=lambda: FakeEngine(tokens_per_second=tps, max_running_requests=CONCURRENCY).app)
+        if self.server is not None:
+            self.server.start()
+        return self
 
-        asgi, engine = _in_process_app(app)
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop()
 
-        async def go() -> tuple[int, float]:
-            try:
-                return await _httpx("http://fake", app, requests, seconds, transport=httpx.ASGITransport(app=asgi))
-            finally:
-                if engine is not None:
-                    await engine.aclose()
+    def cpu_s(self) -> float | None:
+        if self.server is None or self.server.process is None:
+            return None
+        return _proc_cpu_s(self.server.process.pid)
 
-        return _bench.run(go())
-    with _server(placement, app) as url:
+    def measure(self, client: str, requests: int, seconds: float) -> tuple[int, float]:
+        if self.placement == "in-process":
+            import httpx
+
+            engine = None if self.app == "hello" else FakeEngine(tokens_per_second=self.tps,
+                                                                   max_running_requests=CONCURRENCY)
+            asgi = hello_world_app if engine is None else engine.app
+
+            async def go() -> tuple[int, float]:
+                try:
+                    transport = httpx.ASGITransport(app=asgi)
+                    return await _httpx("http://fake", self.app, requests, seconds, transport=transport)
+                finally:
+                    if engine is not None:
+                        await engine.aclose()
+
+            return _bench.run(go())
+        assert self.server is not None
         run = _aiohttp if client == "aiohttp" else _httpx
-        return _bench.run(run(url, app, requests, seconds))
+        return _bench.run(run(self.server.url, self.app, requests, seconds))
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def compare(placement: str, client: str, rounds: int, requests: int, seconds: float, tps: float) -> dict[str, Any]:
+    """Alternate hello-world and fake rounds (so both see the same machine weather); medians per app."""
+    rates: dict[str, list[float]] = {"hello": [], "fake": []}
+    counts: dict[str, int] = {"hello": 0, "fake": 0}
+    cpu_us: dict[str, list[float]] = {"hello": [], "fake": []}
+    with Target(placement, "hello", tps) as hello, Target(placement, "fake", tps) as fake:
+        for _ in range(rounds):
+            for target in (hello, fake):
+                before = target.cpu_s()
+                n, secs = target.measure(client, requests, seconds)
+                after = target.cpu_s()
+                rates[target.app].append(n / secs)
+                counts[target.app] += n
+                if before is not None and after is not None and n:
+                    cpu_us[target.app].append((after - before) / n * 1e6)  # includes the warm-up: an upper bound
+    out: dict[str, Any] = {"counts": counts}
+    for app in ("hello", "fake"):
+        out[app] = _median(rates[app])
+        out[app + "_range"] = (min(rates[app]), max(rates[app]))
+        out[app + "_cpu_us"] = _median(cpu_us[app]) if cpu_us[app] else None
+    out["ratio"] = out["fake"] / out["hello"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = _bench.parser(__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=None, help="max requests per measurement (default 3000; quick 600)")
-    p.add_argument("--seconds", type=float, default=None, help="max seconds per measurement (default 4; quick 1)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="max requests per measurement (default 3000; quick 500)")
+    p.add_argument("--seconds", type=float, default=None, help="max seconds per measurement (default 3; quick 1)")
+    p.add_argument("--rounds", type=int, default=None, help="alternating hello/fake rounds per combo (default 3; quick 1)")
+    p.add_argument("--tokens-per-second", type=float, default=TOKENS_PER_SECOND,
+                   help=f"the fake engine's decode speed (default {TOKENS_PER_SECOND:g})")
+    p.add_argument("--combos", default=None,
+                   help="comma-separated placement:client pairs (default: all; quick: process:aiohttp)")
     args = p.parse_args(argv)
-    requests = args.requests or (600 if args.quick else 3000)
-    seconds = args.seconds or (1.0 if args.quick else 4.0)
+    tps = args.tokens_per_second
+    requests = args.requests or (500 if args.quick else 3000)
+    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    rounds = args.rounds or (1 if args.quick else 3)
+    if args.combos:
+        combos = [tuple(c.split(":", 1)) for c in args.combos.split(",")]
+    elif args.quick:
+        combos = [("process", "aiohttp")]
+    else:
+        combos = [("process", "aiohttp"), ("thread", "aiohttp"), ("process", "httpx"), ("thread", "httpx"),
+                  ("in-process", "httpx")]
     t_start = time.perf_counter()
-    combos = [("process", "aiohttp")]
-    if not args.quick:
-        combos += [("thread", "aiohttp"), ("process", "httpx"), ("thread", "httpx"), ("in-process", "httpx")]
 
     rows = []
-    headline: tuple[float, float] | None = None
+    results = {}
     for placement, client in combos:
-        rates = {}
-        counts = {}
-        for app in ("hello", "fake"):
-            n, secs = measure(placement, client, app, requests, seconds)
-            rates[app], counts[app] = n / secs, n
-        ratio = rates["fake"] / rates["hello"]
+        r = compare(placement, client, rounds, requests, seconds, tps)
+        results[(placement, client)] = r
         transport = "httpx.ASGITransport" if placement == "in-process" else client
-        rows.append([placement, transport, counts["fake"], rates["fake"], counts["hello"], rates["hello"], ratio])
-        if headline is None:
-            headline = (rates["fake"], ratio)
+
+        def cpu(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:,.0f}"
+
+        rows.append([placement, transport, r["counts"]["fake"], r["fake"],
+                     f"{r['fake_range'][0]:,.0f}-{r['fake_range'][1]:,.0f}", r["counts"]["hello"], r["hello"],
+                     f"{r['hello_range'][0]:,.0f}-{r['hello_range'][1]:,.0f}", r["ratio"],
+                     cpu(r["fake_cpu_us"]), cpu(r["hello_cpu_us"])])
 
     _bench.emit(_bench.table(
-        f"loopback round trips/s at concurrency {CONCURRENCY} ({_bench.machine()})",
-        ["server placement", "client", "fake n", "fake /generate rt/s", "hello n", "hello-world rt/s",
-         "ratio fake/hello"],
+        f"loopback round trips/s at concurrency {CONCURRENCY}, median of {rounds} alternating round(s) "
+        f"({_bench.machine()})",
+        ["server placement", "client", "fake n", "fake /generate rt/s", "fake min-max", "hello n", "hello-world rt/s",
+         "hello min-max", "ratio fake/hello", "fake server CPU us/rt", "hello server CPU us/rt"],
         rows,
     ))
     _bench.emit("")
-    assert headline is not None
-    _bench.emit(f"fake /generate (process + aiohttp): {headline[0]:,.0f} round trips/s, "
-                f"ratio to hello-world {headline[1]:.2f} (targets: >= 1,000 and >= 0.5)")
-    _bench.emit(f"fake config: tokens_per_second={TOKENS_PER_SECOND:g}, max_new_tokens={MAX_NEW_TOKENS}, "
-                f"max_running_requests={CONCURRENCY}, profile 0.5.23")
+    placement, client = combos[0]
+    head = results[combos[0]]
+    _bench.emit(f"fake /generate ({placement} + {client}): {head['fake']:,.0f} round trips/s, ratio to hello-world "
+                f"{head['ratio']:.2f} (targets: >= 1,000 and >= 0.5)")
+    _bench.emit(f"fake config: tokens_per_second={tps:g}, max_new_tokens={MAX_NEW_TOKENS}, "
+                f"max_running_requests={CONCURRENCY}, profile 0.5.23; server CPU per round trip from /proc "
+                f"(process placement only; includes the warm-up)")
     _bench.emit(f"total time: {time.perf_counter() - t_start:.1f} s")
     return 0
 

@@ -69,7 +69,6 @@ async def measure(requests: int, tokens: int) -> dict[str, float]:
     app = engine.app
     await engine.pause_generation({"mode": "abort"})  # bind to this loop, close the gate
     await engine.continue_generation({})
-    engine.events._events.clear()  # only per-request events count below
     base = _traced()
 
     await engine.pause_generation({"mode": "abort"})
@@ -104,6 +103,27 @@ async def measure(requests: int, tokens: int) -> dict[str, float]:
     }
 
 
+async def measure_client_only(requests: int) -> float:
+    """Bytes per request of this harness alone (the client task, its coroutine and Event): the same ``_Client``
+    against a null ASGI app that reads the body and parks."""
+    gate = asyncio.Event()
+
+    async def null_app(scope: dict, receive: Any, send: Any) -> None:
+        await receive()
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    base = _traced()
+    clients = [_Client(null_app, b"{}") for _ in range(requests)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    parked = _traced()
+    gate.set()
+    await _bench.bounded(asyncio.gather(*(c.task for c in clients)), DEADLINE_S, "null-app calls")
+    return (parked - base) / requests
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _bench.parser(__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=None, help="requests in flight (default 10000; quick 1000)")
@@ -120,29 +140,35 @@ def main(argv: list[str] | None = None) -> int:
         _ = engine.app
         empty_engine = _traced() - empty_engine
         del engine, _
+        client_only = _bench.run(measure_client_only(requests))
         result = _bench.run(measure(requests, tokens))
     finally:
         tracemalloc.stop()
 
     per_token = (result["decoding"] - result["admitted"]) / (tokens - 1)
+    def row(state: str, total: float, in_flight: bool = True) -> list[Any]:
+        engine_side = total - client_only if in_flight else total
+        return [state, total, engine_side, engine_side / empty_engine]
+
     rows = [
-        ["baseline: empty engine (whole engine, once)", empty_engine, 1.0],
-        [f"parked at the pause gate ({requests} in flight)", result["parked"],
-         result["parked"] / empty_engine],
-        [f"decoding, 1 token each ({requests} in flight)", result["admitted"], result["admitted"] / empty_engine],
-        [f"decoding, {tokens} tokens each ({requests} in flight)", result["decoding"],
-         result["decoding"] / empty_engine],
-        ["finished, client gone (retained: event log)", result["finished"], result["finished"] / empty_engine],
+        ["baseline: empty engine (whole engine, once)", empty_engine, empty_engine, 1.0],
+        [f"baseline: client harness only (null ASGI app, {requests} calls)", client_only, 0, 0.0],
+        row(f"parked at the pause gate ({requests} in flight)", result["parked"]),
+        row(f"decoding, 1 token each ({requests} in flight)", result["admitted"]),
+        row(f"decoding, {tokens} tokens each ({requests} in flight)", result["decoding"]),
+        row("finished, client gone (retained: event log)", result["finished"], in_flight=False),
     ]
     _bench.emit(_bench.table(
         f"memory per request (tracemalloc; {_bench.machine()})",
-        ["state", "bytes/request", "ratio to an empty engine"],
+        ["state", "bytes/request", "engine-side bytes/request (minus harness)", "ratio to an empty engine"],
         rows,
     ))
     _bench.emit("")
-    _bench.emit(f"bytes/request: parked {result['parked']:,.0f}, decoding {result['decoding']:,.0f} "
+    _bench.emit(f"bytes/request: parked {result['parked'] - client_only:,.0f}, "
+                f"decoding {result['decoding'] - client_only:,.0f} "
                 f"(~{per_token:,.0f} B/token), retained after finish {result['finished']:,.0f} "
-                f"({result['events_per_request']:.0f} events/request); empty engine {empty_engine:,.0f} B")
+                f"({result['events_per_request']:.0f} events/request); engine side, without the "
+                f"{client_only:,.0f} B/request of the client harness; empty engine {empty_engine:,.0f} B")
     _bench.emit(f"total time: {time.perf_counter() - t_start:.1f} s")
     return 0
 

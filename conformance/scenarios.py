@@ -100,8 +100,10 @@ class Run:
     async def start(self) -> None:
         await asyncio.wait_for(self.roles.manager.start(), WAIT_TIMEOUT_S)
 
-    async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False) -> int | None:
-        """One update cycle, recorded with the labels, versions and digests around it."""
+    async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
+                     in_flight: float | None = None) -> int | None:
+        """One update cycle, recorded with the labels, versions and digests around it. With ``in_flight`` the
+        cycle starts only once every engine has a generate open for that many seconds (decoding)."""
         transport = transport or self.transport
         manager, urls = self.roles.manager, self.backend.urls
         step = self.step + 1
@@ -109,6 +111,8 @@ class Run:
         adapter = self.trainer.lora(step) if lora else None
         labels_before, published_before, counter_before = await probe_labels(urls), manager.weight_version, \
             self.updater.version
+        if in_flight is not None:
+            await self.until_in_flight(1, min_age_s=in_flight)
         t0 = time.monotonic()
         returned, error = None, None
         try:
@@ -286,16 +290,14 @@ async def _steady(run: Run) -> None:
     await run.start()
     for _ in range(3):
         await run.drain(1)
-        await run.until_in_flight(1)
-        await run.update()
+        await run.update(in_flight=0.0)
     await run.drain(2)
 
 
 async def _first_drain(run: Run) -> None:
     await run.start()
     await run.drain(2)
-    await run.until_in_flight(1)
-    await run.update()
+    await run.update(in_flight=0.0)
     await run.drain(2)
 
 
@@ -316,8 +318,7 @@ async def _mixed_versions(run: Run) -> None:
     rollout = run.scenario.rollout
     await run.start()
     for _ in range(8):
-        await run.until_in_flight(1, min_age_s=0.005)
-        await run.update()
+        await run.update(in_flight=0.005)
         for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 1):
             await run.drain(1)
             run.history.wire = run.backend.wire.snapshot()
@@ -330,21 +331,18 @@ async def _failover(run: Run) -> None:
     await run.start()
     await run.drain(1)
     for _ in range(2):
-        await run.until_in_flight(1)
-        await run.update()
+        await run.update(in_flight=0.0)
     await run.drain(1)
     await run.failover()
     for _ in range(2):
-        await run.until_in_flight(1)
-        await run.update()
+        await run.update(in_flight=0.0)
         await run.drain(1)
 
 
 async def _failing_transfer(run: Run) -> None:
     await run.start()
     await run.drain(1)
-    await run.until_in_flight(1)
-    await run.update(poison=True)
+    await run.update(poison=True, in_flight=0.0)
     await run.update()
     await run.drain(1)
 
@@ -353,8 +351,7 @@ async def _lora(run: Run) -> None:
     await run.start()
     await run.drain(1)
     for _ in range(2):
-        await run.until_in_flight(1)
-        await run.update(lora=True)
+        await run.update(lora=True, in_flight=0.0)
         await run.drain(1)
 
 

@@ -362,6 +362,8 @@ class FakeEngine:
 
     def _touch(self) -> None:
         """Wake every ``wait_until`` so it re-checks its predicate."""
+        if not self._waiters:
+            return
         waiters, self._waiters = self._waiters, set()
         for fut in waiters:
             if not fut.done():

@@ -212,8 +212,15 @@ class Scheduler:
         finished: list[Request] = []
         decode, finish_reason = self._decode_one, self._finish_reason
         for req in self.running:
-            token = decode(req) if (req.abort_pending or len(req.output_ids) < req.max_new_tokens) else None
-            reason = finish_reason(req, token)
+            if req.abort_pending or len(req.output_ids) >= req.max_new_tokens:
+                reason = finish_reason(req, decode(req) if req.abort_pending else None)
+            else:
+                token = decode(req)
+                # _finish_reason(req, token), without the call when no rule can fire
+                if len(req.output_ids) < req.max_new_tokens and not req.stop_token_ids and not req.stop:
+                    reason = None
+                else:
+                    reason = finish_reason(req, token)
             if reason is None:
                 emitted.append(req)
             else:

@@ -51,7 +51,8 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: float = DEFAULT_STOP_TIMEOUT) -> Any:
-    """The uvicorn config every fake server uses: fast parser when installed, quiet, no access log."""
+    """The uvicorn config every fake server uses: fast parser when installed, quiet, no access log, and no
+    X-Forwarded-* rewriting middleware (the fakes never read the client address)."""
     import uvicorn
 
     return uvicorn.Config(
@@ -64,6 +65,7 @@ def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: floa
         lifespan="auto",
         log_level="warning",
         access_log=False,
+        proxy_headers=False,
         timeout_graceful_shutdown=graceful_timeout,
         timeout_keep_alive=5,
     )

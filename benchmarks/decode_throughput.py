@@ -95,7 +95,8 @@ def bare_rate(requests: int, steps: int) -> dict[str, float]:
         durations.append(clock() - t)
     seconds = clock() - t0
     step_s = _median(durations)
-    return {"tokens_per_s": requests / step_s, "steps_per_s": 1 / step_s, "mean_tokens_per_s": requests * steps / seconds}
+    mean = requests * steps / seconds
+    return {"tokens_per_s": requests / step_s, "steps_per_s": 1 / step_s, "mean_tokens_per_s": mean}
 
 
 def main(argv: list[str] | None = None) -> int:

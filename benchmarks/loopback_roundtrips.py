@@ -1,7 +1,8 @@
 """Loopback round trips per second: the fake's POST /generate vs a bare hello-world ASGI app on the same stack.
 
 Concurrency 64 (64 workers, one keep-alive connection each). Both apps run on the same server stack
-(``fakes.server.uvicorn_config``: uvloop + httptools, no access log) in the same placement:
+(``fakes.server.uvicorn_config``: uvloop + httptools, no access log, no proxy-headers middleware) in the same
+placement:
 
 * ``process`` — ``LoopbackServer(mode="process")``, i.e. ``python -m fakes`` in its own process (the hello-world
   app through the CLI's hidden ``--hello-world`` flag, same code path, same uvicorn settings);
@@ -9,7 +10,9 @@ Concurrency 64 (64 workers, one keep-alive connection each). Both apps run on th
 * ``in-process`` — ``httpx.ASGITransport`` (no sockets; the app runs in the client's loop).
 
 Clients: aiohttp and httpx.AsyncClient, on a uvloop loop. Each measurement warms up (5 requests per worker),
-then runs at most ``--requests`` requests or ``--seconds`` seconds, whichever ends first.
+then runs at most ``--requests`` requests or ``--seconds`` seconds, whichever ends first; hello-world and fake
+rounds alternate (``--rounds``) and the medians are reported, with the server's CPU time per round trip (process
+placement, from /proc).
 
 The fake engine: profile 0.5.23, ``--tokens-per-second 1000`` (real-time ticker, 1 ms per decode step),
 ``max_running_requests`` 64, requests ``{"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 4}}``:
@@ -17,7 +20,7 @@ each request spends ~4 ms in decode, batched with every other in-flight request,
 is 64 / 4 ms = 16,000 round trips/s — far above what is measured: the figure is the cost of the HTTP path,
 validation, the scheduler, the ticker and delivery, i.e. what a test pays per /generate.
 
-    python benchmarks/loopback_roundtrips.py [--quick] [--requests 3000] [--seconds 4]
+    python benchmarks/loopback_roundtrips.py [--quick] [--requests 3000] [--seconds 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -131,7 +134,8 @@ class Target:
     def __enter__(self) -> "Target":
         if self.placement == "process":
             cli = ["--engines", "1", "--tokens-per-second", str(self.tps), "--max-running-requests", str(CONCURRENCY)]
-            self.server = LoopbackServer(mode="process", cli_args=cli + (["--hello-world"] if self.app == "hello" else []))
+            hello = ["--hello-world"] if self.app == "hello" else []
+            self.server = LoopbackServer(mode="process", cli_args=cli + hello)
         elif self.placement == "thread":
             if self.app == "hello":
                 self.server = LoopbackServer(hello_world_app)
@@ -208,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p = _bench.parser(__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=None,
                    help="max requests per measurement (default 3000; quick 500)")
-    p.add_argument("--seconds", type=float, default=None, help="max seconds per measurement (default 3; quick 1)")
-    p.add_argument("--rounds", type=int, default=None, help="alternating hello/fake rounds per combo (default 3; quick 1)")
+    p.add_argument("--seconds", type=float, default=None, help="max seconds per measurement (default 2; quick 1)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="alternating hello/fake rounds per combo (default 3; quick 1)")
     p.add_argument("--tokens-per-second", type=float, default=TOKENS_PER_SECOND,
                    help=f"the fake engine's decode speed (default {TOKENS_PER_SECOND:g})")
     p.add_argument("--combos", default=None,
@@ -217,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tps = args.tokens_per_second
     requests = args.requests or (500 if args.quick else 3000)
-    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    seconds = args.seconds or (1.0 if args.quick else 2.0)
     rounds = args.rounds or (1 if args.quick else 3)
     if args.combos:
         combos = [tuple(c.split(":", 1)) for c in args.combos.split(",")]

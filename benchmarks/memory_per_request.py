@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [
         ["baseline: empty engine (whole engine, once)", empty_engine, empty_engine, 1.0],
-        [f"baseline: client harness only (null ASGI app, {requests} calls)", client_only, 0, 0.0],
+        [f"baseline: client harness only (null ASGI app, {requests} calls)", client_only, "-", "-"],
         row(f"parked at the pause gate ({requests} in flight)", result["parked"]),
         row(f"decoding, 1 token each ({requests} in flight)", result["admitted"]),
         row(f"decoding, {tokens} tokens each ({requests} in flight)", result["decoding"]),

@@ -16,7 +16,7 @@ import contextvars
 import random
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 from . import weights as W
@@ -667,7 +667,7 @@ class FakeEngine:
         if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
             raise ValueError(f"max_new_tokens must be at least 0, got {max_new}.")
         stop_ids = sp.get("stop_token_ids") or []
-        if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
+        if not isinstance(stop_ids, list) or (stop_ids and not all(isinstance(t, int) for t in stop_ids)):
             raise ValueError(f"stop_token_ids must be a list of ints, got {stop_ids!r}.")
 
     async def generate(self, obj: Mapping[str, Any]) -> Reply:
@@ -704,7 +704,8 @@ class FakeEngine:
         yielding ``(index, body)`` as outputs arrive. Leaving early (client gone) aborts what is unfinished."""
         self._bind()
         self._raise_if_dead()
-        await self._pass_gate([s.rid for s in specs])
+        if self.paused:  # _pass_gate returns at once otherwise
+            await self._pass_gate([s.rid for s in specs])
         await self.update_lock.acquire_read()
         call = _Call()
         reqs: list[Request] = []

@@ -31,7 +31,7 @@ KINDS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     """One thing that happened on engine ``engine`` at engine-clock time ``t``."""
 

@@ -44,7 +44,7 @@ import math
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 VALIDATION_ERROR_TYPE = "Bad Request"
@@ -130,12 +130,18 @@ def defaults(name: str, profile_version: str) -> dict[str, Any]:
     }
 
 
+_FACTORY_EMPTY: dict[str, Callable[[], Any]] = {"list": list, "dict": dict, "set": list, "tuple": list,
+                                                 "str": str, "int": int, "float": float, "bool": bool}
+
+
 def _default_value(spec: dict[str, Any]) -> Any:
+    """A fresh default: an empty container for a ``default_factory``, a copy of a mutable literal."""
     factory = spec.get("default_factory")
     if factory is not None:
-        return {"list": [], "dict": {}, "set": [], "tuple": [], "str": "", "int": 0, "float": 0.0,
-                "bool": False}.get(factory.split(".")[-1])
-    return copy.deepcopy(spec["default"])
+        make = _FACTORY_EMPTY.get(factory.split(".")[-1])
+        return make() if make is not None else None
+    default = spec["default"]
+    return copy.deepcopy(default) if isinstance(default, (list, dict)) else default
 
 
 # ----------------------------------------------------------------------------------------------- types

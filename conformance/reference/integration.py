@@ -40,7 +40,9 @@ class ReferenceIntegration:
     timeout_s: float = 60.0
     """Bound on every control call and on every collective."""
     generate_timeout_s: float = 300.0
-    flush_deadline_s: float = 10.0
+    flush_deadline_s: float = 3.0
+    """Budget for ``/flush_cache`` back-off while the engine answers 400. SGLang 0.5.23 flushes at once after a
+    retract pause; a refusal that outlasts a few seconds is a real failure (raise it for slow engines)."""
     checkpoint_config: dict[str, Any] = field(default_factory=dict)
     """Written as ``config.json`` beside each disk checkpoint (a real run writes the model's HF config)."""
     http_mounts: Mapping[str, httpx.AsyncBaseTransport] | None = None

@@ -905,8 +905,6 @@ class FakeEngine:
     ) -> Reply:
         self.weights = loaded
         self._event("weights.load", digest=loaded.digest(), source=source, model_path=obj.get("model_path"))
-        if source == "update_weights_from_disk":
-            self.model_path = obj["model_path"]
         version = obj.get("weight_version")
         if flush and not self._flush_now():
             if self.profile.post_update_flush_failure == "crash":
@@ -915,6 +913,8 @@ class FakeEngine:
             if version is not None:  # 0.5.23: scheduler-side version recorded, tokenizer label not (code-read)
                 self.scheduler.set_version(version, f"{source} (cache flush failed)")
             return Reply(400, {"success": False, "message": FLUSH_AFTER_UPDATE_ERROR, **extra})
+        if source == "update_weights_from_disk":  # the tokenizer side records the path only on success (spec §3.3)
+            self.model_path = obj["model_path"]
         message = ok_message
         if version is not None:
             self._set_version(version, source)

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -38,9 +38,11 @@ from fakes.profiles import get_profile
 
 pytestmark = pytest.mark.cpu
 
-MACHINE_SETTINGS = settings(max_examples=15, stateful_step_count=25, deadline=None)
+# No Phase.explain: its line tracer makes the pure-Python weight code of each new engine ~100x slower.
+MACHINE_SETTINGS = settings(max_examples=15, stateful_step_count=25, deadline=None,
+                            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
 CALL_TIMEOUT_S = 5.0  # one rule's coroutine, end to end
-SETTLE_TIMEOUT_S = 2.0  # engine state reaching what the model predicts
+SETTLE_TIMEOUT_S = 1.0  # engine state reaching what the model predicts (ms when right; bounds each shrink try)
 CAPACITY = 64  # max_running_requests: above the number of requests one example can submit (<= 25)
 MAX_UPDATE_STEPS = 12  # a writer waits for readers: max_new_tokens <= 6 (+1 abort step) steps release them all
 
@@ -83,9 +85,15 @@ def _loop_thread() -> _LoopThread:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
+def _initial() -> dict[str, W.TensorBlob]:
+    """The engine's startup weights (``WeightStore.tiny(0)``); TensorBlobs are immutable, so engines share them."""
+    return W.tiny_model(0)
+
+
 @functools.lru_cache(maxsize=None)
 def _trained(step: int) -> dict[str, W.TensorBlob]:
-    return W.perturbed(W.tiny_model(0), step)
+    return W.perturbed(_initial(), step)
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,8 +102,9 @@ def _payload(step: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _digest(step: int) -> str:
-    return W.weights_digest(_trained(step))
+def _digest(step: int | None) -> str:
+    """Digest of the trained weights of ``step`` (None: the startup weights)."""
+    return W.weights_digest(_initial() if step is None else _trained(step))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -146,20 +155,20 @@ class EngineMachine(RuleBasedStateMachine):
         self.profile = get_profile(self.profile_version)
         self.lt = _loop_thread()
         self.engine = FakeEngine(self.profile_version, tokens_per_second=None, max_running_requests=CAPACITY,
-                                 trace_tokens=True)
+                                 weights=W.WeightStore(_initial()), trace_tokens=True)
         self.client: httpx.AsyncClient = self.lt.run(self._open_client())
         self.tmp = tempfile.TemporaryDirectory(prefix="engine-machine-")
         self._broken = False  # a rule or invariant raised: teardown only closes
         # -- the model --
         self.reqs: dict[str, Req] = {}
+        self._transit: set[str] = set()  # rids sent or released since the last settle (may still be on their way)
         self.count = 0
         self.paused = False  # tokenizer-side gate (TokenizerManager.is_pause)
         self.mode: str | None = None
         self.sched_pause: str | None = None  # scheduler _engine_paused: in_place / retract (never abort, spec §2.2)
         self.label = "default"  # tokenizer-side weight_version (/model_info)
         self.sched_version = "default"  # scheduler-side version stamped on tokens (0.5.23 records it separately)
-        self.labels_seen = {"default"}
-        self.digest = W.WeightStore.tiny(0).digest()
+        self.digest = _digest(None)
         self.model_path = DEFAULT_MODEL_PATH
         self.session_open = False
 
@@ -177,61 +186,64 @@ class EngineMachine(RuleBasedStateMachine):
     def _resident(self) -> list[Req]:
         return [r for r in self.reqs.values() if r.resident]
 
-    def _placed(self) -> bool:
-        """The engine holds every request where the model says it is (and no longer holds the answered ones)."""
-        parked = set(self.engine.snapshot()["parked"]) if self.paused else set()
-        sched = self.engine.scheduler
-        for r in self.reqs.values():
-            held = sched.find(r.rid)
-            if r.state == PARKED:
-                if r.rid not in parked:
-                    return False
-            elif r.state == DONE:
-                if held is not None or r.rid in parked:
-                    return False
-            elif held is None:
-                return False
-        return True
+    def _where(self, rid: str) -> str:
+        """Where the engine holds ``rid``: parked at the pause gate, waiting, running, or nowhere (done)."""
+        if rid in self.engine.snapshot()["parked"]:
+            return PARKED
+        held = self.engine.scheduler.find(rid)
+        return DONE if held is None else held.state
+
+    def _misplaced(self, reqs: list[Req]) -> dict[str, tuple[str, str]]:
+        """rid -> (model state, engine place) for every request the engine holds elsewhere than predicted."""
+        places = {r.rid: self._where(r.rid) for r in reqs}
+        return {r.rid: (r.state, places[r.rid]) for r in reqs if places[r.rid] != r.state}
+
+    async def _first(self, cond: Callable[[], bool], tasks: list[asyncio.Task]) -> bool:
+        """Wait until the engine reaches ``cond`` or one of ``tasks`` is done, at most SETTLE_TIMEOUT_S; return
+        whether ``cond`` was reached. The inner ``wait_until`` has no timeout of its own (the deadline is this
+        ``asyncio.wait``): cancelling a ``wait_until(timeout=...)`` can be swallowed by Python 3.11's
+        ``asyncio.wait_for`` when the engine wakes it at the same moment, and it then runs to its own deadline."""
+        waiter = asyncio.ensure_future(self.engine.wait_until(cond, timeout=None))
+        try:
+            done, _ = await asyncio.wait({waiter, *tasks}, timeout=SETTLE_TIMEOUT_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+        return waiter in done
 
     async def _race(self, task: asyncio.Task, cond: Callable[[], bool]) -> bool:
         """Wait (bounded) until ``task`` is done (True) or the engine reaches ``cond`` (False)."""
         if task.done():
             return True
-        waiter = asyncio.ensure_future(self.engine.wait_until(cond, SETTLE_TIMEOUT_S))
-        try:
-            await asyncio.wait({task, waiter}, timeout=SETTLE_TIMEOUT_S + 1, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                return True
-            if waiter.done():
-                waiter.result()  # TimeoutError naming the engine state
-                return False
-            raise TimeoutError(f"neither the call nor the engine state moved; state={self.engine.snapshot()}")
-        finally:
-            if not waiter.done():
-                waiter.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await waiter
+        reached = await self._first(cond, [task])
+        if task.done():
+            return True
+        if reached:
+            return False
+        raise TimeoutError(f"the call did not end and the engine did not move; state={self.engine.snapshot()}")
 
     async def _settle(self) -> None:
-        """Wait until the engine matches the model, then check every newly answered request."""
+        """Check the engine against the model, then every newly answered request.
+
+        Only requests in transit (just sent, or released by continue) need waiting for: they reach the gate or
+        the scheduler within a few loop turns. Everything else is already where it will stay (scheduler
+        transitions are synchronous), so a misplaced request fails at once instead of after a timeout."""
         undone = [r for r in self.reqs.values() if r.state != DONE]
-        waiter = asyncio.ensure_future(self.engine.wait_until(self._placed, SETTLE_TIMEOUT_S))
-        try:
-            await asyncio.wait({waiter, *(r.task for r in undone)}, timeout=SETTLE_TIMEOUT_S + 1,
-                               return_when=asyncio.FIRST_COMPLETED)
-            surprises = [r for r in undone if r.task.done()]
-            if surprises:
-                r = surprises[0]
-                raise AssertionError(f"{r.rid} was answered while the model has it {r.state}: {_describe(r.task)}")
-            waiter.result()
-        finally:
-            if not waiter.done():
-                waiter.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await waiter
+        transit = [r for r in undone if r.rid in self._transit]
+        self._transit.clear()
+        arrived = not transit or await self._first(lambda: not self._misplaced(transit), [r.task for r in undone])
+        surprises = [r for r in undone if r.task.done()]
+        if surprises:
+            r = surprises[0]
+            raise AssertionError(f"{r.rid} was answered while the model has it {r.state}: {_describe(r.task)}")
+        assert arrived, f"requests never reached the engine: {self._misplaced(transit)}; {self.engine.snapshot()}"
+        misplaced = self._misplaced(list(self.reqs.values()))
+        assert not misplaced, f"rid -> (model, engine): {misplaced}"
         finals = [r for r in self.reqs.values() if r.state == DONE and not r.checked]
-        if finals:
-            await asyncio.wait_for(asyncio.gather(*(r.task for r in finals)), CALL_TIMEOUT_S)
+        if finals:  # the engine let them go: their answers are a few loop turns away
+            await asyncio.wait_for(asyncio.gather(*(r.task for r in finals)), SETTLE_TIMEOUT_S)
         for r in finals:
             self._check_final(r)
             r.checked = True
@@ -352,6 +364,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.count += 1
         task = asyncio.ensure_future(self.client.post("/generate", json=body))
         self.reqs[rid] = Req(rid, max_new_tokens, task, PARKED if self.paused else WAITING)
+        self._transit.add(rid)
 
     @rule(n=st.integers(1, 4))
     def step(self, n: int) -> None:
@@ -421,12 +434,17 @@ class EngineMachine(RuleBasedStateMachine):
             resp = await self.client.post("/continue_generation", json=body)
             assert resp.status_code == 200 and resp.json() == CONTINUED_BODY, resp.text
             self.paused, self.mode, self.sched_pause = False, None, None
-            for r in self.reqs.values():
-                if r.state == PARKED:
-                    r.state = WAITING
+            self._release_parked()
             await self._settle()
 
         self._run(go())
+
+    def _release_parked(self) -> None:
+        """continue reopens the gate: parked requests go on to the scheduler's waiting queue (spec §2.2)."""
+        for r in self.reqs.values():
+            if r.state == PARKED:
+                r.state = WAITING
+                self._transit.add(r.rid)
 
     # -- rules: versions and weights ---------------------------------------------------------------------------
     @rule(version=st.sampled_from(["v1", "v2", "v3"]), abort_all_requests=st.sampled_from([None, True, False]))
@@ -444,7 +462,6 @@ class EngineMachine(RuleBasedStateMachine):
                 new = frozenset({version})  # the aborted answers carry the NEW version (spec §6.3)
                 self._abort(lambda r: True, labels=new, sched=new)
             self.label = self.sched_version = version
-            self.labels_seen.add(version)
             await self._settle()
 
         self._run(go())
@@ -457,6 +474,11 @@ class EngineMachine(RuleBasedStateMachine):
         body: dict[str, Any] = {"serialized_named_tensors": [_payload(step)]}
         self._weight_update("/update_weights_from_tensor", body, step, version, flush_cache, abort_all_requests)
 
+    # FAKE BUG found by this machine (shrunk replay: test_shrunk_0523_failed_disk_update_keeps_model_path; fixed in
+    # fakes/ by commit 18f8099): on 0.5.23 a disk update whose post-update flush fails (requests resident after
+    # pause(in_place)) answers 400 success:false, yet the fake had already moved /model_info's model_path (and
+    # served_model_name) to the new checkpoint. Spec §3.3 items 3 and 5, §10.6: only a SUCCESSFUL disk update
+    # sets model_path; on this failure the tokenizer side is not updated.
     @rule(step=st.integers(0, 3), version=st.sampled_from([None, "w1", "w2"]),
           flush_cache=st.sampled_from([None, True, False]), abort_all_requests=st.sampled_from([None, False, True]))
     def update_weights_from_disk(self, step: int, version: str | None, flush_cache: bool | None,
@@ -502,7 +524,7 @@ class EngineMachine(RuleBasedStateMachine):
             resp = task.result()
             extra = {"num_paused_requests": 0} if disk else {}
             self.digest = _digest(step)  # weights change even when the flush fails (spec §3.3.3)
-            if flush_fails:  # 0.5.23: 400, scheduler version recorded, tokenizer label and model_path not
+            if flush_fails:  # 0.5.23: 400, scheduler version recorded; tokenizer label and model_path NOT (§3.3.3)
                 assert resp.status_code == 400, resp.text
                 assert resp.json() == {"success": False, "message": FLUSH_AFTER_UPDATE_ERROR, **extra}
                 if version is not None:
@@ -515,7 +537,6 @@ class EngineMachine(RuleBasedStateMachine):
                 assert resp.json() == {"success": True, "message": message, **extra}
                 if version is not None:
                     self.label = self.sched_version = version
-                    self.labels_seen.add(version)
                 if disk:
                     self.model_path = body["model_path"]  # spec §3.3.5: disk success sets model_path
             await self._settle()
@@ -533,26 +554,24 @@ class EngineMachine(RuleBasedStateMachine):
         ignore_waiting = self.profile.flush_ignores_waiting_while_paused and self.sched_pause is not None
         return bool(resident) and not ignore_waiting
 
-    @precondition(lambda self: self.profile.weight_update_sessions)
+    @precondition(lambda self: self.profile.weight_update_sessions and not self.session_open)
     @rule()
     def begin_weight_update(self) -> None:
-        self._session_call("/begin_weight_update", opening=True)
+        async def go() -> None:
+            resp = await self.client.post("/begin_weight_update", json={})
+            assert resp.status_code == 200 and resp.json() == {"success": True, "message": "Success"}, resp.text
+            self.session_open = True
+            await self._settle()
 
-    @precondition(lambda self: self.profile.weight_update_sessions)
+        self._run(go())
+
+    @precondition(lambda self: self.profile.weight_update_sessions and self.session_open)
     @rule()
     def end_weight_update(self) -> None:
-        self._session_call("/end_weight_update", opening=False)
-
-    def _session_call(self, endpoint: str, opening: bool) -> None:
         async def go() -> None:
-            before = self.engine.snapshot()
-            resp = await self.client.post(endpoint, json={})
-            if self.session_open != opening:
-                assert resp.status_code == 200 and resp.json() == {"success": True, "message": "Success"}
-                self.session_open = opening
-            else:  # begin while open / end while closed: rejected, nothing changes (spec §3.2)
-                assert resp.status_code == 400 and resp.json()["success"] is False, resp.text
-                assert self.engine.snapshot() == before
+            resp = await self.client.post("/end_weight_update", json={})
+            assert resp.status_code == 200 and resp.json() == {"success": True, "message": "Success"}, resp.text
+            self.session_open = False
             await self._settle()
 
         self._run(go())
@@ -593,7 +612,8 @@ class EngineMachine(RuleBasedStateMachine):
         lock_free = self.paused or not self._resident()  # else the update would wait for the writer lock
         if lock_free:
             kinds.append("disk_missing_path")
-        if self.profile.weight_update_sessions:
+        if self.profile.weight_update_sessions:  # spec §3.2, §3.3.6
+            kinds.append("end_without_session" if not self.session_open else "begin_while_open")
             if lock_free and not self.session_open:
                 kinds.append("tensor_outside_session")
         else:
@@ -621,7 +641,9 @@ class EngineMachine(RuleBasedStateMachine):
             "tensor_outside_session": (
                 400, ("/update_weights_from_tensor", {"json": {"serialized_named_tensors": [_payload(0)],
                                                                "weight_version": "never"}})),
-            "session_route_missing": (404, ("/begin_weight_update", {"json": {}})),
+            "begin_while_open": (400, ("/begin_weight_update", {"json": {}})),
+            "end_without_session": (400, ("/end_weight_update", {"json": {}})),
+            "session_route_missing": (404, ("/begin_weight_update", {"json": {}})),  # 0.5.10 has no sessions
         }[kind]
         path, kwargs = call
 
@@ -631,7 +653,7 @@ class EngineMachine(RuleBasedStateMachine):
                                                            "weights.load"))
             resp = await self.client.post(path, **kwargs)
             assert resp.status_code == status, (kind, resp.status_code, resp.text)
-            if kind in ("disk_missing_path", "tensor_outside_session"):
+            if kind in ("disk_missing_path", "tensor_outside_session", "begin_while_open", "end_without_session"):
                 assert resp.json()["success"] is False, resp.text
             # a rejected request changes nothing (snapshot includes weights digest, version, queues, pause)
             assert self.engine.snapshot() == before, kind
@@ -661,8 +683,9 @@ class EngineMachine(RuleBasedStateMachine):
             assert snap["readers"] == len(resident) and not snap["writer"], snap  # one reader per /generate
             for r in resident:
                 held = self.engine.scheduler.find(r.rid)
-                assert held is not None and len(held.output_ids) == r.tokens, (r.rid, r.tokens)
-                assert held.retractions == r.retractions and held.abort_pending == r.abort_pending, r.rid
+                assert held is not None and len(held.output_ids) == r.tokens, (r.rid, "tokens", r.tokens)
+                assert held.retractions == r.retractions, (r.rid, "retractions", held.retractions, r.retractions)
+                assert held.abort_pending == r.abort_pending, (r.rid, "abort pending", held.abort_pending)
             # the label changes only through /update_weight_version or a successful update with weight_version
             info = await self.client.get("/model_info")
             assert info.status_code == 200, info.text
@@ -686,9 +709,7 @@ class EngineMachine(RuleBasedStateMachine):
         resp = await self.client.post("/continue_generation", json={})
         assert resp.status_code == 200, resp.text
         self.paused, self.mode, self.sched_pause = False, None, None
-        for r in self.reqs.values():
-            if r.state == PARKED:
-                r.state = WAITING
+        self._release_parked()
         await self._settle()
         for _ in range(2 * 7):
             if not self._resident():
@@ -735,3 +756,16 @@ TestEngineMachine0523 = EngineMachine0523.TestCase
 for _case in (TestEngineMachine0510, TestEngineMachine0523):
     _case.settings = MACHINE_SETTINGS
 del _case
+
+
+def test_shrunk_0523_failed_disk_update_keeps_model_path() -> None:
+    """The machine's shrunk counterexample for the FAKE BUG noted on ``update_weights_from_disk``, replayed
+    deterministically as a regression test (the machine alone finds it in about a third of 15-example runs)."""
+    state = EngineMachine0523()
+    try:
+        state.in_flight(max_new_tokens=[2], steps=1, pause="in_place")
+        state.engine_matches_model()
+        state.update_weights_from_disk(abort_all_requests=None, flush_cache=None, step=0, version=None)
+        state.engine_matches_model()
+    finally:
+        state.teardown()

@@ -47,6 +47,7 @@ class DirectoryWatch:
             os.close(fd)
             return self
         self._fd, self.events = fd, []
+        self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="conformance-fswatch", daemon=True)
         self._thread.start()
         return self
@@ -67,15 +68,17 @@ class DirectoryWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            ready, _, _ = select.select([self._fd], [], [], 0.05)
-            if ready:
+            ready, _, _ = select.select([self._fd, self._wake_r], [], [])  # blocks: no CPU while nothing happens
+            if self._fd in ready:
                 self._drain()
 
     def stop(self) -> list[FsEvent] | None:
         if self._thread is not None:
             self._stop.set()
+            os.write(self._wake_w, b"x")
             self._thread.join(timeout=5)
             self._drain()
-            os.close(self._fd)
+            for fd in (self._fd, self._wake_r, self._wake_w):
+                os.close(fd)
             self._thread = None
         return self.events

@@ -288,10 +288,10 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
 
 async def _steady(run: Run) -> None:
     await run.start()
-    for _ in range(3):
+    for _ in range(2):
         await run.drain(1)
         await run.update(in_flight=0.0)
-    await run.drain(2)
+    await run.drain(1)
 
 
 async def _first_drain(run: Run) -> None:
@@ -382,7 +382,7 @@ def _steady_scenarios() -> list[Scenario]:
         for mode in ("retract", "in_place"):
             checks = _STEADY_CHECKS + (("C2",) if mode == "in_place" else ()) + (("F3",) if transport == "disk" else ())
             out.append(Scenario(f"steady-{transport}-{mode}",
-                                f"multi-turn rollouts, three {transport} updates under pause {mode}",
+                                f"multi-turn rollouts, two {transport} updates under pause {mode}",
                                 _steady, checks, transport=(transport,), pause_mode=mode))
     return out
 

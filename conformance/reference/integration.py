@@ -6,6 +6,9 @@ subclass that overrides one of them.
 
 from __future__ import annotations
 
+import functools
+import ssl
+
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -17,6 +20,12 @@ from .manager import ReferenceManager
 from .transports import (CheckpointWriter, DiskTransport, DistributedTransport, LoraTransport, TensorEncoder,
                          TensorTransport, WeightTransport, encode_safetensors_b64, write_checkpoint_atomic)
 from .updater import ReferenceUpdater
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One default SSL context per process: building one per client costs more than many requests."""
+    return ssl.create_default_context()
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,7 +85,7 @@ class ReferenceIntegration:
 
     def make_http_client(self, env: BuildEnv) -> httpx.AsyncClient:
         """One pooled client for every engine (no pool limit: in-flight generations must never queue here)."""
-        return httpx.AsyncClient(timeout=self.timeout_s, mounts=self.http_mounts,
+        return httpx.AsyncClient(timeout=self.timeout_s, mounts=self.http_mounts, verify=_ssl_context(),
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
     def make_transports(self, env: BuildEnv) -> dict[str, WeightTransport]:

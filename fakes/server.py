@@ -148,6 +148,17 @@ def make_uvicorn_server(config: Any, ready: threading.Event | None = None,
     return server
 
 
+def terminate(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, wait up to ``timeout``, then SIGKILL: a child process never outlives its owner's stop()."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5.0)
+
+
 class LoopbackServer:
     """A fake engine (or router, or any ASGI app) on 127.0.0.1, reachable by any HTTP client.
 
@@ -376,13 +387,7 @@ class LoopbackServer:
         proc = self.process
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self.stop_timeout + 2.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5.0)
+        terminate(proc, self.stop_timeout + 2.0)
         self.returncode = proc.returncode
         for reader in self._readers:
             reader.join(2.0)
@@ -523,13 +528,7 @@ class RealRouterProcess:
         proc = self.process
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5.0)
+        terminate(proc, self.stop_timeout)
         self.returncode = proc.returncode
         if proc.stdout is not None:
             proc.stdout.close()

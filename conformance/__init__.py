@@ -1,3 +1,6 @@
 """weightsync-conformance: invariants of async-RL weight sync, checked on fake or real SGLang engines."""
 
 __version__ = "0.1.0"
+
+DEFAULT_INTEGRATION = "conformance.reference:integration"
+"""The integration the suite runs when none is chosen: the reference integration that ships here."""

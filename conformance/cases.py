@@ -18,7 +18,7 @@ from .history import History
 from .interface import Integration
 from .scenarios import SCENARIOS, Unsupported, run_scenario
 
-DEFAULT_INTEGRATION = "conformance.reference:integration"
+from . import DEFAULT_INTEGRATION
 SCENARIO_TIMEOUT_S = 60.0
 
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-DEFAULT_INTEGRATION = "conformance.reference:integration"
+from . import DEFAULT_INTEGRATION
 _RESULTS = pytest.StashKey[dict]()
 
 

@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import DEFAULT_INTEGRATION
 from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, Verdict
 from .history import History
 from .interface import Integration
 from .scenarios import SCENARIOS, Unsupported, run_scenario
 
-from . import DEFAULT_INTEGRATION
 SCENARIO_TIMEOUT_S = 60.0
 
 

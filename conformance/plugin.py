@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pytest
 
 from . import DEFAULT_INTEGRATION
+
 _RESULTS = pytest.StashKey[dict]()
 
 

@@ -5,7 +5,7 @@ Every field cites the spec section (``shared/docs/sglang-api.md``, "spec §N") i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 _MODEL_INFO_BASE = ("model_path", "tokenizer_path", "is_generation", "preferred_sampling_params", "weight_version")
@@ -94,93 +94,52 @@ class Profile:
     """0.5.23: ``/ready`` → 503 while paused (http_server.py:715)."""
 
 
-PROFILES: dict[str, Profile] = {
-    "0.5.4": Profile(
-        version="0.5.4",
-        pause_modes=False,
-        pause_abort_waits_for_readers=False,
-        continue_torch_empty_cache=False,
-        paused_updates_skip_lock=False,
-        waiting_abort_style="before_prefill",
-        waiting_abort_meta_version=False,
-        reject_duplicate_rid=False,
-        # spec §7.1 documents 0.5.2 (waiting AND running) and 0.5.6 (running only); 0.5.4 assumed like 0.5.2.
-        flush_checks_waiting=True,
-        flush_ignores_waiting_while_paused=False,
-        post_update_flush_failure="crash",
-        disk_flush_cache_field=False,
-        flush_timeout_query=False,
-        weight_update_sessions=False,
-        weight_versions_spans=False,
-        get_weight_version="ok",
-        weight_version_alias=False,
-        server_info_tracks_version=True,
-        retraction_key=None,
-        reasoning_tokens=False,
-        stream_cumulative_output_ids=False,
-        model_info_route=False,
-        model_info_keys=_MODEL_INFO_BASE,
-        lora_from_tensors_field=None,
-        destroy_group_route=True,
-        ready_route=False,
-    ),
-    "0.5.10": Profile(
-        version="0.5.10",
-        pause_modes=True,
-        pause_abort_waits_for_readers=True,
-        continue_torch_empty_cache=False,
-        paused_updates_skip_lock=True,
-        waiting_abort_style="waiting_queue",
-        waiting_abort_meta_version=True,
-        reject_duplicate_rid=True,
-        flush_checks_waiting=True,
-        flush_ignores_waiting_while_paused=False,
-        post_update_flush_failure="crash",
-        disk_flush_cache_field=True,
-        flush_timeout_query=True,
-        weight_update_sessions=False,
-        weight_versions_spans=False,
-        get_weight_version="deprecated",
-        weight_version_alias=True,
-        server_info_tracks_version=True,
-        retraction_key="total_retractions",
-        reasoning_tokens=True,
-        stream_cumulative_output_ids=True,
-        model_info_route=True,
-        model_info_keys=_MODEL_INFO_056,
-        lora_from_tensors_field="serialized_tensors",
-        destroy_group_route=True,
-        ready_route=False,
-    ),
-    "0.5.23": Profile(
-        version="0.5.23",
-        pause_modes=True,
-        pause_abort_waits_for_readers=True,
-        continue_torch_empty_cache=True,
-        paused_updates_skip_lock=True,
-        waiting_abort_style="waiting_queue",
-        waiting_abort_meta_version=True,
-        reject_duplicate_rid=True,
-        flush_checks_waiting=True,
-        flush_ignores_waiting_while_paused=True,
-        post_update_flush_failure="error",
-        disk_flush_cache_field=True,
-        flush_timeout_query=True,
-        weight_update_sessions=True,
-        weight_versions_spans=True,
-        get_weight_version="gone",
-        weight_version_alias=False,
-        server_info_tracks_version=False,
-        retraction_key="num_retractions",
-        reasoning_tokens=True,
-        stream_cumulative_output_ids=True,
-        model_info_route=True,
-        model_info_keys=_MODEL_INFO_0523,
-        lora_from_tensors_field="serialized_named_tensors",
-        destroy_group_route=True,
-        ready_route=True,
-    ),
-}
+_P054 = Profile(
+    version="0.5.4",
+    pause_modes=False,
+    pause_abort_waits_for_readers=False,
+    continue_torch_empty_cache=False,
+    paused_updates_skip_lock=False,
+    waiting_abort_style="before_prefill",
+    waiting_abort_meta_version=False,
+    reject_duplicate_rid=False,
+    # spec §7.1 documents 0.5.2 (waiting AND running) and 0.5.6 (running only); 0.5.4 assumed like 0.5.2.
+    flush_checks_waiting=True,
+    flush_ignores_waiting_while_paused=False,
+    post_update_flush_failure="crash",
+    disk_flush_cache_field=False,
+    flush_timeout_query=False,
+    weight_update_sessions=False,
+    weight_versions_spans=False,
+    get_weight_version="ok",
+    weight_version_alias=False,
+    server_info_tracks_version=True,
+    retraction_key=None,
+    reasoning_tokens=False,
+    stream_cumulative_output_ids=False,
+    model_info_route=False,
+    model_info_keys=_MODEL_INFO_BASE,
+    lora_from_tensors_field=None,
+    destroy_group_route=True,
+    ready_route=False,
+)
+
+# Each later release is stated as what changed since the one before it.
+_P0510 = replace(
+    _P054, version="0.5.10", pause_modes=True, pause_abort_waits_for_readers=True, paused_updates_skip_lock=True,
+    waiting_abort_style="waiting_queue", waiting_abort_meta_version=True, reject_duplicate_rid=True,
+    disk_flush_cache_field=True, flush_timeout_query=True, get_weight_version="deprecated", weight_version_alias=True,
+    retraction_key="total_retractions", reasoning_tokens=True, stream_cumulative_output_ids=True,
+    model_info_route=True, model_info_keys=_MODEL_INFO_056, lora_from_tensors_field="serialized_tensors")
+_P0523 = replace(
+    _P0510, version="0.5.23", continue_torch_empty_cache=True, flush_ignores_waiting_while_paused=True,
+    post_update_flush_failure="error", weight_update_sessions=True, weight_versions_spans=True,
+    get_weight_version="gone", weight_version_alias=False, server_info_tracks_version=False,
+    retraction_key="num_retractions", model_info_keys=_MODEL_INFO_0523,
+    lora_from_tensors_field="serialized_named_tensors", ready_route=True)
+
+PROFILES: dict[str, Profile] = {p.version: p for p in (_P054, _P0510, _P0523)}
+"""Release label → its behaviour switches."""
 
 DEFAULT_PROFILE = "0.5.23"
 

@@ -24,6 +24,8 @@ from .interface import BuildEnv, Integration, LoraAdapter, Prompt, Roles, Rollou
 UPDATE_TIMEOUT_S = 20.0
 DRAIN_TIMEOUT_S = 15.0
 WAIT_TIMEOUT_S = 10.0
+STALL_S = 0.1
+"""How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
 
 
 class Unsupported(Exception):
@@ -156,19 +158,22 @@ class Run:
 
     async def until_in_flight(self, per_engine: int = 1, min_age_s: float = 0.0) -> None:
         """Wait until every engine has ``per_engine`` generates in flight (open for at least ``min_age_s``, i.e.
-        decoding by then). A producer blocked on a full buffer is freed by consuming a batch, as a trainer would."""
+        decoding by then). While that does not happen, one batch per engine is consumed every ``STALL_S``, as a
+        trainer would: a producer blocked on a full buffer restarts one group per consumed batch, so consuming one
+        at a time (or only once it went idle) can leave the engines taking turns forever, never decoding at once."""
         wire, engines = self.backend.wire, len(self.backend.urls)
-        deadline = time.monotonic() + WAIT_TIMEOUT_S
-        idle_since: float | None = None
+        start = time.monotonic()
+        deadline, stalled_since, consumed = start + WAIT_TIMEOUT_S, start, 0
         while not all(wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in range(engines)):
             now = time.monotonic()
             if now > deadline:
                 raise ScenarioTimeout(f"timed out after {WAIT_TIMEOUT_S:.0f}s waiting for {per_engine} /generate "
-                                      f"call(s) in flight on every engine (in flight: {wire.in_flight()})")
-            idle_since = (idle_since or now) if not wire.in_flight() else None
-            if idle_since is not None and now - idle_since > 0.1:
-                await self.drain(1)
-                idle_since = None
+                                      f"call(s) in flight on every engine (in flight: {wire.in_flight()}; "
+                                      f"{consumed} batch(es) consumed meanwhile to unblock the producer)")
+            if now - stalled_since > STALL_S:
+                await self.drain(engines)
+                consumed += engines
+                stalled_since = time.monotonic()
             await asyncio.sleep(0.002)
 
     async def until_producer_blocked(self, quiet_s: float = 0.1) -> None:

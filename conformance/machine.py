@@ -89,6 +89,11 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
         def rejected_update(self, transport: str) -> None:
             self.loop.run(self.run.update(transport, poison=True))
 
+        @precondition(lambda self: "disk" in caps.transports)
+        @rule()
+        def update_refused_by_one_engine(self) -> None:
+            self.loop.run(self.run.update("disk", refuse=len(self.backend.urls) - 1))
+
         @precondition(lambda self: caps.failover)
         @rule()
         def failover(self) -> None:

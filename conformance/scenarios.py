@@ -24,6 +24,15 @@ from .interface import BuildEnv, Integration, LoraAdapter, Prompt, Roles, Rollou
 UPDATE_TIMEOUT_S = 20.0
 DRAIN_TIMEOUT_S = 15.0
 WAIT_TIMEOUT_S = 10.0
+TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "disk": ("/update_weights_from_disk", {
+        "success": False, "num_paused_requests": 0,
+        "message": "Failed to update weights: CUDA out of memory (injected by the conformance suite).\n"
+                   "Rolling back to original weights."}),
+}
+"""Per transport, the endpoint and the HTTP 400 body SGLang answers when loading fails on one engine
+(``sglang-api.md`` §3.2; message from ``model_runner.update_weights_from_disk``, which rolls back). A rejected
+tensor load has no such answer: it raises in the scheduler and kills the server (see ``failing-transfer``)."""
 STALL_S = 0.1
 """How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
 
@@ -103,10 +112,13 @@ class Run:
         await asyncio.wait_for(self.roles.manager.start(), WAIT_TIMEOUT_S)
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
-                     in_flight: float | None = None) -> int | None:
+                     refuse: int | None = None, in_flight: float | None = None) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it. With ``in_flight`` the
-        cycle starts only once every engine has a generate open for that many seconds (decoding)."""
+        cycle starts only once every engine has a generate open for that many seconds (decoding). The cycle is
+        expected to fail with ``poison`` (weights every engine rejects) or ``refuse`` (that engine answers the
+        transfer with SGLang's failure, injected at the wire, while the others load the weights)."""
         transport = transport or self.transport
+        expect_failure = poison or refuse is not None
         manager, urls = self.roles.manager, self.backend.urls
         step = self.step + 1
         weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
@@ -115,6 +127,8 @@ class Run:
             self.updater.version
         if in_flight is not None:
             await self.until_in_flight(1, min_age_s=in_flight)
+        if refuse is not None:
+            self._refuse_transfer(refuse, transport)
         t0 = time.monotonic()
         returned, error = None, None
         try:
@@ -125,6 +139,10 @@ class Run:
         except Exception as exc:  # the integration's failure is data for the checkers
             error = f"{type(exc).__name__}: {exc}"
         t1 = time.monotonic()
+        unused = self.backend.wire.clear_refusals()
+        if unused:
+            self.history.errors.append(f"the injected refusal of {unused} was never used: the integration did not "
+                                       f"call that endpoint on that engine during the cycle")
         if error is None and not poison:
             self.step = step
         self.history.cycles.append(UpdateCycle(
@@ -132,13 +150,22 @@ class Run:
             pause_mode=self.scenario.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
             counter_before=counter_before, counter_after=self.updater.version, returned=returned,
             published_before=published_before, published_after=manager.weight_version,
-            labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=poison,
+            labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=expect_failure,
             trainer_digest=digest_of(weights) if weights is not None and not poison else None,
             digests_after=self.backend.digests()))
-        if error is not None and not poison:
+        if error is not None and not expect_failure:
             raise UnexpectedUpdateFailure(f"update cycle {len(self.history.cycles) - 1} ({transport}"
                                           f"{', LoRA' if lora else ''}) failed: {error}")
         return returned
+
+    def _refuse_transfer(self, engine: int, transport: str) -> None:
+        """Make ``engine`` answer this cycle's transfer the way SGLang answers a load that failed."""
+        if transport not in TRANSFER_FAILURES:
+            raise ValueError(f"no documented SGLang failure answer for the {transport} transport "
+                             f"(have {sorted(TRANSFER_FAILURES)})")
+        path, body = TRANSFER_FAILURES[transport]
+        self.backend.wire.refuse(engine, path, 400, body)
+        self.history.injected.append(Injected(time.monotonic(), "refusal", engine, f"{path} answers 400 {body}"))
 
     async def drain(self, n: int = 1) -> None:
         """Consume ``n`` batches, recording the truth at consumption."""
@@ -352,6 +379,14 @@ async def _failing_transfer(run: Run) -> None:
     await run.drain(1)
 
 
+async def _one_engine_rejects(run: Run) -> None:
+    await run.start()
+    await run.drain(1)
+    await run.update(refuse=len(run.backend.urls) - 1, in_flight=0.0)
+    await run.update()
+    await run.drain(1)
+
+
 async def _lora(run: Run) -> None:
     await run.start()
     await run.drain(1)
@@ -407,6 +442,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     replace(_BASE, name="failing-transfer", doc="an update the engines reject (wrong shape: SGLang answers 400 on disk "
             "(rolled back) and distributed; a rejected tensor update kills the server), then a good one",
             script=_failing_transfer, checks=("V2", "P5", "I6", "V1"), transport=("disk", "distributed")),
+    replace(_BASE, name="one-engine-rejects", doc="the last engine answers the transfer with SGLang's failure "
+            "(400, success: false; injected at the wire) while the others load the weights, then a good update",
+            script=_one_engine_rejects, checks=("P5", "V2", "I6", "V1", "P6"), transport=("disk",)),
     replace(_BASE, name="lora", doc="two LoRA updates while rollouts run",
             script=_lora, checks=("V1", "I1-I2", "I6"), needs={"lora": True}, full_updates=False),
     replace(_BASE, name="staleness", doc="groups buffered while three updates land; bound 1 at consumption",

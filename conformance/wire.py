@@ -4,6 +4,10 @@
 real backend it wraps a forwarding proxy. Either way the integration talks real HTTP to its URL and every
 exchange becomes a :class:`~conformance.history.WireCall`. Requests carrying the ``x-conformance-probe``
 header (the suite's own probes and injected faults) are not recorded.
+
+The recorder is also where the suite makes one engine refuse a call (:meth:`WireLog.refuse`): the answer is
+SGLang's failure answer for that endpoint, the engine never sees the request, and the exchange is recorded like
+any other. Being at the wire, the same fault works in front of fake and real engines.
 """
 
 from __future__ import annotations
@@ -42,6 +46,24 @@ class WireLog:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._refusals: dict[tuple[int, str], tuple[int, Any]] = {}
+
+    def refuse(self, engine: int, path: str, status: int, body: Any) -> None:
+        """Answer the next ``path`` call to ``engine`` with ``status``/``body`` (JSON), not forwarding it."""
+        with self._lock:
+            self._refusals[(engine, path)] = (status, body)
+
+    def take_refusal(self, engine: int, path: str) -> tuple[int, Any] | None:
+        """The pending refusal for this call, consumed; None when there is none."""
+        with self._lock:
+            return self._refusals.pop((engine, path), None)
+
+    def clear_refusals(self) -> list[tuple[int, str]]:
+        """Forget pending refusals; the (engine, path) of those no call used."""
+        with self._lock:
+            unused = sorted(self._refusals)
+            self._refusals.clear()
+            return unused
 
     def open(self, engine: int, method: str, path: str, payload: Any) -> WireCall:
         with self._lock:
@@ -93,6 +115,10 @@ class WireRecorder:
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         call = self.log.open(self.engine, scope["method"], scope["path"],
                              _decode(bytes(body), headers.get("content-type", "application/json")))
+        refusal = self.log.take_refusal(self.engine, scope["path"])
+        if refusal is not None:
+            await self._refuse(call, send, *refusal)
+            return
         replayed = False
 
         async def replay() -> dict:
@@ -122,3 +148,10 @@ class WireRecorder:
         finally:
             if call.t_end is None:
                 self.log.close(call, status, _decode(bytes(chunks), content_type) if status else None)
+
+    async def _refuse(self, call: WireCall, send: Callable, status: int, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+        await send({"type": "http.response.body", "body": raw})
+        self.log.close(call, status, body)

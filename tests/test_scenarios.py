@@ -42,3 +42,15 @@ def test_update_waits_for_every_engine_even_from_a_full_buffer() -> None:
             await run.until_producer_blocked()
 
     assert _run(script) == []
+
+
+def test_a_refusal_the_integration_never_triggers_is_reported_not_ignored() -> None:
+    """A fault that never fired must not let a scenario pass as if it had been survived."""
+
+    async def script(run: Run) -> None:
+        await run.start()
+        run.backend.wire.refuse(0, "/no_such_endpoint", 400, {"success": False})
+        await run.update()
+
+    errors = _run(script)
+    assert len(errors) == 1 and "(0, '/no_such_endpoint')" in errors[0] and "never used" in errors[0], errors

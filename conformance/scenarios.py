@@ -269,13 +269,15 @@ class Scenario:
         return caps.missing(pause_mode=self.pause_mode, **self.needs)
 
 
-def prompt_source(seed: int) -> Callable[[], Prompt]:
+def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve the task and explain.") \
+        -> Callable[[], Prompt]:
+    """A thread-safe data source: prompt ``i`` is ``template`` formatted with ``i`` and ``seed``."""
     counter, lock = itertools.count(), threading.Lock()
 
     def next_prompt() -> Prompt:
         with lock:
             i = next(counter)
-        return Prompt(i, f"Prompt {i} (seed {seed}): solve the task and explain.")
+        return Prompt(i, template.format(i=i, seed=seed))
     return next_prompt
 
 

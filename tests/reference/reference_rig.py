@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
 
+from conformance import scenarios
 from conformance.interface import BuildEnv, Integration, Prompt, Roles, RolloutConfig
 from conformance.reference import integration as reference
 from fakes.engine import FakeEngine
@@ -33,14 +32,8 @@ async def within(aw: Awaitable[T], timeout_s: float = STEP_TIMEOUT_S) -> T:
 
 
 def prompt_source() -> Callable[[], Prompt]:
-    counter, lock = itertools.count(), threading.Lock()
-
-    def next_prompt() -> Prompt:
-        with lock:
-            i = next(counter)
-        return Prompt(i, f"prompt number {i}:")
-
-    return next_prompt
+    """The suite's prompt source with a short text these tests assert on."""
+    return scenarios.prompt_source(0, template="prompt number {i}:")
 
 
 def trainer_weights(engine: FakeEngine, step: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 :class:`WireRecorder` is ASGI middleware. On the fake backend it wraps the fake engine's app in process; on a
 real backend it wraps a forwarding proxy. Either way the integration talks real HTTP to its URL and every
 exchange becomes a :class:`~conformance.history.WireCall`. Requests carrying the ``x-conformance-probe``
-header (the suite's own probes and injected faults) are not recorded.
+header (the suite's own probes and the aborts it injects) are not recorded.
 
 The recorder is also where the suite makes one engine refuse a call (:meth:`WireLog.refuse`): the answer is
 SGLang's failure answer for that endpoint, the engine never sees the request, and the exchange is recorded like

@@ -2,7 +2,8 @@
 
 Each mutant reintroduces one real bug (seeds and docs/rl-frameworks.md); the conformance scenarios checked for the
 invariants it breaks run against it, exactly as ``pytest --integration conformance.mutants:<name>`` would run
-them, and must fail the expected invariant with a witness. The mutation table (mutant → cases that killed it) is printed at the end of the run.
+them, and must fail the expected invariant with a witness. The mutation table (mutant → cases that killed it)
+is printed at the end of the run.
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ class Backend(Protocol):
     def initial_weights(self) -> Mapping[str, Any]:
         """The weights the engines start with (``torch.Tensor`` by name): the trainer's step 0."""
 
-    def digests(self) -> list[str] | None:
-        """Digest of the weights each engine holds (same digest function as ``digest_of``), or None."""
+    def digests(self) -> list[dict[str, str]] | None:
+        """Per engine, parameter name → digest of the tensor it holds (``fakes.weights.TensorBlob.digest``, the
+        function ``digest_of`` uses), or None when the backend cannot read the engines' weights."""
 
     def truth(self) -> dict[str, Any]:
         """Engine-side truth for the history (event logs), or {}."""
@@ -125,15 +126,15 @@ class FakeBackend:
     def initial_weights(self) -> Mapping[str, Any]:
         return {name: blob.to_torch() for name, blob in self._engines[0].weights.items()}
 
-    def digests(self) -> list[str] | None:
-        return [e.weights.digest() for e in self._engines]
+    def digests(self) -> list[dict[str, str]] | None:
+        return [{name: blob.digest() for name, blob in e.weights.items()} for e in self._engines]
 
     def truth(self) -> dict[str, Any]:
         return {"engine_events": [e.events.to_list() for e in self._engines]}
 
 
-def digest_of(weights: Mapping[str, Any]) -> str:
-    """Digest of trainer tensors, comparable with ``FakeBackend.digests``."""
-    from fakes.weights import TensorBlob, weights_digest
+def digest_of(weights: Mapping[str, Any]) -> dict[str, str]:
+    """Parameter name → digest of the trainer's tensor, comparable with ``Backend.digests``."""
+    from fakes.weights import TensorBlob
 
-    return weights_digest({name: TensorBlob.from_torch(t) for name, t in weights.items()})
+    return {name: TensorBlob.from_torch(t).digest() for name, t in weights.items()}

@@ -77,9 +77,10 @@ class UpdateCycle:
     labels_after: list[str | None]
     expect_failure: bool = False
     """The scenario deliberately pushed weights the engines must reject."""
-    trainer_digest: str | None = None
-    digests_after: list[str] | None = None
-    """Engine weights digests after the cycle (fake backend only)."""
+    trainer_digest: dict[str, str] | None = None
+    """Parameter name → digest of what the trainer pushed (full-weight updates)."""
+    digests_after: list[dict[str, str]] | None = None
+    """Per engine, parameter name → digest of what it holds after the cycle (backends that can read weights)."""
 
 
 @dataclass

@@ -170,9 +170,16 @@ def test_version_going_backwards_on_failover_fails():
 
 
 def test_weights_match_uses_digests_when_the_backend_has_them():
-    assert check("P6", history(cycles=[cycle(digest="abc", digests=["abc"])])).passed
-    assert check("P6", history(cycles=[cycle(digest="abc", digests=["abd"])])).status == "fail"
+    pushed = {"w": "abc", "b": "123"}
+    assert check("P6", history(cycles=[cycle(digest=pushed, digests=[dict(pushed)])])).passed
+    v = check("P6", history(cycles=[cycle(digest=pushed, digests=[{"w": "abd", "b": "123"}])]))
+    assert v.status == "fail" and "['w']" in v.witness[0] and "1 of 2" in v.witness[0], v.explain()
     assert check("P6", history(cycles=[cycle()])).status == "unknown"
+
+
+def test_weights_match_names_a_parameter_the_engine_does_not_have():
+    v = check("P6", history(cycles=[cycle(digest={"w": "abc", "model.w": "9"}, digests=[{"w": "abc"}])]))
+    assert v.status == "fail" and "['model.w']" in v.witness[0] and "does not have" in v.witness[0], v.explain()
 
 
 # -- S2 / S3 ---------------------------------------------------------------------------------------------

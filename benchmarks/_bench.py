@@ -30,7 +30,7 @@ def machine() -> str:
 
 def new_loop() -> asyncio.AbstractEventLoop:
     """The loop the fakes use (uvloop when installed)."""
-    from fakes.server import new_event_loop
+    from fakes.serving import new_event_loop
 
     return new_event_loop()
 

@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable
 import _bench
 
 from fakes import FakeEngine, LoopbackServer
-from fakes.__main__ import hello_world_app
+from fakes.cli import hello_world_app
 
 CONCURRENCY = 64
 TOKENS_PER_SECOND = 1000.0  # default of --tokens-per-second

@@ -17,7 +17,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 from . import weights as W
 from .asgi import Reply
@@ -26,6 +26,7 @@ from .events import EventLog
 from .faults import Fault, FaultPlan
 from .profiles import DEFAULT_PROFILE, Profile, get_profile
 from .scheduler import Request, Scheduler, StepResult, encode_text
+from .served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model
 
 PAUSED_BODY = {"message": "Generation paused successfully.", "status": "ok"}
 CONTINUED_BODY = {"message": "Generation continued successfully.", "status": "ok"}
@@ -46,7 +47,7 @@ WEIGHT_VERSION_DEPRECATED = {  # 0.5.10–0.5.16, spec §5
     "param": None,
     "code": 404,
 }
-DEFAULT_MODEL_PATH = "fake-sglang/tiny-llama"
+DEFAULT_MODEL_PATH = BUILTIN_MODEL_PATH
 HEALTH_RID_PREFIX = "HEALTH_CHECK_"
 # uuid.UUID(int=..., version=4): variant RFC 4122 (bits 62-63 = 10), version 4 (bits 76-79 = 0100)
 _UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64)) & ((1 << 128) - 1)
@@ -237,6 +238,16 @@ class FakeEngine:
         weight_version: str = "default",
         group_timeout_s: float = 60.0,
         trace_tokens: bool = False,
+        model: ServedModel | None = None,
+        tokenizer_path: str | None = None,
+        served_model_name: str | None = None,
+        skip_tokenizer_init: bool = False,
+        max_lora_rank: int | None = None,
+        lora_target_modules: Sequence[str] | None = None,
+        load_format: str = "auto",
+        server_args: Mapping[str, Any] | None = None,
+        starting: bool = False,
+        strict_weights: bool = False,
     ) -> None:
         if tokens_per_second is not None and tokens_per_second <= 0:
             raise ValueError(f"tokens_per_second must be > 0 or None (manual clock), got {tokens_per_second}")
@@ -263,9 +274,23 @@ class FakeEngine:
             engine_id=engine_id,
             trace_tokens=trace_tokens,
         )
-        self.weights: W.WeightStore = self._initial_weights(weights, seed)
-        self.model_path = model_path or DEFAULT_MODEL_PATH
-        self.tokenizer_path = self.model_path
+        if model is not None and weights is not None:
+            raise ValueError("pass model= or weights=, not both")
+        if model is None:
+            model = builtin_model(seed) if weights is None else ServedModel(
+                model_path or DEFAULT_MODEL_PATH, self._initial_weights(weights, seed), dict(W.TINY_CONFIG))
+        self.model = model
+        self.weights: W.WeightStore = model.weights
+        self.model_path = model_path or model.path
+        self.tokenizer_path = tokenizer_path or self.model_path
+        self.served_model_name = served_model_name or self.model_path
+        self.skip_tokenizer_init = skip_tokenizer_init
+        self.max_lora_rank = max_lora_rank
+        self.lora_target_modules = tuple(lora_target_modules) if lora_target_modules else None
+        self.load_format = load_format
+        self.strict_weights = strict_weights  # refuse unknown names / partial checkpoints (SGLang skips, loads)
+        self.server_args = dict(server_args or {})  # the launch flags (python -m fakes.launch_server)
+        self.server_status = "Starting" if starting else "Up"  # TokenizerManager.server_status
         self.weight_version = weight_version  # tokenizer-side label (/model_info, ≤0.5.16 meta_info)
         self.startup_weight_version = weight_version
         self.crashed = False
@@ -609,6 +634,10 @@ class FakeEngine:
         text, input_ids = obj.get("text"), obj.get("input_ids")
         if (text is None) == (input_ids is None):
             raise ValueError("Either text, input_ids or input_embeds should be provided.")
+        if text is not None and self.skip_tokenizer_init:  # tokenizer_manager._tokenize_one_request
+            raise ValueError(
+                "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide "
+                "input_ids or re-initialize the engine with skip_tokenizer_init=False.")
         if text is not None:
             is_batch = isinstance(text, list)
             prompts = [encode_text(t) for t in (text if is_batch else [text])]
@@ -796,7 +825,7 @@ class FakeEngine:
     async def health(self) -> Reply:
         """``/health``, ``/health_generate``: a 1-token probe; 200 once any scheduler output arrives after
         the check started, 503 after ``health_check_timeout_s`` of engine time (spec §7.2)."""
-        if self.dead:
+        if self.dead or self.server_status == "Starting":  # 503 until the warmup request succeeded
             return Reply(503)
         start = self._outputs
         self._health_checks += 1
@@ -1145,10 +1174,10 @@ class FakeEngine:
             "weight_version": self.weight_version,
             "has_image_understanding": False,
             "has_audio_understanding": False,
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "served_model_name": self.model_path,
-            "load_format": "auto",
+            "model_type": self.model.model_type,
+            "architectures": self.model.architectures,
+            "served_model_name": self.served_model_name,
+            "load_format": self.load_format,
             "reasoning_parser": None,
             "tool_call_parser": None,
             "disaggregation_mode": "null",
@@ -1160,15 +1189,19 @@ class FakeEngine:
         ≤0.5.16 and is the startup value on 0.5.23 (spec §5, code-read)."""
         tracked = self.profile.server_info_tracks_version
         return {
+            **self.server_args,
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
+            "served_model_name": self.served_model_name,
+            "skip_tokenizer_init": self.skip_tokenizer_init,
+            "dtype": self.server_args.get("dtype", "auto"),
             "weight_version": self.weight_version if tracked else self.startup_weight_version,
             "max_running_requests": self.scheduler.max_running_requests,
             "enable_lora": self.enable_lora,
             "max_loaded_loras": self.max_loras,
             "tp_size": 1,
             "dp_size": 1,
-            "load_format": "auto",
+            "load_format": self.load_format,
             "internal_states": [{"paused": self.scheduler.paused, "num_running_reqs": len(self.scheduler.running)}],
             "version": self.profile.version,
         }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Literal
 
 FaultKind = Literal["latency", "error", "hang", "crash", "flush_fail"]
@@ -83,8 +83,27 @@ class FaultPlan:
 
     @classmethod
     def from_dicts(cls, faults: Iterable[dict[str, Any]], seed: int = 0) -> FaultPlan:
-        """Build a plan from plain dicts (e.g. parsed from a CLI JSON argument)."""
-        return cls([Fault(**f) for f in faults], seed=seed)
+        """Build a plan from plain dicts (e.g. parsed from a CLI JSON argument); ValueError says what is wrong."""
+        if not isinstance(faults, (list, tuple)):
+            raise ValueError(f"a fault plan is a list of objects, got {type(faults).__name__}")
+        known = [f.name for f in fields(Fault)]
+        plan = []
+        for i, item in enumerate(faults):
+            if not isinstance(item, dict):
+                raise ValueError(f"fault {i} must be an object, got {type(item).__name__}")
+            unknown = sorted(set(item) - set(known))
+            if unknown:
+                raise ValueError(f"fault {i}: unknown field(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+            missing = [k for k in ("endpoint", "kind") if k not in item]
+            if missing:
+                raise ValueError(f"fault {i}: missing field(s) {', '.join(map(repr, missing))}")
+            try:
+                plan.append(Fault(**item))
+            except TypeError as e:  # a comparison on a value of the wrong type
+                raise ValueError(f"fault {i}: a field has the wrong type ({e})") from None
+            except ValueError as e:
+                raise ValueError(f"fault {i}: {e}") from None
+        return cls(plan, seed=seed)
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [f.to_dict() for f in self.faults]

@@ -20,7 +20,6 @@ import collections
 import concurrent.futures
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -29,134 +28,19 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-ASGIApp = Callable[..., Any]
+from .serving import (  # noqa: F401  (re-exported: the server stack used to live here)
+    DEFAULT_STOP_TIMEOUT,
+    ASGIApp,
+    _has_module,
+    bind_loopback,
+    http_url,
+    make_uvicorn_server,
+    new_event_loop,
+    terminate,
+    uvicorn_config,
+)
 
 DEFAULT_START_TIMEOUT = 15.0
-DEFAULT_STOP_TIMEOUT = 5.0
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A fresh event loop: uvloop's when it is installed, else asyncio's."""
-    if _has_module("uvloop"):
-        import uvloop
-
-        return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
-
-
-def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: float = DEFAULT_STOP_TIMEOUT) -> Any:
-    """The uvicorn config every fake server uses: fast parser when installed, quiet, no access log, and no
-    X-Forwarded-* rewriting middleware (the fakes never read the client address)."""
-    import uvicorn
-
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop" if _has_module("uvloop") else "asyncio",
-        http="httptools" if _has_module("httptools") else "h11",
-        ws="none",
-        lifespan="auto",
-        log_level="warning",
-        access_log=False,
-        proxy_headers=False,
-        timeout_graceful_shutdown=graceful_timeout,
-        timeout_keep_alive=5,
-    )
-
-
-def bind_loopback(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A TCP socket bound to host:port (port 0: the OS picks), ready for uvicorn's `serve(sockets=[...])`."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.set_inheritable(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def make_uvicorn_server(config: Any, ready: threading.Event | None = None,
-                        on_started: Callable[[Any], None] | None = None) -> Any:
-    """A `uvicorn.Server` that never touches process signals (its owner handles them).
-
-    `.ready` (a threading.Event) is set once startup is over, listening or failed; `on_started(server)` is
-    called in the server's loop right after it.
-    """
-    import contextlib
-
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            try:
-                await super().startup(sockets=sockets)
-            finally:
-                self.ready.set()
-                if on_started is not None:
-                    on_started(self)
-
-        def capture_signals(self) -> Any:  # uvicorn >= 0.29 would re-raise SIGTERM after serving
-            return contextlib.nullcontext()
-
-        async def main_loop(self) -> None:
-            """uvicorn's loop (a tick every 0.1 s), but woken at once by `request_exit`."""
-            self._wake = asyncio.Event()
-            counter = 0
-            should_exit = await self.on_tick(counter)
-            while not should_exit:
-                counter = (counter + 1) % 864000
-                try:
-                    await asyncio.wait_for(self._wake.wait(), 0.1)
-                except asyncio.TimeoutError:
-                    pass
-                should_exit = await self.on_tick(counter)
-
-        def request_exit(self, loop: asyncio.AbstractEventLoop | None = None, force: bool = False) -> None:
-            """Ask the server to stop (from any thread when `loop` is its loop)."""
-            self.should_exit = True
-            self.force_exit = self.force_exit or force
-            wake = getattr(self, "_wake", None)
-            if wake is None:
-                return
-            if loop is None:
-                wake.set()
-            elif not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(wake.set)
-                except RuntimeError:  # the loop closed meanwhile
-                    pass
-
-        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
-            return None
-
-    server = _Server(config)
-    server.ready = ready if ready is not None else threading.Event()
-    return server
-
-
-def terminate(proc: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM, wait up to ``timeout``, then SIGKILL: a child process never outlives its owner's stop()."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5.0)
 
 
 class LoopbackServer:
@@ -301,7 +185,7 @@ class LoopbackServer:
             error = self._thread_error
             self._stop_thread()
             raise RuntimeError(f"uvicorn failed to start on port {port}: {error!r}") from error
-        self.urls = [_url(self.host, port)]
+        self.urls = [http_url(self.host, port)]
 
     async def _serve(self, ready: threading.Event) -> None:
         app = self.factory() if self.factory is not None else self.app
@@ -329,7 +213,7 @@ class LoopbackServer:
     # -------------------------------------------------------------------------------------------- process
 
     def _expected_urls(self) -> int:
-        from .__main__ import build_parser
+        from .cli import build_parser
 
         args = build_parser().parse_args(self.cli_args)
         return args.engines + (1 if args.router else 0)
@@ -505,7 +389,7 @@ class RealRouterProcess:
                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
         reader = threading.Thread(target=_pump, args=(self.process.stdout, self._output.append), daemon=True)
         reader.start()
-        self.url = _url(self.host, port)
+        self.url = http_url(self.host, port)
         deadline = _Deadline(self.start_timeout)
         while True:  # poll readiness until every worker is registered and healthy (bounded)
             if self.process.poll() is not None:

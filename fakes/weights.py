@@ -73,6 +73,7 @@ __all__ = [
     "weights_digest",
     "tiny_model",
     "TINY_SPEC",
+    "TINY_CONFIG",
     "perturbed",
     "encode_safetensors",
     "decode_safetensors",
@@ -522,7 +523,7 @@ def _tiny_spec() -> dict[str, tuple[str, tuple[int, ...]]]:
 TINY_SPEC: dict[str, tuple[str, tuple[int, ...]]] = _tiny_spec()
 
 #: the ``config.json`` written next to a tiny checkpoint (a 2-layer Llama).
-_TINY_CONFIG = {
+TINY_CONFIG = _TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": _HIDDEN,

@@ -10,8 +10,11 @@ How: `pip download sglang==X --no-deps` (a wheel is a zip; it is never installed
 `http_worker_ipc` from `BaseReq`) are resolved in. For every route: path, methods, the body struct (if any),
 whether the body is required, and simple query parameters.
 
-    python scripts/snapshot_io_structs.py                       # 0.5.4 0.5.10 0.5.23 into fakes/snapshots/
-    python scripts/snapshot_io_structs.py --versions 0.5.10 --wheel-dir /tmp/wheels --out fakes/snapshots
+    python scripts/snapshot_io_structs.py                       # 0.5.4 0.5.10 0.5.15 0.5.23 into fakes/snapshots/
+    python scripts/snapshot_io_structs.py --versions 0.5.15=0.5.15.post1 --wheel-dir /tmp/wheels --out fakes/snapshots
+
+A version is `VERSION` or `LABEL=VERSION`: the snapshot is named by the label (the fake's profile, e.g. `0.5.15`) and
+records the exact release it was read from (`0.5.15.post1`, the build a major framework pins).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
-DEFAULT_VERSIONS = ("0.5.4", "0.5.10", "0.5.23")
+DEFAULT_VERSIONS = ("0.5.4", "0.5.10", "0.5.15=0.5.15.post1", "0.5.23")
 
 # The request structs the fake serves (or may serve). Names are SGLang's own: the disk struct is
 # `UpdateWeightFromDiskReqInput` (singular "Weight"), the others are `UpdateWeights...`.
@@ -73,6 +76,11 @@ def download_wheel(version: str, wheel_dir: Path) -> Path:
     if not found:
         raise SystemExit(f"pip download sglang=={version} produced no wheel in {wheel_dir}")
     return found[0]
+
+
+def parse_versions(specs: list[str]) -> list[tuple[str, str]]:
+    """`["0.5.15=0.5.15.post1", "0.5.23"]` → `[("0.5.15", "0.5.15.post1"), ("0.5.23", "0.5.23")]` (label, version)."""
+    return [tuple(spec.split("=", 1)) if "=" in spec else (spec, spec) for spec in specs]  # type: ignore[misc]
 
 
 def read_from_wheel(wheel: Path, member: str) -> str | None:
@@ -370,7 +378,7 @@ def _raises_404(fn: ast.AST) -> bool:
 # ----------------------------------------------------------------------------------------------- main
 
 
-def snapshot(version: str, wheel: Path) -> dict[str, Any]:
+def snapshot(version: str, wheel: Path, label: str | None = None) -> dict[str, Any]:
     io_source = read_from_wheel(wheel, IO_STRUCT)
     http_source = read_from_wheel(wheel, HTTP_SERVER)
     if io_source is None or http_source is None:
@@ -380,6 +388,7 @@ def snapshot(version: str, wheel: Path) -> dict[str, Any]:
     used_aliases, external = collect_aliases(structs, aliases, imported)
     return {
         "sglang_version": version,
+        "label": label or version,
         "wheel": wheel.name,
         "source": IO_STRUCT,
         "routes_source": HTTP_SERVER,
@@ -394,7 +403,8 @@ def snapshot(version: str, wheel: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", nargs="+", default=list(DEFAULT_VERSIONS))
+    parser.add_argument("--versions", nargs="+", default=list(DEFAULT_VERSIONS),
+                        help="releases, as VERSION or LABEL=VERSION (e.g. 0.5.15=0.5.15.post1)")
     parser.add_argument("--wheel-dir", type=Path, default=None, help="where wheels are (or are downloaded to)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "fakes" / "snapshots")
     args = parser.parse_args(argv)
@@ -402,10 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         wheel_dir = args.wheel_dir or Path(tmp)
         wheel_dir.mkdir(parents=True, exist_ok=True)
-        for version in args.versions:
+        for label, version in parse_versions(args.versions):
             wheel = download_wheel(version, wheel_dir)
-            data = snapshot(version, wheel)
-            path = args.out / f"io_struct-{version}.json"
+            data = snapshot(version, wheel, label)
+            path = args.out / f"io_struct-{label}.json"
             path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
             print(f"{path}: {len(data['structs'])} structs, {len(data['endpoints'])} routes, "
                   f"missing {data['missing_structs']}")

@@ -147,3 +147,36 @@ def test_bad_arguments_fail_fast() -> None:
     out = subprocess.run([sys.executable, "-m", "fakes", "--profile", "9.9.9"], cwd=REPO, capture_output=True,
                          text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--faults", '[{"bad": 1}]'], "--faults: not a valid fault plan (fault 0: unknown field(s) 'bad'"),
+        (["--faults", "{"], "--faults: not a valid fault plan"),
+        (["--faults", '[{"endpoint": "/x", "kind": "latency", "latency_s": "slow"}]'], "wrong type"),
+        (["--faults", '[{"endpoint": "/x", "kind": "boom"}]'], "unknown fault kind 'boom'"),
+        (["--engines", "0"], "--engines must be >= 1, got 0"),
+        (["--tokens-per-second", "-1"], "--tokens-per-second must be > 0"),
+        (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+    ],
+)
+def test_bad_input_is_a_one_line_usage_error(capsys, argv, message) -> None:
+    from fakes.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_taken_port_is_a_one_line_error(capsys) -> None:
+    from fakes.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(SystemExit) as exc:
+            main(["--port", str(taken.getsockname()[1])])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "cannot serve on 127.0.0.1" in err and err.count("\n") == 1, err

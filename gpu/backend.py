@@ -1,0 +1,268 @@
+"""``RayBackend``: the suite's engines as processes supervised by Ray actors spread over ``nodes`` nodes.
+
+It implements ``conformance.backends.Backend``. Each engine is an :class:`gpu.engine.EngineActor` placed by
+:func:`gpu.placement.place_engines`, running ``python -m sglang.launch_server ARGS`` (``-m gpu``) or the fake with
+the same ARGS (``-m cpu``); the integration talks real HTTP to a :class:`gpu.proxy.RecordingProxy` per engine in
+the driver, so every scenario, injected fault and checker runs unchanged. Engine-side truth comes only from what
+real SGLang shows: the weights each engine holds, read through ``/get_weights_by_name`` (:mod:`gpu.weights`).
+
+A monitor thread asks every actor for its status while the backend runs. When an actor dies (its node was lost) or
+its engine process exits, the backend records a failure naming the engine, its node, what the integration had in
+flight with it (from the wire log) and the last log tail it saw, makes that engine's proxy answer 502 with that
+reason, and :meth:`RayBackend.stop` raises :class:`EngineFailure` after tearing everything down: a run that broke
+fails with the reason, it never passes and never hangs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from conformance.wire import WireLog
+
+from .launch import FAKE, SGLANG, EngineSpec
+from .weights import parameter_specs, read_all_digests, served_weights
+
+MONITOR_INTERVAL_S = 0.25
+STATUS_TIMEOUT_S = 5.0
+UNRESPONSIVE_POLLS = 3
+"""Consecutive status calls without an answer after which an engine's actor counts as lost."""
+
+
+class EngineFailure(RuntimeError):
+    """An engine was lost, died or never became healthy; the message says which, where, and what was going on."""
+
+
+@dataclass
+class RayBackendConfig:
+    """What the Ray backend starts: ``engines`` engines of ``spec`` over ``nodes`` nodes, running ``program``."""
+
+    spec: EngineSpec
+    engines: int = 2
+    nodes: int = 2
+    program: tuple[str, ...] = SGLANG
+    resources_per_engine: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1, "GPU": 1})
+    health_timeout_s: float = 600.0
+    """Real SGLang loads the model and captures kernels before /health answers: minutes on a cold node."""
+    profile: str = "0.5.23"
+    """The SGLang release the engines are (a label on real SGLang; the fake is told with its own flag)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the engine processes."""
+    digest_timeout_s: float = 60.0
+    sentinel_tokens: int = 2048
+    """Decode budget of the suite's long-lived requests: they must outlive an update cycle and still end on their
+    own (a real engine's decode speed is not known in advance; the tiny model's context holds 4096 tokens)."""
+
+
+def fake_config(model_path: str | Path, *, engines: int = 2, nodes: int = 2, profile: str = "0.5.23",
+                tokens_per_second: float = 2000.0, enable_lora: bool = True, seed: int = 0,
+                health_timeout_s: float = 30.0, sentinel_seconds: float = 3.0) -> RayBackendConfig:
+    """The CPU variant: the fake in each actor, same ARGS, on logical CPUs only."""
+    spec = EngineSpec(model_path=str(model_path), enable_lora=enable_lora, random_seed=seed,
+                      fake_args=("--fake-profile", profile, "--fake-tokens-per-second", str(tokens_per_second)))
+    return RayBackendConfig(spec, engines=engines, nodes=nodes, program=FAKE, resources_per_engine={"CPU": 1},
+                            health_timeout_s=health_timeout_s, profile=profile,
+                            sentinel_tokens=int(sentinel_seconds * tokens_per_second))
+
+
+@functools.lru_cache(maxsize=4)
+def _checkpoint(model_path: str, mtime_ns: int) -> tuple[dict[str, Any], dict[str, tuple[str, tuple[int, ...]]]]:
+    weights = served_weights(Path(model_path))
+    return weights, parameter_specs(weights)
+
+
+def checkpoint(model_path: str) -> tuple[dict[str, Any], dict[str, tuple[str, tuple[int, ...]]]]:
+    """The weights an engine serving ``model_path`` holds at start, and their (dtype, shape); read once per version
+    of the model directory."""
+    return _checkpoint(model_path, os.stat(model_path).st_mtime_ns)
+
+
+@dataclass
+class _Engine:
+    index: int
+    actor: Any
+    info: dict[str, Any] = field(default_factory=dict)
+    proxy: Any = None
+    last_status: dict[str, Any] = field(default_factory=dict)
+    unanswered: int = 0
+    failure: str | None = None
+
+
+class RayBackend:
+    """Engines as processes in Ray actors over distinct nodes, each behind a recording proxy in the driver.
+
+    The driver must be connected to Ray (:func:`gpu.cluster.connect` or :func:`gpu.cluster.local_cluster`)."""
+
+    name = "ray"
+
+    def __init__(self, config: RayBackendConfig) -> None:
+        self.config = config
+        self.profile = config.profile
+        self.sentinel_tokens = config.sentinel_tokens
+        self.wire = WireLog()
+        self.urls: list[str] = []
+        self.placement: Any = None
+        self._engines: list[_Engine] = []
+        self._t0 = time.monotonic()
+        self._stopping = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- Backend -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import ray
+
+        from .engine import EngineActor
+        from .placement import place_engines
+        from .proxy import RecordingProxy
+
+        c = self.config
+        self._t0 = time.monotonic()
+        self.placement = place_engines(c.engines, c.nodes, c.resources_per_engine)
+        actor_cls = ray.remote(EngineActor)
+        resources = dict(c.resources_per_engine)
+        try:
+            for i in range(c.engines):
+                actor = actor_cls.options(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
+                                          scheduling_strategy=self.placement.strategy(i), max_restarts=0,
+                                          ).remote(c.spec, c.program, dict(c.env), f"engine-{i}")
+                self._engines.append(_Engine(i, actor))
+            starts = [e.actor.start.remote(c.health_timeout_s) for e in self._engines]
+            errors = []
+            for engine, ref in zip(self._engines, starts):
+                try:
+                    engine.info = ray.get(ref, timeout=c.health_timeout_s + 60.0)
+                except Exception as exc:  # the actor's EngineStartError, or its death
+                    errors.append(f"engine {engine.index} did not start: {_cause(exc)}")
+            if errors:
+                raise EngineFailure("\n".join(errors))
+            for e in self._engines:
+                e.proxy = RecordingProxy(e.info["url"], e.index, self.wire).start()
+            self.urls = [e.proxy.url for e in self._engines]
+        except BaseException:
+            self._teardown()
+            raise
+        self._monitor = threading.Thread(target=self._watch, name="ray-backend-monitor", daemon=True)
+        self._monitor.start()
+
+    def stop(self) -> None:
+        """Tear everything down; then raise :class:`EngineFailure` if an engine failed while the backend ran."""
+        self._teardown()
+        failures = [e.failure for e in self._engines if e.failure]
+        if failures:
+            raise EngineFailure("\n\n".join(failures))
+
+    def initial_weights(self) -> Mapping[str, Any]:
+        return dict(checkpoint(self.config.spec.model_path)[0])
+
+    def digests(self) -> list[dict[str, str]] | None:
+        params = checkpoint(self.config.spec.model_path)[1]
+        return read_all_digests([e.info["url"] for e in self._engines], params, self.config.digest_timeout_s)
+
+    def truth(self) -> dict[str, Any]:
+        return {}
+
+    # -- what the backend knows about its engines -------------------------------------------------------------
+
+    def engine_nodes(self) -> list[str]:
+        """Each engine's node id as its actor reported it from Ray's runtime context."""
+        return [e.info["node_id"] for e in self._engines]
+
+    def engine_info(self) -> list[dict[str, Any]]:
+        return [dict(e.info) for e in self._engines]
+
+    def failures(self) -> list[str]:
+        with self._lock:
+            return [e.failure for e in self._engines if e.failure]
+
+    # -- supervision ----------------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        import ray
+
+        while not self._stopping.wait(MONITOR_INTERVAL_S):
+            live = [e for e in self._engines if e.failure is None]
+            refs = {e.index: e.actor.status.remote() for e in live}
+            for e in live:
+                try:
+                    status = ray.get(refs[e.index], timeout=STATUS_TIMEOUT_S)
+                except ray.exceptions.GetTimeoutError:
+                    e.unanswered += 1
+                    if e.unanswered >= UNRESPONSIVE_POLLS:
+                        self._fail(e, f"its actor answered no status call for {UNRESPONSIVE_POLLS} polls")
+                    continue
+                except ray.exceptions.RayActorError as exc:
+                    if not self._stopping.is_set():
+                        self._fail(e, f"its actor died ({type(exc).__name__}): the node was lost or the actor "
+                                      f"was killed ({_first_line(exc)})")
+                    continue
+                e.unanswered, e.last_status = 0, status
+                if status["returncode"] is not None and not self._stopping.is_set():
+                    self._fail(e, f"its server process exited with code {status['returncode']}")
+
+    def _fail(self, e: _Engine, what: str) -> None:
+        with self._lock:
+            if e.failure is not None:
+                return
+            when = time.monotonic() - self._t0
+            e.failure = (f"engine {e.index} (node {e.info.get('node_id', '?')} at {e.info.get('node_ip', '?')}, "
+                         f"server {e.info.get('url', '?')}, pid {e.info.get('pid', '?')}) failed at "
+                         f"t={when:.2f}s: {what}.\n"
+                         f"The integration was doing: {self._activity(e.index)}\n"
+                         f"{e.last_status.get('log_tail', '(no log seen: the engine failed before its first status)')}")
+        if e.proxy is not None:
+            e.proxy.proxy.fail(e.failure.splitlines()[0])
+
+    def _activity(self, engine: int) -> str:
+        """The calls the integration had open with ``engine`` and the last one it completed (from the wire)."""
+        now = time.monotonic()
+        calls = [c for c in self.wire.snapshot() if c.engine == engine]
+        ages: dict[str, list[float]] = {}
+        for c in calls:
+            if c.t_end is None:
+                ages.setdefault(f"{c.method} {c.path}", []).append(now - c.t_start)
+        open_calls = [f"{k} (open {v[0]:.2f}s)" if len(v) == 1 else f"{len(v)} x {k} (oldest open {max(v):.2f}s)"
+                      for k, v in ages.items()]
+        done = [c for c in calls if c.t_end is not None]
+        last = (f"last completed: {done[-1].method} {done[-1].path} -> {done[-1].status}" if done
+                else "no call completed")
+        return (", ".join(open_calls) or "nothing in flight") + f"; {last}"
+
+    def _teardown(self) -> None:
+        import ray
+
+        self._stopping.set()
+        if self._monitor is not None:
+            self._monitor.join(STATUS_TIMEOUT_S + 2.0)
+        for e in self._engines:
+            if e.proxy is not None:
+                e.proxy.stop()
+        stops = [(e, e.actor.stop.remote()) for e in self._engines if e.failure is None]
+        for e, ref in stops:
+            try:
+                ray.get(ref, timeout=30.0)
+            except Exception:  # already gone: killing the actor below ends its process (death signal)
+                pass
+        for e in self._engines:
+            ray.kill(e.actor, no_restart=True)
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
+        self.urls = []
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _cause(exc: BaseException) -> str:
+    """The message of an actor's exception without Ray's traceback wrapping."""
+    cause = getattr(exc, "cause", None)
+    return str(cause) if cause is not None else f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,187 @@
+"""One engine server process, launched and supervised on the machine it runs on (inside a Ray actor, or directly).
+
+:class:`EngineProcess` picks a free port on its host, starts ``python PROGRAM ARGS`` (:mod:`gpu.launch`) with its
+output in a log file, waits for ``GET /health`` to answer 200 within a deadline (failing early, with the log's
+tail, when the process exits first), and always tears the whole process group down. The process also dies with
+its parent (``PR_SET_PDEATHSIG``, Linux): when the Ray actor holding it dies, or its node's processes are killed,
+no engine is left behind. :class:`EngineActor` is the same object as a Ray actor (``ray.remote(EngineActor)``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .launch import SGLANG, EngineSpec, launch_command
+
+LOG_TAIL_BYTES = 4000
+STOP_TIMEOUT_S = 10.0
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not become healthy; the message carries its command line and the tail of its log."""
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` right now (the OS picks it; the engine binds it right after)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+_PR_SET_PDEATHSIG = 1
+_LIBC: Any = None
+if sys.platform.startswith("linux"):
+    try:
+        _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        _LIBC = None
+
+
+def _die_with_parent(parent: int) -> Any:
+    """A ``preexec_fn``: SIGKILL this child when the thread that forked it dies (Linux), and never outlive a parent
+    that died before the flag was set."""
+    def arm() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+    return arm
+
+
+class EngineProcess:
+    """Launches and supervises one engine server process (``program`` plus :func:`gpu.launch.launch_args`)."""
+
+    def __init__(self, spec: EngineSpec, program: Sequence[str] = SGLANG, host: str = "127.0.0.1",
+                 env: Mapping[str, str] | None = None, log_dir: str | None = None, name: str = "engine") -> None:
+        self.spec, self.program, self.host, self.name = spec, tuple(program), host, name
+        self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        self.log_path = Path(tempfile.mkdtemp(prefix=f"weightsync-{name}-", dir=log_dir)) / "engine.log"
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+        self.command: list[str] = []
+
+    def start(self, health_timeout_s: float) -> str:
+        """Launch and wait until ``/health`` answers 200; the engine's URL. Raises :class:`EngineStartError` (the
+        process torn down) when it exits first or is not healthy by the deadline."""
+        if self.process is not None:
+            raise RuntimeError(f"{self.name} is already started")
+        port = free_port(self.host)
+        self.url = url_of(self.host, port)
+        self.command = launch_command(self.spec, self.host, port, self.program)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                                            preexec_fn=_die_with_parent(os.getpid()))
+        try:
+            self._wait_healthy(health_timeout_s)
+        except EngineStartError:
+            self.stop()
+            raise
+        return self.url
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise EngineStartError(f"{self.name} exited with code {code} before /health answered 200 "
+                                       f"({self.describe()})\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2.0) as r:
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+            except (OSError, urllib.error.URLError) as exc:
+                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+            if time.monotonic() > deadline:
+                raise EngineStartError(f"{self.name} did not answer 200 on /health within {timeout_s:.0f}s "
+                                       f"(last: {last}; {self.describe()})\n{self.log_tail()}")
+            try:  # the pause between probes ends early when the process exits
+                self.process.wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def describe(self) -> str:
+        pid = self.process.pid if self.process is not None else None
+        return f"pid {pid}, {self.url}, log {self.log_path}, command: {' '.join(self.command)}"
+
+    def log_tail(self, nbytes: int = LOG_TAIL_BYTES) -> str:
+        """The end of the engine's log (stdout and stderr)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
+                text = f.read().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"(log unreadable: {exc})"
+        return "--- engine log tail ---\n" + (text if text.strip() else "(empty)")
+
+    def status(self) -> dict[str, Any]:
+        """``returncode`` (None while running), ``pid``, ``url`` and ``log_tail``."""
+        code = None if self.process is None else self.process.poll()
+        return {"returncode": code, "pid": None if self.process is None else self.process.pid, "url": self.url,
+                "log_tail": self.log_tail()}
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM the engine's process group, SIGKILL it after ``timeout_s``; the exit code. Idempotent."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(proc.pid, signal.SIGKILL)  # what the engine itself spawned goes too
+        if proc.poll() is None:
+            proc.wait(5.0)
+        return proc.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class EngineActor:
+    """The engine process as a Ray actor (create with ``ray.remote(EngineActor).options(...)``): ``start`` answers
+    where it runs in Ray's own terms (node id and IP), so placement is checked from Ray's view."""
+
+    def __init__(self, spec: EngineSpec, program: Sequence[str], env: Mapping[str, str] | None, name: str) -> None:
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
+        self.engine = EngineProcess(spec, program, host=self.node_ip, env=env, name=name)
+
+    def start(self, health_timeout_s: float) -> dict[str, Any]:
+        url = self.engine.start(health_timeout_s)
+        return {"url": url, "node_id": self.node_id, "node_ip": self.node_ip, "pid": self.engine.process.pid,
+                "log": str(self.engine.log_path)}
+
+    def status(self) -> dict[str, Any]:
+        return self.engine.status()
+
+    def stop(self) -> int | None:
+        return self.engine.stop()

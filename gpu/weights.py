@@ -1,0 +1,107 @@
+"""The served model's weights: what the trainer starts from (the checkpoint on disk) and what each engine holds.
+
+An engine's weights are read without fake-only routes, the way real SGLang shows them: ``/get_weights_by_name``
+for every parameter of the served model, with ``truncate_size`` covering the whole first dimension. SGLang answers
+``param.to(float32).tolist()[:truncate_size]`` (``LlamaForCausalLM.get_weights_by_name``,
+``python/sglang/srt/models/llama.py``, 0.5.x; checkpoint names, q/k/v and gate/up sliced out of the fused
+parameters). Every bfloat16, float16 and float32 value is exact in float32, so converting back to the parameter's
+dtype rebuilds its bytes exactly, and the digest is the fake's own (``fakes.weights.TensorBlob.digest``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping
+
+from conformance.backends import probe_client
+
+READ_CONCURRENCY = 8
+"""``/get_weights_by_name`` calls in flight per engine."""
+
+
+class ModelDirError(ValueError):
+    """The model directory cannot be served or read (the message says what is missing)."""
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's files: ``model.safetensors``, or the shards its index names."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelDirError(f"{model_dir} holds no *.safetensors checkpoint (build one: python -m gpu.tiny_model DIR)")
+    return files
+
+
+def read_weights(model_dir: Path) -> dict[str, Any]:
+    """Every tensor of the checkpoint in ``model_dir`` (CPU torch tensors by name, in the checkpoint's dtype)."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, Any] = {}
+    for path in safetensors_files(model_dir):
+        weights.update(load_file(str(path)))
+    return weights
+
+
+def served_weights(model_dir: Path) -> dict[str, Any]:
+    """The weights as an engine serving ``model_dir`` with ``--dtype auto`` holds them: floating-point parameters
+    in the dtype SGLang resolves from ``config.json`` (a float32 checkpoint is served in float16; SGLang 0.5.x
+    ``configs/model_config.py`` ``_get_and_verify_dtype``, the rule ``fakes.served_model.resolve_dtype`` models)."""
+    import torch
+
+    from fakes.served_model import read_config, resolve_dtype
+
+    dtype = getattr(torch, resolve_dtype(read_config(str(model_dir))))
+    return {n: t.to(dtype) if t.is_floating_point() else t for n, t in read_weights(model_dir).items()}
+
+
+def blob_from_values(values: Any, dtype: str) -> Any:
+    """The exact tensor behind a ``/get_weights_by_name`` answer, as a TensorBlob in the parameter's dtype."""
+    import torch
+
+    from fakes.weights import TensorBlob
+
+    return TensorBlob.from_torch(torch.tensor(values, dtype=torch.float32).to(getattr(torch, dtype)))
+
+
+async def read_engine_digests(url: str, params: Mapping[str, tuple[str, tuple[int, ...]]],
+                              timeout_s: float = 30.0) -> dict[str, str]:
+    """Parameter name → digest of what the engine at ``url`` holds; ``params`` maps each name to (dtype, shape).
+
+    A parameter the engine cannot show gets a digest that names why (``unreadable: 400 ...``), so a comparison
+    with the trainer's digests fails on that parameter instead of skipping it."""
+    limit = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def one(client: Any, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[str, str]:
+        async with limit:
+            r = await client.post(url + "/get_weights_by_name",
+                                  json={"name": name, "truncate_size": shape[0] if shape else 1})
+        if r.status_code != 200:
+            return name, f"unreadable: {r.status_code} {r.text[:200]}"
+        return name, blob_from_values(r.json(), dtype).digest()
+
+    async with probe_client(timeout_s) as client:
+        pairs = await asyncio.gather(*(one(client, n, d, tuple(s)) for n, (d, s) in params.items()))
+    return dict(pairs)
+
+
+def parameter_specs(weights: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Name → (dtype name, shape) of torch tensors."""
+    return {n: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in weights.items()}
+
+
+def read_all_digests(urls: list[str], params: Mapping[str, tuple[str, tuple[int, ...]]],
+                     timeout_s: float = 30.0) -> list[dict[str, str]]:
+    """:func:`read_engine_digests` for every engine, concurrently; callable from inside a running event loop
+    (it runs its own loop in a worker thread)."""
+    async def every() -> list[dict[str, str]]:
+        return list(await asyncio.gather(*(read_engine_digests(u, params, timeout_s) for u in urls)))
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-digests") as pool:
+        return pool.submit(asyncio.run, every()).result(timeout_s + 5.0)

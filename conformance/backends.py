@@ -29,6 +29,9 @@ class Backend(Protocol):
     profile: str
     urls: list[str]
     wire: WireLog
+    sentinel_tokens: int
+    """Decode budget of the suite's long-lived requests (:mod:`conformance.sentinels`): seconds of decoding on
+    this backend, so they outlive an update cycle yet end on their own if nobody aborts them."""
 
     def start(self) -> None: ...
 
@@ -51,9 +54,10 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def probe_client(timeout_s: float = 5.0) -> httpx.AsyncClient:
-    """An HTTP client for the suite's own calls (not recorded on the wire)."""
-    return httpx.AsyncClient(timeout=timeout_s, headers={PROBE_HEADER: "1"}, verify=_ssl_context())
+def probe_client(timeout_s: float | None = 5.0, header: str = PROBE_HEADER) -> httpx.AsyncClient:
+    """An HTTP client for the suite's own calls: probes (not recorded on the wire) by default, or sentinels
+    (``header=SENTINEL_HEADER``: recorded as the suite's)."""
+    return httpx.AsyncClient(timeout=timeout_s, headers={header: "1"}, verify=_ssl_context())
 
 
 async def probe_labels(urls: list[str], timeout_s: float = 5.0) -> list[str | None]:
@@ -78,6 +82,10 @@ async def inject_abort_all(url: str, timeout_s: float = 5.0) -> None:
         r.raise_for_status()
 
 
+SENTINEL_SECONDS = 3.0
+"""How long the suite's long-lived requests decode on the fake backend when nobody aborts them."""
+
+
 @dataclass
 class FakeBackendConfig:
     """Knobs of the fake backend."""
@@ -98,6 +106,7 @@ class FakeBackend:
     def __init__(self, config: FakeBackendConfig | None = None) -> None:
         self.config = config or FakeBackendConfig()
         self.profile = self.config.profile
+        self.sentinel_tokens = int(SENTINEL_SECONDS * self.config.tokens_per_second)
         self.wire = WireLog()
         self.urls: list[str] = []
         self._engines: list[Any] = []

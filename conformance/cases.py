@@ -15,11 +15,13 @@ from typing import Callable
 from . import DEFAULT_INTEGRATION
 from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, Verdict
-from .history import History
+from .history import Breakage, History
 from .interface import Integration
-from .scenarios import SCENARIOS, Unsupported, run_scenario
+from .scenarios import DEADLINES, SCENARIOS, Deadlines, Unsupported, run_scenario
 
-SCENARIO_TIMEOUT_S = 60.0
+TEARDOWN_MARGIN_S = 60.0
+"""Beyond the scenario script's own deadline: building the roles and tearing down are bounded too, so past this
+last-resort bound the backend is stopped and the scenario reported as hung."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class ScenarioResult:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
 
 
-def run_one(scenario: str, integration: Integration, backend_factory: BackendFactory, seed: int = 0) -> ScenarioResult:
+def run_one(scenario: str, integration: Integration, backend_factory: BackendFactory, seed: int = 0,
+            deadlines: Deadlines = DEADLINES) -> ScenarioResult:
     """Run one scenario on a fresh backend and check every invariant it is registered for."""
     s = SCENARIOS[scenario]
     reason = s.missing(integration)
@@ -88,33 +91,41 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
         return ScenarioResult(skipped=reason)
     backend = backend_factory()
     backend.start()
+    bound = deadlines.script_s + TEARDOWN_MARGIN_S
     try:
-        history = asyncio.run(asyncio.wait_for(run_scenario(s, integration, backend, seed), SCENARIO_TIMEOUT_S))
+        history = asyncio.run(asyncio.wait_for(run_scenario(s, integration, backend, seed, deadlines), bound))
     except Unsupported as exc:
         return ScenarioResult(skipped=str(exc))
+    except TimeoutError:
+        history = History(s.name, integration.name, backend.name, backend.profile, seed, breaks=[Breakage(
+            "hang", f"the scenario, teardown included, did not finish within {bound:.0f}s", 0.0)])
     finally:
         backend.stop()
     return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks})
 
 
 def evaluate(check: str, history: History) -> Verdict:
-    """Run one checker; a checker that raises answers unknown with the error (never a pass)."""
+    """Run one checker; a checker that raises answers unknown with the error (never a pass). When the run broke
+    (an unexpected failure, a hang, a timeout) the case fails, with the breakage first in the witness."""
     try:
         v = CHECKS[check](history)
     except Exception as exc:
-        return Verdict(check, "unknown", [f"checker raised {type(exc).__name__}: {exc}"])
-    if history.errors and v.status == "pass":
-        v.witness.append(f"note: the scenario reported {history.errors}")
-    if history.errors and v.status == "unknown":
-        v.witness.extend(f"scenario error: {e}" for e in history.errors)
+        v = Verdict(check, "unknown", [f"checker raised {type(exc).__name__}: {exc}"])
+    if history.breaks:
+        broke = [line for b in history.breaks for line in b.describe()]
+        own = [f"the checker alone answered {v.status}" + (":" if v.witness else "")] + \
+            [f"  {w}" for w in v.witness]
+        v = Verdict(v.check, "fail", ["the run broke, so this case cannot pass:", *broke, *own], v.metrics,
+                    run_broke=True, checker_status=v.status)
     return v
 
 
 def run_cases(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
-              scenarios: list[str] | None = None, parallel: int = 4) -> dict[str, ScenarioResult]:
+              scenarios: list[str] | None = None, parallel: int = 4,
+              deadlines: Deadlines = DEADLINES) -> dict[str, ScenarioResult]:
     """Every scenario (or the named ones) → its result. Scenarios are independent (each has its own engines
     and event loop) and mostly wait on real time, so ``parallel`` of them run at once in threads."""
     names = list(scenarios or SCENARIOS)
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario") as pool:
-        futures = {name: pool.submit(run_one, name, integration, backend_factory, seed) for name in names}
+        futures = {name: pool.submit(run_one, name, integration, backend_factory, seed, deadlines) for name in names}
         return {name: futures[name].result() for name in names}

@@ -17,6 +17,8 @@ TRANSFER_PATHS = frozenset({
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
     "/load_lora_adapter", "/load_lora_adapter_from_tensors",
 })
+DISTURBING_PATHS = TRANSFER_PATHS | {"/pause_generation", "/update_weight_version"}
+"""Calls of an update cycle that can abort or freeze in-flight requests."""
 
 
 @dataclass
@@ -35,6 +37,8 @@ class WireCall:
     """None: no response (connection dropped, client gave up)."""
     response: Any = None
     """Parsed JSON response; for a streamed ``/generate`` the last data event."""
+    origin: str = "integration"
+    """``integration`` (the integration under test) or ``sentinel`` (the suite's own long-lived request)."""
 
     @property
     def ok(self) -> bool:
@@ -112,6 +116,52 @@ class Injected:
     kind: str
     engine: int | None = None
     detail: str = ""
+    rid: str | None = None
+    """The one request an injected abort targets; None: every request on ``engine``."""
+
+    def excuses(self, call: WireCall) -> bool:
+        """Whether this injected abort can explain an abort answer of ``call`` (sent to it while it was open)."""
+        ended = call.t_end if call.t_end is not None else float("inf")
+        return (self.kind == "abort" and call.t_start <= self.t <= ended and self.engine in (None, call.engine)
+                and self.rid in (None, *(str(o["meta_info"].get("id")) for o in call.generate_outputs())))
+
+
+@dataclass
+class OpenCall:
+    """A call still waiting for its answer when a run broke."""
+
+    engine: int
+    method: str
+    path: str
+    since: float
+    origin: str = "integration"
+
+    def describe(self, now: float) -> str:
+        return (f"engine {self.engine} {self.method} {self.path} open since t={self.since:.3f}s "
+                f"({now - self.since:.1f} s without an answer)")
+
+
+@dataclass
+class Breakage:
+    """Why a run broke: ``error`` (an update that should have succeeded failed, a role raised, an injected fault
+    never fired), ``hang`` (a call to the integration did not return within its deadline) or ``timeout`` (the
+    situation a scenario waited for never came). A broken run fails every case of its scenario."""
+
+    kind: str
+    message: str
+    t: float
+    open_calls: list[OpenCall] = field(default_factory=list)
+    """Calls on the wire still unanswered at that moment (what the integration was stuck on)."""
+
+    def describe(self) -> list[str]:
+        """The witness lines: what broke, then the calls it was stuck on (control calls before generates)."""
+        control = [c for c in self.open_calls if c.path != "/generate"]
+        generates = len(self.open_calls) - len(control)
+        lines = [f"{self.kind}: {self.message} (at t={self.t:.3f}s)"]
+        lines += [f"  open call: {c.describe(self.t)}" for c in control[:5]]
+        if generates:
+            lines.append(f"  and {generates} /generate call(s) still open")
+        return lines
 
 
 @dataclass
@@ -130,17 +180,55 @@ class History:
     fs: list[FsEvent] | None = None
     """None when the platform cannot watch the filesystem (checkers answer unknown)."""
     injected: list[Injected] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    """Scenario-level failures (a role raised where it must not)."""
+    breaks: list[Breakage] = field(default_factory=list)
+    """Why the run broke, if it did (then every case of the scenario fails)."""
     final_labels: list[str | None] = field(default_factory=list)
     engine_truth: dict[str, Any] = field(default_factory=dict)
 
     # -- queries the checkers share -------------------------------------------------------------------
 
     def integration_calls(self, path: str | None = None, engine: int | None = None) -> Iterator[WireCall]:
+        """The integration's calls (not the suite's sentinels), optionally of one path and engine."""
         for call in self.wire:
-            if (path is None or call.path == path) and (engine is None or call.engine == engine):
+            if (call.origin == "integration" and (path is None or call.path == path)
+                    and (engine is None or call.engine == engine)):
                 yield call
+
+    def sentinel_calls(self) -> list[WireCall]:
+        """The suite's own long-lived requests (one per engine around each cycle)."""
+        return [c for c in self.wire if c.origin == "sentinel"]
+
+    def cycle_calls(self, cycle: UpdateCycle, engine: int | None = None) -> list[WireCall]:
+        """The integration's calls sent during ``cycle`` (to ``engine``), in order."""
+        return [w for w in self.integration_calls(engine=engine) if cycle.t_start <= w.t_start <= cycle.t_end]
+
+    def disturbing_call(self, cycle: UpdateCycle, engine: int) -> WireCall | None:
+        """The first call of ``cycle`` that can disturb ``engine``'s in-flight requests: its pause, else (an
+        integration that never pauses) its first transfer or version bump."""
+        calls = [w for w in self.cycle_calls(cycle, engine) if w.path in DISTURBING_PATHS]
+        return next((w for w in calls if w.path == "/pause_generation"), calls[0] if calls else None)
+
+    def pause_windows(self, engine: int) -> list[tuple[WireCall, float]]:
+        """Per accepted pause of ``engine``: the pause call and when the engine continued (the start of the next
+        accepted ``/continue_generation``; infinity when it never did)."""
+        windows: list[tuple[WireCall, float]] = []
+        paused: WireCall | None = None
+        for w in self.integration_calls(engine=engine):
+            if w.path == "/pause_generation" and w.ok and paused is None:
+                paused = w
+            elif w.path == "/continue_generation" and w.ok and paused is not None:
+                windows.append((paused, w.t_start))
+                paused = None
+        return windows + ([(paused, float("inf"))] if paused is not None else [])
+
+    def paused_at(self, engine: int, t: float) -> WireCall | None:
+        """The pause ``engine`` was under at time ``t``, if any."""
+        return next((p for p, end in self.pause_windows(engine) if p.t_start <= t < end), None)
+
+    def resident_at(self, engine: int, t: float) -> list[WireCall]:
+        """``/generate`` calls (the integration's and the sentinels') open on ``engine`` at time ``t``."""
+        return [w for w in self.wire if w.engine == engine and w.path == "/generate" and w.t_start < t
+                and (w.t_end is None or w.t_end > t)]
 
     def outputs_by_rid(self) -> dict[str, tuple[WireCall, dict]]:
         """``meta_info.id`` → (wire call, output object) for every generate output seen."""
@@ -167,8 +255,11 @@ class History:
             call.t_end = None if call.t_end is None else call.t_end - t0
         for c in self.cycles:
             c.t_start, c.t_end = c.t_start - t0, c.t_end - t0
-        for item in [*self.batches, *(self.fs or []), *self.injected]:
+        for item in [*self.batches, *(self.fs or []), *self.injected, *self.breaks]:
             item.t -= t0
+        for b in self.breaks:
+            for c in b.open_calls:
+                c.since -= t0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)

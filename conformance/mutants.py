@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import httpx
 import torch
@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from .interface import Integration, LoraAdapter, Sample
 from .reference import HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
 from .reference.manager import FinishedGroup, numeric_label
-from .reference.transports import WeightTransport, host_copy
+from .reference.transports import LoraTransport, WeightTransport, host_copy
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,23 @@ class PublishFirstUpdater(ReferenceUpdater):
         await self._stamp(new)  # bump and publish first, then push the weights
         self._publish(new, None)
         return await super()._transfer(new, mover, weights, lora)
+
+
+class ReloadSameNameLora(LoraTransport):
+    """Refreshes the adapter under one fixed name: unload the old one, then load the new one, inside the cycle."""
+
+    _loaded = False
+
+    @staticmethod
+    def versioned_name(adapter: LoraAdapter, version: int) -> str:
+        return adapter.name
+
+    async def load(self, engines: Sequence[HttpEngineClient], adapter: LoraAdapter, version: int) -> str:
+        if self._loaded:  # while paused: SGLang's unload waits for the paused requests that use it
+            await self.unload(engines, adapter.name)
+        name = await super().load(engines, adapter, version)
+        self._loaded = True
+        return name
 
 
 # -- manager -------------------------------------------------------------------------------------------------
@@ -181,6 +198,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "seed 004 (minimind)", ("F3",), disk_writer=write_checkpoint_in_place),
     _mutant("flush_under_in_place", "the cache is flushed under in_place too",
             "rl-frameworks C2; ray #63769 review", ("C2",), updater_cls=AlwaysFlushUpdater),
+    _mutant("lora_reload_in_place", "a LoRA refresh unloads the adapter and loads the new one under the same name "
+            "while the engines are paused, so the unload waits forever for the paused requests that use it",
+            "miles #2780; rl-frameworks P7", ("P7",), lora_cls=ReloadSameNameLora),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",), updater_cls=PublishFirstUpdater),
 ]}

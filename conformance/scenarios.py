@@ -13,17 +13,34 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from .backends import Backend, digest_of, inject_abort_all, probe_labels
 from .checks.labels import finish_type, output_versions
 from .fswatch import DirectoryWatch
-from .history import BatchRecord, History, Injected, UpdateCycle
+from .history import BatchRecord, Breakage, History, Injected, OpenCall, UpdateCycle
 from .interface import BuildEnv, Integration, LoraAdapter, Prompt, Roles, RolloutConfig, Updater
+from .sentinels import Sentinels, adapters_in_use
+from .wire import WireLog
 
-UPDATE_TIMEOUT_S = 20.0
-DRAIN_TIMEOUT_S = 15.0
-WAIT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long the suite waits on the integration and for the situations it sets up. A call into the integration
+    past its deadline is a hang, a situation that never comes a timeout: either breaks the run."""
+
+    update_s: float = 20.0
+    """``Updater.update()``: one whole cycle."""
+    drain_s: float = 15.0
+    """``Manager.next_batch()``."""
+    wait_s: float = 10.0
+    """Building the roles, starting and stopping the manager, waiting for requests in flight."""
+    script_s: float = 60.0
+    """A whole scenario script."""
+
+
+DEADLINES = Deadlines()
 TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
     "disk": ("/update_weights_from_disk", {
         "success": False, "num_paused_requests": 0,
@@ -35,18 +52,63 @@ TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
 tensor load has no such answer: it raises in the scheduler and kills the server (see ``failing-transfer``)."""
 STALL_S = 0.1
 """How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
+CANCEL_GRACE_S = 2.0
+T = TypeVar("T")
 
 
 class Unsupported(Exception):
     """The integration lacks a capability the scenario needs (the test is skipped with this reason)."""
 
 
-class ScenarioTimeout(Exception):
-    """A wait inside a scenario passed its deadline."""
+class RunBroken(Exception):
+    """The run broke: the scenario stops there and every case of it fails (see :class:`Breakage`)."""
+
+    kind = "error"
+
+    def __init__(self, message: str, open_calls: list[OpenCall] | None = None) -> None:
+        super().__init__(message)
+        self.t = time.monotonic()
+        self.open_calls = open_calls
+
+    def breakage(self, wire: WireLog) -> Breakage:
+        return Breakage(self.kind, str(self), self.t, self.open_calls if self.open_calls is not None
+                        else open_calls(wire))
 
 
-class UnexpectedUpdateFailure(Exception):
-    """An update the scenario expected to succeed failed: the run stops there (the cycle is recorded)."""
+class UnexpectedUpdateFailure(RunBroken):
+    """An update the scenario expected to succeed failed (the cycle is recorded)."""
+
+
+class Hang(RunBroken):
+    """A call into the integration did not return within its deadline."""
+
+    kind = "hang"
+
+
+class ScenarioTimeout(RunBroken):
+    """The situation a scenario waited for did not come within its deadline."""
+
+    kind = "timeout"
+
+
+def open_calls(wire: WireLog) -> list[OpenCall]:
+    """What is still waiting for an answer on the wire right now."""
+    return [OpenCall(c.engine, c.method, c.path, c.t_start, c.origin) for c in wire.open_calls()]
+
+
+async def bounded(coro: Awaitable[T], timeout_s: float, what: str, wire: WireLog,
+                  broken: type[RunBroken] | None = None) -> T:
+    """Await ``coro`` for at most ``timeout_s``; past it, raise ``broken`` (:class:`Hang` by default) naming
+    ``what`` and the calls open on the wire at that moment (taken before the call is cancelled, which closes
+    them)."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        stuck = open_calls(wire)
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_GRACE_S)  # an integration may swallow the cancellation
+        raise (broken or Hang)(f"{what} did not return within {timeout_s:g}s", stuck)
+    return task.result()
 
 
 class Trainer:
@@ -107,55 +169,73 @@ class Run:
     """The scenario's transport, resolved against the integration's capabilities."""
     cell: int = 0
     step: int = 0
+    deadlines: Deadlines = DEADLINES
 
     async def start(self) -> None:
-        await asyncio.wait_for(self.roles.manager.start(), WAIT_TIMEOUT_S)
+        await bounded(self.roles.manager.start(), self.deadlines.wait_s, "Manager.start()", self.backend.wire)
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
                      refuse: int | None = None, in_flight: float | None = None) -> int | None:
-        """One update cycle, recorded with the labels, versions and digests around it. With ``in_flight`` the
-        cycle starts only once every engine has a generate open for that many seconds (decoding). The cycle is
-        expected to fail with ``poison`` (weights every engine rejects) or ``refuse`` (that engine answers the
-        transfer with SGLang's failure, injected at the wire, while the others load the weights)."""
+        """One update cycle, recorded with the labels, versions and digests around it.
+
+        Every engine has a request resident across the whole cycle: the suite's own long-lived request
+        (:mod:`conformance.sentinels`), sent before the cycle and aborted after it. With ``in_flight`` the cycle
+        also waits until every engine has one of the integration's generates open for that many seconds. The cycle
+        is expected to fail with ``poison`` (weights every engine rejects) or ``refuse`` (that engine answers the
+        transfer with SGLang's failure, injected at the wire, while the others load the weights). A cycle that
+        fails unexpectedly, or does not return within ``deadlines.update_s`` (a hang, even when a failure was expected),
+        breaks the run."""
         transport = transport or self.transport
         expect_failure = poison or refuse is not None
-        manager, urls = self.roles.manager, self.backend.urls
-        step = self.step + 1
+        manager, urls, wire = self.roles.manager, self.backend.urls, self.backend.wire
+        step, index = self.step + 1, len(self.history.cycles)
         weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
         adapter = self.trainer.lora(step) if lora else None
         labels_before, published_before, counter_before = await probe_labels(urls), manager.weight_version, \
             self.updater.version
         if in_flight is not None:
             await self.until_in_flight(1, min_age_s=in_flight)
+        sentinels = Sentinels(urls, wire, self.backend.sentinel_tokens, f"c{index}",
+                              adapters_in_use(wire, len(urls)), self.history)
+        try:
+            await sentinels.start()
+        except TimeoutError as exc:
+            raise ScenarioTimeout(str(exc)) from None
         if refuse is not None:
             self._refuse_transfer(refuse, transport)
         t0 = time.monotonic()
-        returned, error = None, None
+        returned, error, hang = None, None, None
         try:
-            returned = await asyncio.wait_for(self.updater.update(weights, transport=transport, lora=adapter),
-                                              UPDATE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            error = f"update did not finish within {UPDATE_TIMEOUT_S:.0f}s"
+            returned = await bounded(self.updater.update(weights, transport=transport, lora=adapter),
+                                     self.deadlines.update_s, f"Updater.update() (cycle {index}, {transport}"
+                                     f"{', LoRA' if lora else ''})", wire)
+        except Hang as exc:
+            error, hang = str(exc), exc
         except Exception as exc:  # the integration's failure is data for the checkers
             error = f"{type(exc).__name__}: {exc}"
-        t1 = time.monotonic()
-        unused = self.backend.wire.clear_refusals()
+        finally:
+            t1 = time.monotonic()
+            await sentinels.release()
+        unused = wire.clear_refusals()
         if unused:
-            self.history.errors.append(f"the injected refusal of {unused} was never used: the integration did not "
-                                       f"call that endpoint on that engine during the cycle")
+            self.history.breaks.append(Breakage("error", f"the injected refusal of {unused} was never used: the "
+                                                "integration did not call that endpoint on that engine during the "
+                                                "cycle", time.monotonic()))
         if error is None and not poison:
             self.step = step
         self.history.cycles.append(UpdateCycle(
-            index=len(self.history.cycles), cell=self.cell, transport=transport, lora=lora,
+            index=index, cell=self.cell, transport=transport, lora=lora,
             pause_mode=self.scenario.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
             counter_before=counter_before, counter_after=self.updater.version, returned=returned,
             published_before=published_before, published_after=manager.weight_version,
             labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=expect_failure,
             trainer_digest=digest_of(weights) if weights is not None and not poison else None,
             digests_after=self.backend.digests()))
+        if hang is not None:
+            raise hang
         if error is not None and not expect_failure:
-            raise UnexpectedUpdateFailure(f"update cycle {len(self.history.cycles) - 1} ({transport}"
-                                          f"{', LoRA' if lora else ''}) failed: {error}")
+            raise UnexpectedUpdateFailure(f"update cycle {index} ({transport}{', LoRA' if lora else ''}) failed: "
+                                          f"{error}")
         return returned
 
     def _refuse_transfer(self, engine: int, transport: str) -> None:
@@ -170,10 +250,8 @@ class Run:
     async def drain(self, n: int = 1) -> None:
         """Consume ``n`` batches, recording the truth at consumption."""
         for _ in range(n):
-            try:
-                batch = await asyncio.wait_for(self.roles.manager.next_batch(), DRAIN_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                raise ScenarioTimeout(f"Manager.next_batch() returned nothing within {DRAIN_TIMEOUT_S:.0f}s") from None
+            batch = await bounded(self.roles.manager.next_batch(), self.deadlines.drain_s, "Manager.next_batch()",
+                                  self.backend.wire)
             now = time.monotonic()
             self.history.batches.append(BatchRecord(len(self.history.batches), now, batch,
                                                     self.history.published_truth_at(now)))
@@ -190,11 +268,11 @@ class Run:
         at a time (or only once it went idle) can leave the engines taking turns forever, never decoding at once."""
         wire, engines = self.backend.wire, len(self.backend.urls)
         start = time.monotonic()
-        deadline, stalled_since, consumed = start + WAIT_TIMEOUT_S, start, 0
+        deadline, stalled_since, consumed = start + self.deadlines.wait_s, start, 0
         while not all(wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in range(engines)):
             now = time.monotonic()
             if now > deadline:
-                raise ScenarioTimeout(f"timed out after {WAIT_TIMEOUT_S:.0f}s waiting for {per_engine} /generate "
+                raise ScenarioTimeout(f"timed out after {self.deadlines.wait_s:.0f}s waiting for {per_engine} /generate "
                                       f"call(s) in flight on every engine (in flight: {wire.in_flight()}; "
                                       f"{consumed} batch(es) consumed meanwhile to unblock the producer)")
             if now - stalled_since > STALL_S:
@@ -212,13 +290,13 @@ class Run:
             now = time.monotonic()
             quiet_since[0] = (quiet_since[0] or now) if not wire.in_flight() else None
             return quiet_since[0] is not None and now - quiet_since[0] >= quiet_s
-        await wait_for_condition(blocked, WAIT_TIMEOUT_S, "the producer to fill its buffer (no /generate in flight)")
+        await wait_for_condition(blocked, self.deadlines.wait_s, "the producer to fill its buffer (no /generate in flight)")
 
     async def abort_in_flight(self) -> None:
         """Abort requests on every engine, as an operator or a crash would (not the integration's doing), until
         at least one abort shows on the wire: ``abort_all`` only reaches requests the scheduler already holds."""
         wire = self.backend.wire
-        deadline = time.monotonic() + WAIT_TIMEOUT_S
+        deadline = time.monotonic() + self.deadlines.wait_s
         while True:
             await self.until_in_flight(1)
             mark = time.monotonic()
@@ -233,7 +311,7 @@ class Run:
             except ScenarioTimeout:
                 if time.monotonic() > deadline:
                     raise ScenarioTimeout("no in-flight request could be aborted within "
-                                          f"{WAIT_TIMEOUT_S:.0f}s") from None
+                                          f"{self.deadlines.wait_s:.0f}s") from None
 
 
 Script = Callable[[Run], Awaitable[None]]
@@ -281,7 +359,8 @@ def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve th
     return next_prompt
 
 
-async def run_scenario(scenario: Scenario, integration: Integration, backend: Backend, seed: int = 0) -> History:
+async def run_scenario(scenario: Scenario, integration: Integration, backend: Backend, seed: int = 0,
+                       deadlines: Deadlines = DEADLINES) -> History:
     """Run ``scenario`` against ``integration`` on a started ``backend``; never raises for integration bugs."""
     missing = scenario.missing(integration)
     if missing:
@@ -295,21 +374,28 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
         watch = DirectoryWatch(env.checkpoint_dir).start()
         roles: Roles | None = None
         try:
-            roles = await asyncio.wait_for(integration.build(env), WAIT_TIMEOUT_S)
+            roles = await bounded(integration.build(env), deadlines.wait_s, "Integration.build()", backend.wire)
             run = Run(scenario, backend, roles, history, Trainer(backend.initial_weights(), seed), roles.new_updater(),
-                      transport=scenario.transport_for(integration) or "tensor")
-            await scenario.script(run)
+                      transport=scenario.transport_for(integration) or "tensor", deadlines=deadlines)
+            await bounded(scenario.script(run), deadlines.script_s, f"scenario {scenario.name}", backend.wire,
+                          ScenarioTimeout)
+        except RunBroken as exc:
+            history.breaks.append(exc.breakage(backend.wire))
         except Exception as exc:
-            history.errors.append(f"{type(exc).__name__}: {exc}")
+            history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}", time.monotonic(),
+                                           open_calls(backend.wire)))
         finally:
             if roles is not None:
-                for name, closer in (("Manager.stop", roles.manager.stop), ("Roles.close", roles.close)):
+                for name, closer in (("Manager.stop()", roles.manager.stop), ("Roles.close()", roles.close)):
                     if closer is None:
                         continue
                     try:
-                        await asyncio.wait_for(closer(), WAIT_TIMEOUT_S)
+                        await bounded(closer(), deadlines.wait_s, name, backend.wire)
+                    except RunBroken as exc:
+                        history.breaks.append(exc.breakage(backend.wire))
                     except Exception as exc:
-                        history.errors.append(f"{name} failed: {type(exc).__name__}: {exc}")
+                        history.breaks.append(Breakage("error", f"{name} failed: {type(exc).__name__}: {exc}",
+                                                       time.monotonic(), open_calls(backend.wire)))
             history.fs = watch.stop()
     history.wire = backend.wire.snapshot()
     history.final_labels = await probe_labels(list(backend.urls))
@@ -448,7 +534,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
             "(400, success: false; injected at the wire) while the others load the weights, then a good update",
             script=_one_engine_rejects, checks=("P5", "V2", "I6", "V1", "P6"), transport=("disk",)),
     replace(_BASE, name="lora", doc="two LoRA updates while rollouts run",
-            script=_lora, checks=("V1", "I1-I2", "I6"), needs={"lora": True}, full_updates=False),
+            script=_lora, checks=("V1", "I1-I2", "I6", "P7"), needs={"lora": True}, full_updates=False),
     replace(_BASE, name="staleness", doc="groups buffered while three updates land; bound 1 at consumption",
             script=_staleness, checks=("S3", "S2", "V4-S1"),
             rollout=replace(_BASE.rollout, max_staleness=1, buffer_capacity=8), needs={"staleness_filter": True}),

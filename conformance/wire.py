@@ -3,7 +3,9 @@
 :class:`WireRecorder` is ASGI middleware. On the fake backend it wraps the fake engine's app in process; on a
 real backend it wraps a forwarding proxy. Either way the integration talks real HTTP to its URL and every
 exchange becomes a :class:`~conformance.history.WireCall`. Requests carrying the ``x-conformance-probe``
-header (the suite's own probes and the aborts it injects) are not recorded.
+header (the suite's own probes and the aborts it injects) are not recorded; requests carrying
+``x-conformance-sentinel`` (the suite's own long-lived requests, :mod:`conformance.sentinels`) are recorded with
+``origin="sentinel"``, so checkers can tell them from the integration's.
 
 The recorder is also where the suite makes one engine refuse a call (:meth:`WireLog.refuse`): the answer is
 SGLang's failure answer for that endpoint, the engine never sees the request, and the exchange is recorded like
@@ -22,6 +24,7 @@ from .history import WireCall
 
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 PROBE_HEADER = "x-conformance-probe"
+SENTINEL_HEADER = "x-conformance-sentinel"
 
 
 def _decode(raw: bytes, content_type: str) -> Any:
@@ -45,8 +48,20 @@ class WireLog:
         self.calls: list[WireCall] = []
         self._seq = itertools.count()
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._refusals: dict[tuple[int, str], tuple[int, Any]] = {}
+        self._listeners: list[Callable[[WireCall], None]] = []
+
+    def listen(self, listener: Callable[[WireCall], None]) -> Callable[[], None]:
+        """Call ``listener(call)`` (from the recorder's thread) each time a call gets its answer; returns the
+        function that stops listening."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def stop() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+        return stop
 
     def refuse(self, engine: int, path: str, status: int, body: Any) -> None:
         """Answer the next ``path`` call to ``engine`` with ``status``/``body`` (JSON), not forwarding it."""
@@ -65,31 +80,37 @@ class WireLog:
             self._refusals.clear()
             return unused
 
-    def open(self, engine: int, method: str, path: str, payload: Any) -> WireCall:
+    def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration") -> WireCall:
         with self._lock:
-            call = WireCall(next(self._seq), engine, method, path, payload, time.monotonic())
+            call = WireCall(next(self._seq), engine, method, path, payload, time.monotonic(), origin=origin)
             self.calls.append(call)
-            self._changed.notify_all()
             return call
 
     def close(self, call: WireCall, status: int | None, response: Any) -> None:
         with self._lock:
             call.t_end, call.status, call.response = time.monotonic(), status, response
-            self._changed.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(call)
 
     def in_flight(self, path: str = "/generate", min_age_s: float = 0.0) -> dict[int, int]:
-        """Open calls per engine (opened at least ``min_age_s`` ago)."""
+        """The integration's open calls per engine (opened at least ``min_age_s`` ago)."""
         newest = time.monotonic() - min_age_s
         with self._lock:
             counts: dict[int, int] = {}
             for c in self.calls:
-                if c.path == path and c.t_end is None and c.t_start <= newest:
+                if c.path == path and c.t_end is None and c.t_start <= newest and c.origin == "integration":
                     counts[c.engine] = counts.get(c.engine, 0) + 1
             return counts
 
     def completed(self, path: str = "/generate") -> int:
         with self._lock:
-            return sum(1 for c in self.calls if c.path == path and c.t_end is not None)
+            return sum(1 for c in self.calls if c.path == path and c.t_end is not None and c.origin == "integration")
+
+    def open_calls(self) -> list[WireCall]:
+        """Every call still waiting for its answer (the integration's and the sentinels'), oldest first."""
+        with self._lock:
+            return [c for c in self.calls if c.t_end is None]
 
     def snapshot(self) -> list[WireCall]:
         with self._lock:
@@ -103,7 +124,8 @@ class WireRecorder:
         self.app, self.engine, self.log = app, engine, log
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or any(k.decode().lower() == PROBE_HEADER for k, _ in scope.get("headers", [])):
+        names = {k.decode().lower() for k, _ in scope.get("headers", [])}
+        if scope["type"] != "http" or PROBE_HEADER in names:
             await self.app(scope, receive, send)
             return
         body = bytearray()
@@ -114,7 +136,8 @@ class WireRecorder:
             more = message.get("more_body", False)
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         call = self.log.open(self.engine, scope["method"], scope["path"],
-                             _decode(bytes(body), headers.get("content-type", "application/json")))
+                             _decode(bytes(body), headers.get("content-type", "application/json")),
+                             origin="sentinel" if SENTINEL_HEADER in names else "integration")
         refusal = self.log.take_refusal(self.engine, scope["path"])
         if refusal is not None:
             await self._refuse(call, send, *refusal)

@@ -16,12 +16,19 @@ def call(seq: int, path: str, payload=None, *, t0: float, t1: float | None, stat
     return WireCall(seq, engine, "POST", path, payload, t0, t1, status, response if response is not None else {})
 
 
-def gen(rid: str, t0: float, t1: float, *, finish="length", version="1", spans=None, engine=0, seq=100):
+def gen(rid: str, t0: float, t1: float, *, finish="length", version="1", spans=None, engine=0, seq=100,
+        origin="integration"):
     meta = {"id": rid, "finish_reason": {"type": finish}, "weight_version": version, "completion_tokens": 4}
     if spans:
         meta["weight_versions"] = [{"version": v, "start": 0, "end": 1} for v in spans]
-    return call(seq, "/generate", {"text": "x", "rid": rid}, t0=t0, t1=t1, response={"text": "", "meta_info": meta},
-                engine=engine)
+    c = call(seq, "/generate", {"text": "x", "rid": rid}, t0=t0, t1=t1, response={"text": "", "meta_info": meta},
+             engine=engine)
+    c.origin = origin
+    return c
+
+
+def pause(seq, t, mode="retract", engine=0):
+    return call(seq, "/pause_generation", {"mode": mode}, t0=t, t1=t + 0.01, engine=engine)
 
 
 def cycle(index=0, *, t0=1.0, t1=2.0, ok=True, returned=1, published=(None, 1), labels=("default", "1"),
@@ -64,19 +71,53 @@ def test_no_aborts_fails_with_the_aborted_request_and_the_bump():
     v = check("I1-I2", h)
     assert v.status == "fail"
     text = "\n".join(v.witness)
-    assert "abort_all_requests" in text and "request r17 (engine 0)" in text and "version 4" in text
+    assert "abort_all_requests" in text and "request r17 (engine 0)" in text and "version '4' was published" in text
     assert v.metrics["aborted_sample_rate"] == 1.0
 
 
-def test_no_aborts_is_unknown_when_nothing_was_in_flight():
-    h = history(wire=[gen("r1", 0.1, 0.2), bump(1, "1", 1.5)], cycles=[cycle()])
-    assert check("I1-I2", h).status == "unknown"
+def test_no_aborts_is_unknown_when_nothing_was_resident_at_the_pause():
+    """A request in flight during the cycle, but not when the engine was paused, proves nothing."""
+    h = history(wire=[gen("r1", 0.1, 1.2), pause(1, 1.3), bump(2, "1", 1.5), gen("r2", 1.55, 1.9, engine=1, seq=101),
+                      pause(3, 1.4, engine=1), gen("r3", 1.35, 2.5, engine=1, seq=102)], cycles=[cycle()])
+    v = check("I1-I2", h)
+    assert v.status == "unknown", v.explain()
+    assert v.witness == ["engine 0: no request was resident when it was paused in cycle 0 (t=1.300s): the run proves "
+                         "nothing there"]
+    assert v.metrics["overlap_at_pause"] == 0.5 and v.metrics["integration_overlap_at_pause"] == 0.5
+
+
+def test_the_suites_long_lived_request_proves_residency_and_is_not_counted_as_a_sample():
+    h = history(wire=[gen("sentinel-0", 0.9, 2.2, finish="abort", origin="sentinel"), pause(1, 1.3),
+                      bump(2, "1", 1.5), gen("r1", 0.1, 1.2)],
+                cycles=[cycle()], injected=[Injected(2.1, "abort", 0, rid="sentinel-0")])
+    v = check("I1-I2", h)
+    assert v.status == "pass", v.explain()
+    assert v.metrics["requests"] == 1 and v.metrics["overlap_at_pause"] == 1.0
+    assert v.metrics["integration_overlap_at_pause"] == 0.0
+
+
+def test_a_long_lived_request_aborted_by_the_pause_is_a_witness():
+    """A pause in abort mode (SGLang's default for ``{}``) kills the suite's resident request before the suite
+    aborts it itself: that abort is the integration's."""
+    h = history(wire=[gen("sentinel-0", 0.9, 1.31, finish="abort", origin="sentinel"), pause(1, 1.3, mode="abort"),
+                      bump(2, "1", 1.5)],
+                cycles=[cycle()], injected=[Injected(2.1, "abort", 0, rid="sentinel-0")])
+    v = check("I1-I2", h)
+    assert v.status == "fail"
+    assert "the suite's long-lived request sentinel-0 (engine 0)" in v.witness[0]
+    assert "it was paused at t=1.300s with {'mode': 'abort'}" in v.witness[0], v.explain()
 
 
 def test_injected_aborts_are_not_blamed_on_the_integration():
-    h = history(wire=[gen("r1", 0.5, 1.2, finish="abort"), bump(1, "1", 1.5)], cycles=[cycle(t0=0.9)],
-                injected=[Injected(1.0, "abort", 0)])
-    assert check("I1-I2", h).status == "pass"
+    h = history(wire=[gen("r1", 0.5, 1.2, finish="abort"), gen("r2", 0.5, 2.5, seq=101), bump(1, "1", 1.5)],
+                cycles=[cycle(t0=0.9)], injected=[Injected(1.0, "abort", 0)])
+    assert check("I1-I2", h).status == "pass", check("I1-I2", h).explain()
+
+
+def test_an_injected_abort_does_not_excuse_a_request_that_ended_before_it():
+    h = history(wire=[gen("r1", 0.5, 1.2, finish="abort"), gen("r2", 0.5, 2.5, seq=101), bump(1, "1", 1.5)],
+                cycles=[cycle(t0=0.9)], injected=[Injected(1.3, "abort", 0)])
+    assert check("I1-I2", h).status == "fail"
 
 
 # -- I4 --------------------------------------------------------------------------------------------------
@@ -227,3 +268,35 @@ def test_a_raising_checker_is_unknown_not_pass():
 
     broken = history(batches=[BatchRecord(0, 1.0, None, None)])  # type: ignore[arg-type]
     assert evaluate("V3", broken).status == "unknown"
+
+
+# -- P7 --------------------------------------------------------------------------------------------------
+
+def _lora_gen(rid, t0, t1, adapter, seq, engine=0):
+    c = gen(rid, t0, t1, seq=seq, engine=engine)
+    c.payload = {"text": "x", "rid": rid, "lora_path": adapter}
+    return c
+
+
+def unload(seq, name, t, t1, engine=0):
+    return call(seq, "/unload_lora_adapter", {"lora_name": name}, t0=t, t1=t1, engine=engine)
+
+
+def test_unloading_an_adapter_after_the_engine_continued_passes():
+    h = history(wire=[pause(1, 1.0), call(2, "/continue_generation", {}, t0=1.2, t1=1.21),
+                      _lora_gen("r1", 0.5, 1.6, "policy-v1", 100), unload(3, "policy-v1", 1.3, 1.61)])
+    assert check("P7", h).passed, check("P7", h).explain()
+
+
+def test_unloading_an_adapter_under_paused_requests_that_use_it_fails():
+    h = history(wire=[pause(1, 1.0), _lora_gen("r1", 0.5, 5.0, "policy", 100), call(3, "/unload_lora_adapter", {"lora_name": "policy"}, t0=1.1, t1=None, status=None),
+                      _lora_gen("r2", 0.5, 5.0, "other", 101)])
+    v = check("P7", h)
+    assert v.status == "fail"
+    assert ("engine 0: adapter 'policy' was unloaded at t=1.100s while the engine was paused (since t=1.000s) with 1 "
+            "request(s) using it resident (e.g. ['r1'])") in v.witness[0], v.explain()
+    assert "got no answer" in v.witness[0]
+
+
+def test_adapters_never_replaced_prove_nothing_for_p7():
+    assert check("P7", history(wire=[pause(1, 1.0), _lora_gen("r1", 0.5, 1.6, "policy", 100)])).status == "unknown"

@@ -26,7 +26,7 @@ def _run(script) -> list[str]:
             run_scenario(scenario, load_integration(DEFAULT_INTEGRATION), backend), 40))
     finally:
         backend.stop()
-    return history.errors + [c.error for c in history.cycles if c.error]
+    return [b.message for b in history.breaks] + [c.error for c in history.cycles if c.error]
 
 
 def test_update_waits_for_every_engine_even_from_a_full_buffer() -> None:

@@ -1,5 +1,6 @@
 """Checkers: pure functions ``History -> Verdict``. No I/O, no clock, no globals."""
 
+from .adapters import adapter_not_unloaded_in_use
 from .checkpoints import atomic_checkpoints
 from .protocol import cycle_order, failures_are_fatal, flush_contract, pause_paired_with_resume
 from .requests import aborted_never_trained, no_aborts_on_update
@@ -21,6 +22,7 @@ CHECKS = {
     "P1": cycle_order,
     "P5": failures_are_fatal,
     "P6": weights_match,
+    "P7": adapter_not_unloaded_in_use,
     "C2": flush_contract,
     "F3": atomic_checkpoints,
 }

@@ -18,6 +18,15 @@ class Verdict:
     witness: list[str] = field(default_factory=list)
     """Concrete evidence: which request, which engine, which version, when. Capped by the checker."""
     metrics: dict[str, Any] = field(default_factory=dict)
+    run_broke: bool = False
+    """The run broke (an unexpected failure, a hang, a timeout): the case fails whatever the checker said; the
+    witness starts with the breakage, then what the checker itself found."""
+    checker_status: Status | None = None
+    """What the checker alone answered on the history (differs from ``status`` only when the run broke)."""
+
+    def __post_init__(self) -> None:
+        if self.checker_status is None:
+            self.checker_status = self.status
 
     @property
     def passed(self) -> bool:

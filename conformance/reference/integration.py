@@ -43,6 +43,7 @@ class ReferenceIntegration:
     client_cls: type[HttpEngineClient] = HttpEngineClient
     updater_cls: type[ReferenceUpdater] = ReferenceUpdater
     manager_cls: type[ReferenceManager] = ReferenceManager
+    lora_cls: type[LoraTransport] = LoraTransport
     disk_writer: CheckpointWriter = write_checkpoint_atomic
     tensor_encoder: TensorEncoder = encode_safetensors_b64
     backend: str = "gloo"
@@ -66,7 +67,7 @@ class ReferenceIntegration:
 
         def new_updater() -> ReferenceUpdater:
             cell = self.updater_cls(engines, manager, transports=self.make_transports(env),
-                                    lora=LoraTransport(self.tensor_encoder), pause_mode=env.pause_mode,
+                                    lora=self.lora_cls(self.tensor_encoder), pause_mode=env.pause_mode,
                                     start_version=self.start_version(manager))
             cells.append(cell)
             return cell

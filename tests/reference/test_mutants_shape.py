@@ -13,6 +13,7 @@ from conformance.fswatch import DirectoryWatch
 from conformance.interface import BuildEnv, RolloutConfig, Sample, Turn
 from conformance.reference import (HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater,
                                    integration as reference, write_checkpoint_atomic)
+from conformance.reference.transports import LoraTransport
 
 from reference_rig import prompt_source
 
@@ -32,8 +33,9 @@ INTENDED = {
     "non_atomic_checkpoint": ({"disk_writer"}, set()),
     "flush_under_in_place": ({"updater_cls"}, {"_flush_needed"}),
     "publish_before_transfer": ({"updater_cls"}, {"_transfer"}),
+    "lora_reload_in_place": ({"lora_cls"}, {"versioned_name", "load"}),
 }
-BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration)
+BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration, LoraTransport)
 
 
 def own_methods(cls: type) -> set[str]:

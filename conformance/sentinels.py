@@ -1,0 +1,146 @@
+"""The suite's own long-lived requests: every update cycle runs with a request resident on every engine.
+
+A checker of "no request is aborted by an update" proves nothing about a cycle in which no request was in the
+engine when it was paused. So before each cycle a scenario sends one ``/generate`` per engine that cannot finish
+during the cycle (``ignore_eos``, a budget of seconds of decoding) through the engine's wire recorder, marked
+with the sentinel header (recorded with ``origin="sentinel"``), naming the LoRA adapter the integration's own
+requests on that engine use, and waits until every one has been open for :data:`SETTLE_S`. Each is released
+(aborted by rid, recorded as injected so its abort is not blamed on the integration) as soon as the integration
+continues that engine, or when the cycle ends. The wire then shows, for every engine and cycle, whether a request
+was resident from the pause to the continue, on the fake and on real SGLang alike; a sentinel that the
+integration's own calls aborted (a pause in ``abort`` mode, a bump or transfer with ``abort_all_requests``) is a
+witness of exactly that, and an adapter unloaded under a paused sentinel shows the deadlock SGLang would hit.
+
+Sentinels are not streamed: a streamed answer carries the whole output so far in every chunk (SGLang's
+cumulative streaming), which costs the engine quadratic work for a request that lives long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import httpx
+
+from .backends import probe_client
+from .history import History, Injected, WireCall
+from .wire import SENTINEL_HEADER, WireLog
+
+SETTLE_S = 0.005
+"""How long a sentinel must have been open at its recorder before the cycle starts: the recorder forwards at
+once, so this covers the hop to an engine behind a proxy."""
+START_TIMEOUT_S = 5.0
+END_TIMEOUT_S = 2.0
+"""How long the suite waits for aborted sentinels to answer. An engine left paused in place answers only once
+it continues (SGLang finishes an aborted running request at its next decode step): the pause-pairing checker says
+why, and the sentinel is then given up (its connection dropped), not waited for."""
+
+def adapters_in_use(wire: WireLog, engines: int) -> list[str | None]:
+    """Per engine, the LoRA adapter (``lora_path``) of the integration's newest ``/generate`` there."""
+    newest: dict[int, str | None] = {}
+    for call in wire.snapshot():
+        if call.path == "/generate" and call.origin == "integration" and isinstance(call.payload, dict):
+            newest[call.engine] = call.payload.get("lora_path")
+    return [newest.get(e) for e in range(engines)]
+
+
+SENTINEL_INPUT_IDS = [1, 2, 3, 4]
+"""Token ids, not text: engines launched with ``--skip-tokenizer-init`` take only ids."""
+
+
+@dataclass
+class Sentinels:
+    """One long-lived request per engine around one update cycle (see the module docstring)."""
+
+    urls: Sequence[str]
+    wire: WireLog
+    max_new_tokens: int
+    label: str
+    adapters: Sequence[str | None] = ()
+    """Per engine, the LoRA adapter the integration's requests there use (None: the base model)."""
+    history: History | None = None
+    """Where releases are recorded as injected aborts."""
+    rids: list[str] = field(default_factory=list)
+    _client: httpx.AsyncClient | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _released: set[int] = field(default_factory=set)
+    _releasing: set[asyncio.Task[None]] = field(default_factory=set)
+    _unlisten: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        """Send one sentinel per engine and wait until each has been open at its recorder for SETTLE_S."""
+        self._client = probe_client(None, header=SENTINEL_HEADER)
+        tag = uuid.uuid4().hex[:6]
+        self.rids = [f"conformance-sentinel-{self.label}-e{i}-{tag}" for i in range(len(self.urls))]
+        adapters = list(self.adapters) or [None] * len(self.urls)
+        self._tasks = [asyncio.create_task(self._send(url, rid, adapter))
+                       for url, rid, adapter in zip(self.urls, self.rids, adapters)]
+        loop = asyncio.get_running_loop()
+        self._unlisten = self.wire.listen(lambda call: loop.call_soon_threadsafe(self._on_answer, call))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._settled():
+            if time.monotonic() > deadline:
+                await self.close()
+                raise TimeoutError(f"the suite's long-lived requests {self.rids} did not reach every engine's "
+                                   f"recorder within {START_TIMEOUT_S:.0f}s")
+            if any(t.done() for t in self._tasks):
+                break  # an engine answered at once (refused it, or is gone): the wire shows it
+            await asyncio.sleep(0.001)
+
+    def _settled(self) -> bool:
+        newest = time.monotonic() - SETTLE_S
+        opened = {c.payload.get("rid") for c in self.wire.snapshot() if c.origin == "sentinel"
+                  and isinstance(c.payload, dict) and c.t_start <= newest}
+        return all(rid in opened for rid in self.rids)
+
+    async def _send(self, url: str, rid: str, adapter: str | None) -> None:
+        assert self._client is not None
+        payload = {"input_ids": SENTINEL_INPUT_IDS, "rid": rid,
+                   "sampling_params": {"max_new_tokens": self.max_new_tokens, "ignore_eos": True, "temperature": 0.0}}
+        if adapter is not None:
+            payload["lora_path"] = adapter
+        await self._client.post(url + "/generate", json=payload)
+
+    def _on_answer(self, call: WireCall) -> None:
+        """The integration continued an engine: its sentinel has done its job."""
+        if call.path == "/continue_generation" and call.origin == "integration" and call.engine < len(self.rids):
+            task = asyncio.ensure_future(self._release_one(call.engine))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _release_one(self, engine: int) -> None:
+        if engine in self._released or self._tasks[engine].done():
+            return
+        self._released.add(engine)
+        if self.history is not None:
+            self.history.injected.append(Injected(time.monotonic(), "abort", engine, "the suite's sentinel",
+                                                  rid=self.rids[engine]))
+        try:
+            async with probe_client() as probe:
+                await probe.post(self.urls[engine] + "/abort_request", json={"rid": self.rids[engine]})
+        except httpx.HTTPError:
+            pass  # the engine is gone: its sentinel's call shows how it ended
+
+    async def release(self) -> None:
+        """Abort every sentinel still open and wait (boundedly) for their answers."""
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        await asyncio.gather(*self._releasing, *(self._release_one(e) for e in range(len(self.rids))))
+        await asyncio.wait(self._tasks, timeout=END_TIMEOUT_S)
+        await self.close()
+
+    async def close(self) -> None:
+        """Give up on whatever is still open (cancelling drops the connection) and release the client."""
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

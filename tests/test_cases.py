@@ -1,0 +1,96 @@
+"""A run that breaks fails: an unexpected update failure, a call with no answer within its deadline (a hang) or a
+scenario that times out fails every case of its scenario, with what broke and the calls left open as the
+witness; the checker's own answer is kept beside it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from conformance import DEFAULT_INTEGRATION
+from conformance.cases import evaluate, fake_backend_factory, load_integration, run_one
+from conformance.checks import CHECKS
+from conformance.history import Breakage, History, OpenCall
+from conformance.mutants import MUTANTS
+from conformance.reference import ReferenceIntegration, ReferenceManager, ReferenceUpdater
+from conformance.scenarios import SCENARIOS, Deadlines
+
+pytestmark = pytest.mark.cpu
+FAST = Deadlines(update_s=1.0, drain_s=2.0, wait_s=2.0, script_s=5.0)
+
+
+def test_a_broken_history_fails_every_check_and_keeps_what_the_checker_said() -> None:
+    h = History("s", "i", "fake", "0.5.23", 0, breaks=[Breakage(
+        "hang", "Updater.update() (cycle 0, disk) did not return within 20s", 21.0,
+        [OpenCall(1, "POST", "/update_weights_from_disk", 1.0), OpenCall(0, "POST", "/generate", 0.5)])])
+    for check in CHECKS:
+        v = evaluate(check, h)
+        assert v.status == "fail" and v.run_broke, check
+        assert v.checker_status in ("pass", "unknown"), check
+        assert v.witness[:4] == [
+            "the run broke, so this case cannot pass:",
+            "hang: Updater.update() (cycle 0, disk) did not return within 20s (at t=21.000s)",
+            "  open call: engine 1 POST /update_weights_from_disk open since t=1.000s (20.0 s without an answer)",
+            "  and 1 /generate call(s) still open"], v.witness
+
+
+def test_an_unbroken_run_keeps_the_checker_verdict() -> None:
+    v = evaluate("V1", History("s", "i", "fake", "0.5.23", 0))
+    assert (v.status, v.run_broke, v.checker_status) == ("unknown", False, "unknown")
+
+
+def test_an_update_that_hangs_fails_every_case_with_the_call_it_is_stuck_on() -> None:
+    """A LoRA adapter unloaded under paused requests that use it: SGLang's unload waits for them forever."""
+    result = run_one("lora", MUTANTS["lora_reload_in_place"].integration, fake_backend_factory(), deadlines=FAST)
+    assert result.verdicts and all(v.status == "fail" and v.run_broke for v in result.verdicts.values())
+    witness = "\n".join(result.verdicts["V1"].witness)
+    assert "hang: Updater.update() (cycle 1, tensor, LoRA) did not return within 1s" in witness, witness
+    assert "open call: engine 0 POST /unload_lora_adapter open since" in witness, witness
+    assert result.verdicts["P7"].checker_status == "fail"  # and the checker itself saw why
+
+
+class _FailsSecondUpdate(ReferenceUpdater):
+    async def _stamp(self, new: int) -> None:
+        if new == 2:
+            raise RuntimeError("trainer lost its NCCL group")
+        await super()._stamp(new)
+
+
+def test_an_unexpected_update_failure_fails_every_case() -> None:
+    integration = ReferenceIntegration(name="fails-second-update", updater_cls=_FailsSecondUpdate)
+    result = run_one("steady-tensor-retract", integration, fake_backend_factory(), deadlines=FAST)
+    for check, v in result.verdicts.items():
+        assert v.status == "fail" and v.run_broke, check
+        assert ("error: update cycle 1 (tensor) failed: RuntimeError: trainer lost its NCCL group"
+                in v.witness[1]), v.witness
+
+
+def test_a_scenario_past_its_deadline_fails_as_a_timeout() -> None:
+    async def forever(run) -> None:
+        await run.start()
+        await asyncio.Event().wait()
+
+    scenario = replace(SCENARIOS["steady-tensor-retract"], name="never-ends", script=forever)
+    SCENARIOS[scenario.name] = scenario
+    try:
+        result = run_one(scenario.name, load_integration(DEFAULT_INTEGRATION), fake_backend_factory(),
+                         deadlines=replace(FAST, script_s=0.5))
+    finally:
+        del SCENARIOS[scenario.name]
+    witness = result.verdicts["V1"].witness
+    assert witness[1].startswith("timeout: scenario never-ends did not return within 0.5s"), witness
+
+
+class _StuckStop(ReferenceManager):
+    async def stop(self) -> None:
+        await asyncio.Event().wait()
+
+
+def test_a_manager_that_never_stops_is_a_hang() -> None:
+    integration = ReferenceIntegration(name="stuck-stop", manager_cls=_StuckStop)
+    result = run_one("first-drain", integration, fake_backend_factory(), deadlines=FAST)
+    witness = result.verdicts["V3"].witness
+    assert "hang: Manager.stop() did not return within 2s" in witness[1], witness
+    assert result.verdicts["V3"].checker_status == "pass"

@@ -48,6 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-lora", action="store_true", help="accept LoRA adapter loads (--enable-lora)")
     parser.add_argument("--weight-version", default="default", help="initial weight version label (default "
                                                                      "'default', as --weight-version)")
+    parser.add_argument("--model-path", default=None, metavar="DIR",
+                        help="serve this model directory (config.json + safetensors/.bin weights) instead of the "
+                             "built-in tiny model")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "half", "float16", "bfloat16", "float",
+                                                            "float32"),
+                        help="dtype the --model-path parameters are held in (default auto, as SGLang resolves it)")
+    parser.add_argument("--strict-weights", action="store_true",
+                        help="refuse updates naming parameters the model lacks and partial sharded checkpoints "
+                             "(SGLang skips unknown names with a warning and loads what is there)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, metavar="P",
                         help="first port: engine i on P+i, the router on P+E; 0 (default) = OS-chosen ports")
@@ -88,10 +97,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None,
     """Run engines (+ router) until `stop` is set (or SIGINT/SIGTERM); `announce(urls)` once all listen."""
     from .engine import FakeEngine
     from .router import FakeRouter
+    from .served_model import load_served_model
     from .serving import bind_loopback, http_url, serve_apps
 
+    model = load_served_model(args.model_path, args.dtype) if args.model_path else None
     engines = [
         FakeEngine(
+            model=model,
+            strict_weights=args.strict_weights,
             profile=args.profile,
             tokens_per_second=args.tokens_per_second,
             max_running_requests=args.max_running_requests,
@@ -133,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-running-requests must be >= 1, got {args.max_running_requests}")
     if args.faults is not None:
         args.faults = fault_plan_factory(parser, "--faults", args.faults)
+    from .served_model import ModelPathError
     from .serving import run
 
     def announce(urls: list[str]) -> None:
@@ -141,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return run(serve(args, announce=announce))
+    except ModelPathError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     except OSError as e:  # e.g. the port is taken
         parser.exit(2, f"{parser.prog}: error: cannot serve on {args.host}: {e.strerror or e}\n")
 

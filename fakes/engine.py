@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import random
 import threading
 from collections import OrderedDict
@@ -27,6 +28,8 @@ from .faults import Fault, FaultPlan
 from .profiles import DEFAULT_PROFILE, Profile, get_profile
 from .scheduler import Request, Scheduler, StepResult, encode_text
 from .served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model
+
+logger = logging.getLogger(__name__)
 
 PAUSED_BODY = {"message": "Generation paused successfully.", "status": "ok"}
 CONTINUED_BODY = {"message": "Generation continued successfully.", "status": "ok"}
@@ -950,6 +953,24 @@ class FakeEngine:
             message += f" Weight version updated to {version}."
         return Reply(200, {"success": True, "message": message, **extra})
 
+    def _merged(self, blobs: Mapping[str, W.TensorBlob], source: str) -> W.WeightStore:
+        """The weights after loading ``blobs`` as the model's ``load_weights`` does (``models/llama.py``, the same
+        in ``qwen2.py``/``qwen3.py``, 0.5.4–0.5.23): a name the model lacks is skipped with
+        ``logger.warning("Parameter <name> not found in params_dict")`` (silently for the names its stacked
+        q/k/v and gate/up mapping or its skip rules swallow) and the rest load; the update succeeds. A shape
+        mismatch raises (``default_weight_loader``'s assert). ``strict_weights`` refuses unknown names instead."""
+        if not self.strict_weights:
+            unknown = [name for name in blobs if name not in self.weights]
+            for name in unknown:
+                silent = _silently_skipped(name, self.model.config)
+                message = None if silent else f"Parameter {name} not found in params_dict"
+                if message is not None:
+                    logger.warning(message)
+                self._event("weights.skipped", name=name, source=source, message=message)
+            if unknown:
+                blobs = {name: blob for name, blob in blobs.items() if name in self.weights}
+        return self.weights.updated(blobs, cast=True)
+
     def _flush_now(self) -> bool:
         """One flush attempt: the profile's idle predicate, unless a ``flush_fail`` fault is active."""
         return self.scheduler.is_idle_for_flush() and not _flush_fault.get()
@@ -957,10 +978,13 @@ class FakeEngine:
     async def update_weights_from_disk(self, obj: Mapping[str, Any]) -> Reply:
         """``/update_weights_from_disk``: read the checkpoint; failure rolls back and keeps the version."""
 
+        missing_shards = "error" if self.profile.missing_shard_fails else "skip"
+
         async def load() -> W.WeightStore | str:
             try:
-                blobs = await asyncio.to_thread(W.load_checkpoint, obj["model_path"], obj.get("load_format"))
-                return self.weights.updated(blobs, cast=True)
+                blobs = await asyncio.to_thread(W.load_checkpoint, obj["model_path"], obj.get("load_format"),
+                                                strict=self.strict_weights, missing_shards=missing_shards)
+                return self._merged(blobs, "update_weights_from_disk")
             except W.CheckpointError as e:
                 return _disk_failure(e, e.stage)
             except W.WeightError as e:
@@ -985,7 +1009,7 @@ class FakeEngine:
             try:
                 payloads = obj["serialized_named_tensors"]
                 blobs = W.decode_tensor_payload(payloads[0])  # tp_rank 0
-                return self.weights.updated(blobs, cast=True)
+                return self._merged(blobs, "update_weights_from_tensor")
             except (W.WeightError, IndexError) as e:
                 self.crash(f"{type(e).__name__} in update_weights_from_tensor: {e}")
                 raise EngineCrashed(self.crash_reason) from None
@@ -1013,7 +1037,7 @@ class FakeEngine:
                 raise EngineCrashed(self.crash_reason)
             try:
                 blobs = await asyncio.to_thread(group.receive, obj["names"], obj["dtypes"], obj["shapes"])
-                return self.weights.updated(blobs, cast=True)
+                return self._merged(blobs, "update_weights_from_distributed")
             except Exception as e:  # noqa: BLE001 - model_runner catches Exception here
                 return (
                     f"Failed to update parameter online: {e}. The full weights of the ModelRunner are "
@@ -1222,6 +1246,21 @@ class FakeEngine:
 
     def __repr__(self) -> str:
         return f"FakeEngine({self.engine_id!r}, profile={self.profile.version!r}, version={self.weight_version!r})"
+
+
+_STACKED = (".q_proj", ".k_proj", ".v_proj", ".gate_proj", ".up_proj")  # LlamaForCausalLM.stacked_params_mapping
+_SKIPPED = ("rotary_emb.inv_freq", "projector", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def _silently_skipped(name: str, config: Mapping[str, Any]) -> bool:
+    """Unknown names ``LlamaForCausalLM.load_weights`` drops without a warning: rotary caches and projectors,
+    ``lm_head`` of a tied model, and names its stacked mapping rewrites (``q_proj`` → ``qkv_proj``) to a
+    parameter that does not exist (``if name not in params_dict: continue``)."""
+    if any(part in name for part in _SKIPPED):
+        return True
+    if config.get("tie_word_embeddings") and "lm_head.weight" in name:
+        return True
+    return any(part in name for part in _STACKED)
 
 
 def _disk_failure(e: Exception, stage: str) -> str:

@@ -1,7 +1,8 @@
 """The engine-side event log: what the fake engine saw and did, in order.
 
 Kinds: ``request.submit``, ``request.parked``, ``request.admit``, ``request.token`` (trace mode only),
-``request.retract``, ``request.finish``, ``control``, ``version.change``, ``weights.load``, ``lora.load``,
+``request.retract``, ``request.finish``, ``control``, ``version.change``, ``weights.load``, ``weights.skipped``
+(a name the model lacks, with SGLang's warning), ``memory.release``, ``memory.resume``, ``lora.load``,
 ``lora.unload``, ``engine.crash``, ``fault``.
 """
 
@@ -23,6 +24,9 @@ KINDS = frozenset(
         "control",
         "version.change",
         "weights.load",
+        "weights.skipped",
+        "memory.release",
+        "memory.resume",
         "lora.load",
         "lora.unload",
         "engine.crash",

@@ -60,6 +60,11 @@ class Profile:
     flush_timeout_query: bool
     """0.5.10+: ``/flush_cache?timeout=`` and ``FlushCacheReqOutput.message``."""
 
+    # -- loading weights (model_loader/weight_utils.py) --
+    missing_shard_fails: bool
+    """0.5.23: an index naming a shard that is not on disk fails the disk update ("references N shard file(s)
+    missing", ``filter_duplicate_safetensors_files``); before, the shards present load silently."""
+
     # -- weight-update sessions (spec §3.3.6) --
     weight_update_sessions: bool
     """0.5.23: /begin_weight_update + /end_weight_update, required around distributed/tensor updates."""
@@ -109,6 +114,7 @@ _P054 = Profile(
     post_update_flush_failure="crash",
     disk_flush_cache_field=False,
     flush_timeout_query=False,
+    missing_shard_fails=False,
     weight_update_sessions=False,
     weight_versions_spans=False,
     get_weight_version="ok",
@@ -133,7 +139,7 @@ _P0510 = replace(
     model_info_route=True, model_info_keys=_MODEL_INFO_056, lora_from_tensors_field="serialized_tensors")
 _P0523 = replace(
     _P0510, version="0.5.23", continue_torch_empty_cache=True, flush_ignores_waiting_while_paused=True,
-    post_update_flush_failure="error", weight_update_sessions=True, weight_versions_spans=True,
+    post_update_flush_failure="error", missing_shard_fails=True, weight_update_sessions=True, weight_versions_spans=True,
     get_weight_version="gone", weight_version_alias=False, server_info_tracks_version=False,
     retraction_key="num_retractions", model_info_keys=_MODEL_INFO_0523,
     lora_from_tensors_field="serialized_named_tensors", ready_route=True)

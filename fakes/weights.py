@@ -237,6 +237,42 @@ def _bf16_bits(x: float) -> int:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
+_TORCH_CAST_MIN_BYTES = 1 << 22  # torch casts ~100x faster than numpy's float16 path; worth its import above this
+
+
+def _cast_floats(data: bytes, src: str, dst: str) -> bytes | None:
+    """float64/float32/float16/bfloat16 -> another of them, vectorised (``tensor.to`` itself for large tensors
+    when torch is installed, else numpy with the same bits: round to nearest even, inf on overflow); None when
+    neither is installed or a side is not such a float."""
+    if src not in _FLOATS or dst not in _FLOATS:
+        return None
+    if len(data) >= _TORCH_CAST_MIN_BYTES:
+        try:
+            import torch  # lazy, optional
+        except ImportError:
+            pass
+        else:
+            converted = torch.frombuffer(bytearray(data), dtype=getattr(torch, src)).to(getattr(torch, dst))
+            return converted.view(torch.uint8).numpy().tobytes()
+    try:
+        import numpy as np  # lazy, optional
+    except ImportError:
+        return None
+    native = {"float64": np.float64, "float32": np.float32, "float16": np.float16}
+    if src == "bfloat16":
+        values = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(data, dtype=np.dtype(native[src]).newbyteorder("<"))
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dst != "bfloat16":
+            return values.astype(np.dtype(native[dst]).newbyteorder("<")).tobytes()
+        bits = values.astype("<f4").view(np.uint32)  # float64 -> float32 first, as torch does
+    nan = ((bits & 0x7F800000) == 0x7F800000) & ((bits & 0x007FFFFF) != 0)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    quiet = ((bits >> 16) & 0x8000) | 0x7FC0
+    return np.where(nan, quiet, rounded).astype("<u2").tobytes()
+
+
 def _encode(dtype: str, values: list) -> bytes:
     """Python numbers -> raw little-endian bytes of ``dtype`` (floats rounded like torch, ints wrap)."""
     if dtype == "float32":
@@ -374,7 +410,10 @@ class TensorBlob:
             return self
         if dtype in ("float8_e4m3fn", "float8_e5m2"):
             raise WeightError(f"cannot convert {self.dtype} to {dtype} without torch")
-        return TensorBlob(dtype, self.shape, _encode(dtype, self.values()))
+        if self.dtype == "float64" and dtype == "float16":  # torch rounds through float32 (twice)
+            return self.astype("float32").astype(dtype)
+        fast = _cast_floats(self.data, self.dtype, dtype)
+        return TensorBlob(dtype, self.shape, fast if fast is not None else _encode(dtype, self.values()))
 
 
 def _as_blob(value: Any, name: str = "?") -> TensorBlob:
@@ -620,18 +659,13 @@ def _st_error(source: str, reason: str, detail: str = "") -> CheckpointError:
     return CheckpointError(f"Error while deserializing header: {reason} ({source}{extra})", stage="load")
 
 
-def decode_safetensors(data: bytes | memoryview, source: str = "<buffer>") -> tuple[dict[str, TensorBlob], dict]:
-    """Parse a safetensors buffer -> (name -> blob in data order, ``__metadata__``).
-
-    Validates like the ``safetensors`` library and raises ``CheckpointError`` with its reasons: ``header too
-    small``, ``invalid header length``, ``header too large``, ``invalid JSON in header: ...``, ``invalid
-    offset for tensor `x` ``, ``invalid shape, data type, or offset for tensor `x` ``, ``incomplete
-    metadata, file not fully covered`` (a half-written file). ``source`` names the file in messages."""
-    data = memoryview(data)
-    size = len(data)
+def _safetensors_layout(prefix: bytes | memoryview, size: int, source: str) -> tuple[int, list, dict]:
+    """Validate a safetensors header like the ``safetensors`` library: (data start, entries sorted by offset as
+    ``(begin, end, name, dtype, shape)``, ``__metadata__``). ``prefix`` holds at least the first 8 bytes and, when
+    the length field allows it, the whole header; ``size`` is the total byte count."""
     if size < 8:
         raise _st_error(source, "header too small", f"file has {size} bytes")
-    (n,) = struct.unpack("<Q", data[:8])
+    (n,) = struct.unpack("<Q", prefix[:8])
     if n > _MAX_HEADER:
         raise _st_error(source, "header too large", f"header length {n}")
     if 8 + n > size:
@@ -639,7 +673,7 @@ def decode_safetensors(data: bytes | memoryview, source: str = "<buffer>") -> tu
                         f"header claims {n} bytes but the file has only {size - 8} after the length; "
                         f"truncated or still being written?")
     try:
-        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
+        header = json.loads(bytes(prefix[8:8 + n]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise _st_error(source, f"invalid JSON in header: {e}") from None
     if not isinstance(header, dict):
@@ -661,22 +695,32 @@ def decode_safetensors(data: bytes | memoryview, source: str = "<buffer>") -> tu
             raise _st_error(source, f"invalid JSON in header: bad shape or data_offsets for tensor `{name}`")
         entries.append((offsets[0], offsets[1], name, _ST_TO_DTYPE[code], tuple(shape)))
     entries.sort(key=lambda e: (e[0], e[1]))
-    buffer = data[8 + n:]
     expected_start = 0
-    out: dict[str, TensorBlob] = {}
     for begin, end, name, dtype, shape in entries:
         if begin != expected_start or end < begin:
             raise _st_error(source, f"invalid offset for tensor `{name}`")
         if end - begin != _numel(shape) * _itemsize(dtype):
             raise _st_error(source, f"invalid shape, data type, or offset for tensor `{name}`")
         expected_start = end
-    if expected_start != len(buffer):
+    available = size - 8 - n
+    if expected_start != available:
         raise _st_error(source, "incomplete metadata, file not fully covered",
-                        f"tensors need {expected_start} data bytes, the file has {len(buffer)}"
-                        + ("; truncated or still being written?" if len(buffer) < expected_start else ""))
-    for begin, end, name, dtype, shape in entries:
-        out[name] = TensorBlob(dtype, shape, bytes(buffer[begin:end]))
-    return out, dict(metadata)
+                        f"tensors need {expected_start} data bytes, the file has {available}"
+                        + ("; truncated or still being written?" if available < expected_start else ""))
+    return 8 + n, entries, dict(metadata)
+
+
+def decode_safetensors(data: bytes | memoryview, source: str = "<buffer>") -> tuple[dict[str, TensorBlob], dict]:
+    """Parse a safetensors buffer -> (name -> blob in data order, ``__metadata__``).
+
+    Validates like the ``safetensors`` library and raises ``CheckpointError`` with its reasons: ``header too
+    small``, ``invalid header length``, ``header too large``, ``invalid JSON in header: ...``, ``invalid
+    offset for tensor `x` ``, ``invalid shape, data type, or offset for tensor `x` ``, ``incomplete
+    metadata, file not fully covered`` (a half-written file). ``source`` names the file in messages."""
+    data = memoryview(data)
+    start, entries, metadata = _safetensors_layout(data, len(data), source)
+    return {name: TensorBlob(dtype, shape, bytes(data[start + begin:start + end]))
+            for begin, end, name, dtype, shape in entries}, metadata
 
 
 def _looks_like_safetensors(data: bytes) -> bool:
@@ -800,16 +844,33 @@ def _load_torch_file(path: str) -> dict[str, TensorBlob]:
 
 
 def _load_safetensors_file(path: str) -> dict[str, TensorBlob]:
+    """Read one safetensors file: the header, then each tensor's bytes straight from the file (one copy, no
+    per-element decoding)."""
     fname = os.path.basename(path)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            if len(prefix) == 8:
+                (n,) = struct.unpack("<Q", prefix)
+                if n <= _MAX_HEADER and 8 + n <= size:
+                    prefix += f.read(n)
+            start, entries, _ = _safetensors_layout(prefix, size, fname)
+            f.seek(start)
+            out = {}
+            for begin, end, name, dtype, shape in entries:
+                data = f.read(end - begin)
+                if len(data) != end - begin:
+                    raise _st_error(fname, "incomplete metadata, file not fully covered",
+                                    "the file shrank while being read; still being written?")
+                out[name] = TensorBlob(dtype, shape, data)
+            return out
     except OSError as e:
         raise CheckpointError(f"{fname}: cannot be read: {e}") from None
-    return decode_safetensors(data, source=fname)[0]
 
 
-def load_checkpoint(path: str, load_format: str | None = None, *, strict: bool = True) -> dict[str, TensorBlob]:
+def load_checkpoint(path: str, load_format: str | None = None, *, strict: bool = False,
+                    missing_shards: str = "error") -> dict[str, TensorBlob]:
     """Read the checkpoint directory ``path`` like SGLang's ``DefaultModelLoader`` (local directory).
 
     File selection (``_prepare_weights``): by ``load_format`` -- ``None``/``"auto"``: the first of
@@ -818,9 +879,13 @@ def load_checkpoint(path: str, load_format: str | None = None, *, strict: bool =
     ``weight_map`` are read (a stale ``model.safetensors`` next to shards is ignored). ``.bin`` files named
     like trainer state (``training_args.bin``, ``optimizer.bin`` ...) are skipped.
 
-    ``strict`` (default) also rejects what SGLang would silently half-load: an index naming a missing shard,
-    a shard missing a tensor the index puts in it, the same tensor in two files. ``strict=False`` loads
-    what is there, as SGLang does. Raises ``CheckpointError`` (see its ``stage``)."""
+    By default it does what SGLang does with a half-written sharded checkpoint: an index naming a shard that is
+    not on disk fails (``missing_shards="error"``, 0.5.23 ``weight_utils.filter_duplicate_safetensors_files``:
+    "references N shard file(s) missing") or is silently loaded without it (``"skip"``, up to 0.5.16); a shard
+    missing a tensor the index puts in it, or a tensor in two files, is loaded as it is (partial update).
+    ``strict=True`` rejects all three. Raises ``CheckpointError`` (see its ``stage``)."""
+    if missing_shards not in ("error", "skip"):
+        raise ValueError(f"missing_shards must be 'error' or 'skip', got {missing_shards!r}")
     fmt = "auto" if load_format is None else load_format
     if fmt not in SUPPORTED_LOAD_FORMATS:
         raise CheckpointError(
@@ -852,13 +917,15 @@ def load_checkpoint(path: str, load_format: str | None = None, *, strict: bool =
                     f"{SAFE_WEIGHTS_INDEX_NAME} cannot be parsed ({type(e).__name__}: {e}); "
                     f"truncated or still being written?", stage="iterator") from None
             listed = {os.path.join(path, f) for f in index_map.values()}
-            if strict:
-                missing = sorted(f for f in set(index_map.values()) if not os.path.isfile(os.path.join(path, f)))
-                if missing:
-                    raise CheckpointError(
-                        f"{SAFE_WEIGHTS_INDEX_NAME} names shard(s) that do not exist: {', '.join(missing)} "
-                        f"(half-written checkpoint? SGLang would silently load only the shards present)",
-                        stage="iterator")
+            missing = sorted(f for f in set(index_map.values()) if not os.path.isfile(os.path.join(path, f)))
+            if missing and strict:
+                raise CheckpointError(
+                    f"{SAFE_WEIGHTS_INDEX_NAME} names shard(s) that do not exist: {', '.join(missing)} "
+                    f"(half-written checkpoint?)", stage="iterator")
+            if missing and missing_shards == "error":
+                raise CheckpointError(
+                    f"{SAFE_WEIGHTS_INDEX_NAME} references {len(missing)} shard file(s) missing from {path} "
+                    f"(incomplete download?): {missing}", stage="iterator")
             files = [f for f in files if f in listed]
     else:
         files = [f for f in files if not any(f.endswith(x) for x in _BIN_BLACKLIST)]

@@ -54,6 +54,8 @@ class RayBackendConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the engine processes."""
     digest_timeout_s: float = 60.0
+    engine_host: str | None = None
+    """The address engines bind; None: each node's IP as Ray reports it (simulated nodes share 127.0.0.1)."""
     sentinel_tokens: int = 2048
     """Decode budget of the suite's long-lived requests: they must outlive an update cycle and still end on their
     own (a real engine's decode speed is not known in advance; the tiny model's context holds 4096 tokens)."""
@@ -66,7 +68,7 @@ def fake_config(model_path: str | Path, *, engines: int = 2, nodes: int = 2, pro
     spec = EngineSpec(model_path=str(model_path), enable_lora=enable_lora, random_seed=seed,
                       fake_args=("--fake-profile", profile, "--fake-tokens-per-second", str(tokens_per_second)))
     return RayBackendConfig(spec, engines=engines, nodes=nodes, program=FAKE, resources_per_engine={"CPU": 1},
-                            health_timeout_s=health_timeout_s, profile=profile,
+                            health_timeout_s=health_timeout_s, profile=profile, engine_host="127.0.0.1",
                             sentinel_tokens=int(sentinel_seconds * tokens_per_second))
 
 
@@ -91,6 +93,8 @@ class _Engine:
     last_status: dict[str, Any] = field(default_factory=dict)
     unanswered: int = 0
     failure: str | None = None
+    unreachable: str | None = None
+    """When the proxy first could not reach the engine, and what the integration was doing then."""
 
 
 class RayBackend:
@@ -131,7 +135,7 @@ class RayBackend:
             for i in range(c.engines):
                 actor = actor_cls.options(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
                                           scheduling_strategy=self.placement.strategy(i), max_restarts=0,
-                                          ).remote(c.spec, c.program, dict(c.env), f"engine-{i}")
+                                          ).remote(c.spec, c.program, dict(c.env), f"engine-{i}", c.engine_host)
                 self._engines.append(_Engine(i, actor))
             starts = [e.actor.start.remote(c.health_timeout_s) for e in self._engines]
             errors = []
@@ -143,7 +147,8 @@ class RayBackend:
             if errors:
                 raise EngineFailure("\n".join(errors))
             for e in self._engines:
-                e.proxy = RecordingProxy(e.info["url"], e.index, self.wire).start()
+                e.proxy = RecordingProxy(e.info["url"], e.index, self.wire,
+                                         on_unreachable=functools.partial(self._unreachable, e)).start()
             self.urls = [e.proxy.url for e in self._engines]
         except BaseException:
             self._teardown()
@@ -184,27 +189,37 @@ class RayBackend:
     # -- supervision ----------------------------------------------------------------------------------------
 
     def _watch(self) -> None:
+        while not self._stopping.wait(MONITOR_INTERVAL_S):
+            self._poll(patience=UNRESPONSIVE_POLLS)
+
+    def _poll(self, patience: int) -> None:
+        """Ask every engine not yet failed for its status; record a failure for an actor that died, one that
+        answered no status call ``patience`` times in a row, and an engine process that exited."""
         import ray
 
-        while not self._stopping.wait(MONITOR_INTERVAL_S):
-            live = [e for e in self._engines if e.failure is None]
-            refs = {e.index: e.actor.status.remote() for e in live}
-            for e in live:
-                try:
-                    status = ray.get(refs[e.index], timeout=STATUS_TIMEOUT_S)
-                except ray.exceptions.GetTimeoutError:
-                    e.unanswered += 1
-                    if e.unanswered >= UNRESPONSIVE_POLLS:
-                        self._fail(e, f"its actor answered no status call for {UNRESPONSIVE_POLLS} polls")
-                    continue
-                except ray.exceptions.RayActorError as exc:
-                    if not self._stopping.is_set():
-                        self._fail(e, f"its actor died ({type(exc).__name__}): the node was lost or the actor "
-                                      f"was killed ({_first_line(exc)})")
-                    continue
-                e.unanswered, e.last_status = 0, status
-                if status["returncode"] is not None and not self._stopping.is_set():
-                    self._fail(e, f"its server process exited with code {status['returncode']}")
+        live = [e for e in self._engines if e.failure is None]
+        refs = {e.index: e.actor.status.remote() for e in live}
+        for e in live:
+            try:
+                status = ray.get(refs[e.index], timeout=STATUS_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                e.unanswered += 1
+                if e.unanswered >= patience:
+                    self._fail(e, f"its actor answered no status call for {e.unanswered * STATUS_TIMEOUT_S:.0f}s")
+                continue
+            except ray.exceptions.RayActorError as exc:
+                self._fail(e, f"its actor died ({type(exc).__name__}): the node was lost or the actor was killed "
+                              f"({_first_line(exc)})")
+                continue
+            e.unanswered, e.last_status = 0, status
+            if status["returncode"] is not None:
+                self._fail(e, f"its server process exited with code {status['returncode']}")
+
+    def _unreachable(self, e: _Engine, error: str) -> None:
+        with self._lock:
+            if e.unreachable is None:
+                e.unreachable = (f"It stopped answering at t={time.monotonic() - self._t0:.2f}s ({error}), while the "
+                                 f"integration was doing: {self._activity(e.index)}\n")
 
     def _fail(self, e: _Engine, what: str) -> None:
         with self._lock:
@@ -213,8 +228,8 @@ class RayBackend:
             when = time.monotonic() - self._t0
             e.failure = (f"engine {e.index} (node {e.info.get('node_id', '?')} at {e.info.get('node_ip', '?')}, "
                          f"server {e.info.get('url', '?')}, pid {e.info.get('pid', '?')}) failed at "
-                         f"t={when:.2f}s: {what}.\n"
-                         f"The integration was doing: {self._activity(e.index)}\n"
+                         f"t={when:.2f}s: {what}.\n{e.unreachable or ''}"
+                         f"At the failure the integration was doing: {self._activity(e.index)}\n"
                          f"{e.last_status.get('log_tail', '(no log seen: the engine failed before its first status)')}")
         if e.proxy is not None:
             e.proxy.proxy.fail(e.failure.splitlines()[0])
@@ -239,7 +254,9 @@ class RayBackend:
 
         self._stopping.set()
         if self._monitor is not None:
-            self._monitor.join(STATUS_TIMEOUT_S + 2.0)
+            self._monitor.join()
+            self._monitor = None
+            self._poll(patience=1)  # what happened since the last poll counts too (nothing is stopped yet)
         for e in self._engines:
             if e.proxy is not None:
                 e.proxy.stop()

@@ -166,14 +166,16 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 class EngineActor:
     """The engine process as a Ray actor (create with ``ray.remote(EngineActor).options(...)``): ``start`` answers
-    where it runs in Ray's own terms (node id and IP), so placement is checked from Ray's view."""
+    where it runs in Ray's own terms (node id and IP), so placement is checked from Ray's view. The engine binds
+    ``host``, by default the node's IP as Ray knows it."""
 
-    def __init__(self, spec: EngineSpec, program: Sequence[str], env: Mapping[str, str] | None, name: str) -> None:
+    def __init__(self, spec: EngineSpec, program: Sequence[str], env: Mapping[str, str] | None, name: str,
+                 host: str | None = None) -> None:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
-        self.engine = EngineProcess(spec, program, host=self.node_ip, env=env, name=name)
+        self.engine = EngineProcess(spec, program, host=host or self.node_ip, env=env, name=name)
 
     def start(self, health_timeout_s: float) -> dict[str, Any]:
         url = self.engine.start(health_timeout_s)

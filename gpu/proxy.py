@@ -33,9 +33,13 @@ CONNECT_TIMEOUT_S = 10.0
 class ForwardingProxy:
     """ASGI app forwarding each HTTP request to ``target`` (``http://host:port``), streaming the answer back."""
 
-    def __init__(self, target: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, target: str, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 on_unreachable: Callable[[str], None] | None = None) -> None:
         self.target = target.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
+        self.on_unreachable = on_unreachable
+        """Called with the error each time the engine cannot be reached or drops an answer (the recorder still
+        holds the call open, so the wire shows what was in flight at that moment)."""
         self.failure: str | None = None
         self._session: Any = None
 
@@ -118,6 +122,8 @@ class ForwardingProxy:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            if self.on_unreachable is not None:
+                self.on_unreachable(f"{type(exc).__name__}: {exc}")
             if started:  # the engine went away mid-answer: end the connection as it did
                 raise
             reason = self.failure or f"engine at {self.target} unreachable: {type(exc).__name__}: {exc}"
@@ -141,10 +147,11 @@ class RecordingProxy:
     """A :class:`ForwardingProxy` to ``target`` behind a ``WireRecorder`` (as engine ``engine`` of ``wire``), on
     127.0.0.1 in its own thread and event loop. ``url`` is what the integration talks to."""
 
-    def __init__(self, target: str, engine: int, wire: WireLog) -> None:
+    def __init__(self, target: str, engine: int, wire: WireLog,
+                 on_unreachable: Callable[[str], None] | None = None) -> None:
         from fakes.server import LoopbackServer
 
-        self.proxy = ForwardingProxy(target)
+        self.proxy = ForwardingProxy(target, on_unreachable=on_unreachable)
         self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire))
 
     @property

@@ -1,0 +1,151 @@
+"""The Ray backend on a simulated 2-node cluster (``ray.cluster_utils.Cluster``), fake engines in the actors.
+
+One cluster for the whole run: every check is a subtest of one test, so pytest-xdist never starts a second cluster
+on another worker. The checks go from harmless to destructive; the node-loss check runs last. After the cluster
+is gone no engine process is left on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance import DEFAULT_INTEGRATION
+from conformance.cases import load_integration, run_one
+from gpu.backend import EngineFailure, RayBackend, fake_config
+from gpu.cluster import local_cluster
+from gpu.placement import PlacementError
+from gpu.tiny_model import CPU_TEST_MODEL, write_model
+
+pytestmark = [pytest.mark.cpu, pytest.mark.ray]
+STUB = (str(Path(__file__).with_name("stub_server.py")),)
+SCENARIOS = ("steady-disk-retract", "failover", "lora")
+
+
+def engine_processes(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker`` (the test's own model directory)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                zombie = f.read().split(") ")[1][0] == "Z"
+        except OSError:
+            continue
+        if marker in cmdline and not zombie and int(entry) != os.getpid():
+            pids.append(int(entry))
+    return pids
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> None:
+    import ray
+
+    model = str(write_model(tmp_path / "tiny-model", CPU_TEST_MODEL))
+    integration = load_integration(DEFAULT_INTEGRATION)
+    t0 = time.monotonic()
+    with local_cluster(nodes=2, cpus_per_node=2) as cluster:
+        print(f"\n2-node Ray cluster started in {time.monotonic() - t0:.1f}s")
+        head = ray.get_runtime_context().get_node_id()
+
+        with subtests.test("engines land on distinct worker nodes, as Ray places them"):
+            for engines in (2, 4):
+                backend = RayBackend(fake_config(model, engines=engines, nodes=2))
+                backend.start()
+                try:
+                    table = ray.util.placement_group_table(backend.placement.group)
+                    nodes = backend.engine_nodes()
+                    assert len(set(nodes)) == 2 and head not in nodes, nodes
+                    assert nodes == [table["bundles_to_node_id"][i % 2] for i in range(engines)]
+                finally:
+                    backend.stop()
+
+        with subtests.test("a cluster with fewer nodes than asked is a clear error"):
+            with pytest.raises(PlacementError, match=r"--nodes 3: the cluster has 2 live node\(s\) with room"):
+                RayBackend(fake_config(model, engines=3, nodes=3)).start()
+
+        for scenario in SCENARIOS:
+            with subtests.test(f"conformance cases of {scenario} pass through the proxies"):
+                result = run_one(scenario, integration, lambda: RayBackend(fake_config(model)), seed=0)
+                assert result.skipped is None
+                failed = [v.explain() for v in result.verdicts.values() if not v.passed]
+                assert not failed, "\n".join(failed)
+                assert len(result.verdicts) >= 3
+
+        with subtests.test("an engine process that dies is reported with its log"):
+            backend = RayBackend(fake_config(model))
+            backend.start()
+            try:
+                os.kill(backend.engine_info()[1]["pid"], signal.SIGKILL)
+                wait_until(backend.failures, 10, "the backend to notice the dead engine")
+                (failure,) = backend.failures()
+                assert failure.startswith("engine 1 (node ") and "its server process exited with code -9" in failure
+                assert "At the failure the integration was doing: nothing in flight" in failure
+                assert "--- engine log tail ---" in failure and "ready to roll" in failure
+            finally:
+                with pytest.raises(EngineFailure, match="engine 1"):
+                    backend.stop()
+
+        with subtests.test("an engine that cannot start fails the start with its log"):
+            t = time.monotonic()
+            with pytest.raises(EngineFailure) as info:
+                RayBackend(fake_config(str(tmp_path / "no-such-model"))).start()
+            assert time.monotonic() - t < 20
+            message = str(info.value)
+            assert "engine 0 did not start: engine-0 exited with code 2 before /health answered 200" in message
+            assert "is not a local directory" in message and "--- engine log tail ---" in message
+
+        with subtests.test("an engine that never becomes healthy fails at its deadline with its log"):
+            config = fake_config(model, health_timeout_s=1.0)
+            config.program, config.env = STUB, {"STUB_MODE": "never_healthy"}
+            with pytest.raises(EngineFailure) as info:
+                RayBackend(config).start()
+            message = str(info.value)
+            assert "did not answer 200 on /health within 1s (last: HTTP 503" in message, message
+            assert '"GET /health HTTP/1.1" 503' in message
+
+        with subtests.test("losing a node mid-scenario names the node, the engine and what was going on"):
+            backends: list[RayBackend] = []
+            removed: list[str] = []
+
+            def factory() -> RayBackend:
+                backends.append(RayBackend(fake_config(model)))
+                return backends[-1]
+
+            def remove_node_of_engine_1_during_the_first_update() -> None:
+                wait_until(lambda: backends and backends[-1].urls and any(
+                    c.path == "/pause_generation" for c in backends[-1].wire.snapshot()), 30, "the first update cycle")
+                node_id = backends[-1].engine_nodes()[1]
+                node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+                removed.append(node_id)
+                cluster.remove_node(node, allow_graceful=False)
+
+            killer = threading.Thread(target=remove_node_of_engine_1_during_the_first_update, daemon=True)
+            killer.start()
+            t = time.monotonic()
+            with pytest.raises(EngineFailure) as info:
+                run_one("steady-disk-retract", integration, factory, seed=0)
+            elapsed = time.monotonic() - t
+            killer.join(5)
+            print(f"node loss: the scenario failed {elapsed:.1f}s after it started:\n{info.value}")
+            message = str(info.value)
+            assert removed and f"engine 1 (node {removed[0]}" in message
+            assert "its actor died" in message and "It stopped answering at t=" in message
+            assert "--- engine log tail ---" in message and "ready to roll" in message
+            assert elapsed < 40
+            wait_until(lambda: not engine_processes(model), 15, "no engine process left after the node loss")
+    wait_until(lambda: not engine_processes(model), 15, "no engine process left after the cluster is gone")

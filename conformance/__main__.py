@@ -1,4 +1,5 @@
-"""``python -m conformance``: run the conformance suite (fake backend by default) and write the report.
+"""``python -m conformance``: run the conformance suite (fake backend by default) and write the report (JSON result,
+Markdown summary, self-contained HTML).
 
     python -m conformance [--integration MODULE:ATTR] [--out results/] [--sglang-profile 0.5.23] [-- PYTEST ARGS]
 """
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         pytest_args.append(f"--integration={args.integration}")
     code = pytest.main(pytest_args)
     if report.exists():
-        print(f"\nconformance report: {report} and {report.with_suffix('.md')}")
+        print(f"\nconformance result: {report} (summary {report.with_suffix('.md')})\n"
+              f"HTML report: {report.with_suffix('.html')}")
     return int(code)
 
 

@@ -6,6 +6,7 @@ Import-light: the suite's machinery is imported only when a conformance test run
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,6 +15,7 @@ import pytest
 from . import DEFAULT_INTEGRATION
 
 _RESULTS = pytest.StashKey[dict]()
+_COLLECTOR = "weightsync-conformance-result"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,7 +28,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--conformance-seed", type=int, default=None, metavar="N",
                     help="seed for workloads and fake engines (default: env WEIGHTSYNC_SEED, else 0)")
     group.addoption("--conformance-report", default=None, metavar="PATH",
-                    help="write the conformance result (JSON, plus Markdown beside it) to PATH")
+                    help="write the conformance result (JSON; Markdown, HTML and the scenarios' histories beside it) "
+                         "to PATH")
+    group.addoption("--dump-history", default=None, metavar="DIR",
+                    help="write each scenario's history (wire log, cycles, batches) as JSON into DIR")
     group.addoption("--nodes", type=int, default=1, metavar="N", help="nodes for the GPU backend (-m gpu)")
     parser.addini("conformance_integration", "integration under test (MODULE:ATTR)", default=None)
 
@@ -43,6 +48,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--nodes") < 1:
         raise pytest.UsageError("--nodes must be >= 1")
     config.stash[_RESULTS] = {}
+    report, dump = config.getoption("--conformance-report"), config.getoption("--dump-history")
+    if report or dump:
+        from reports.collect import ResultCollector
+
+        config.pluginmanager.register(ResultCollector(config, report and Path(report), dump and Path(dump)),
+                                      _COLLECTOR)
 
 
 def integration_spec(config: pytest.Config) -> str:
@@ -100,23 +111,13 @@ def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -
 
 
 def record_verdict(config: pytest.Config, nodeid: str, case: Any, backend: str, result: Any) -> None:
-    """Keep a case's verdict for the report."""
-    v = result.verdicts.get(case.check) if result.history else None
-    config.stash[_RESULTS].setdefault("cases", []).append({
-        "nodeid": nodeid, "case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
-        "status": "skipped" if result.skipped else v.status, "reason": result.skipped,
-        "witness": v.witness if v else [], "metrics": v.metrics if v else {}})
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    config = session.config
-    path = config.getoption("--conformance-report")
-    if not path or hasattr(config, "workerinput"):
+    """Keep a case's verdict, and its scenario's history, for the report (``reports.collect``; works under xdist)."""
+    collector = config.pluginmanager.get_plugin(_COLLECTOR)
+    if collector is None:
         return
-    from reports.render import write_report
-
-    results = config.stash[_RESULTS]
-    write_report(Path(path), {
-        "suite_version": "0.1.0", "integration": integration_spec(config),
-        "backend": "fake", "sglang_profile": config.getoption("--sglang-profile") or "0.5.23",
-        "seed": conformance_seed(config), "cases": results.get("cases", [])})
+    v = result.verdicts.get(case.check) if result.history else None
+    details = {k: val for k, val in asdict(v).items() if k not in ("check", "status", "witness", "metrics")} if v else {}
+    collector.record(nodeid, {
+        "case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
+        "status": "skipped" if result.skipped else v.status if v else "error", "reason": result.skipped,
+        "witness": v.witness if v else [], "metrics": v.metrics if v else {}, "details": details}, result.history)

@@ -1,4 +1,4 @@
-"""Write a conformance result as JSON and render it as a Markdown matrix (invariant × scenario)."""
+"""Writing a result and its renderings: JSON, the Markdown summary and the self-contained HTML report."""
 
 from __future__ import annotations
 
@@ -6,39 +6,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-_CELL = {"pass": "✅", "fail": "❌", "unknown": "❔", "skipped": "⏭"}
+from .html import render_html
+from .markdown import render_markdown
+from .result import load_result
 
 
-def render_markdown(result: dict[str, Any]) -> str:
-    """Invariant × scenario matrix, then the witness of every case that did not pass."""
-    cases = result.get("cases", [])
-    scenarios = sorted({c["scenario"] for c in cases})
-    invariants = sorted({c["invariant"] for c in cases})
-    by_key = {(c["invariant"], c["scenario"]): c for c in cases}
-    counts = {s: sum(c["status"] == s for c in cases) for s in _CELL}
-    lines = [f"# Conformance: {result.get('integration')} on {result.get('backend')} "
-             f"(SGLang {result.get('sglang_profile')}, seed {result.get('seed')})", "",
-             " · ".join(f"{_CELL[s]} {s} {n}" for s, n in counts.items()), "",
-             "| invariant | " + " | ".join(scenarios) + " |", "|---|" + "---|" * len(scenarios)]
-    for inv in invariants:
-        cells = [_CELL[by_key[(inv, s)]["status"]] if (inv, s) in by_key else "" for s in scenarios]
-        lines.append(f"| {inv} | " + " | ".join(cells) + " |")
-    measured = [c for c in cases if c["invariant"] in ("I1-I2", "S3") and c.get("metrics")]
-    if measured:
-        lines += ["", "## Metrics", "", "| case | metrics |", "|---|---|"]
-        for c in measured:
-            shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c["metrics"].items())
-            lines.append(f"| {c['case']} | {shown} |")
-    bad = [c for c in cases if c["status"] not in ("pass",)]
-    if bad:
-        lines += ["", "## Not passed", ""]
-        for c in bad:
-            lines.append(f"- **{c['case']}** ({c['status']}): " + "; ".join(c.get("witness") or [c.get("reason") or ""]))
-    return "\n".join(lines) + "\n"
-
-
-def write_report(path: Path, result: dict[str, Any]) -> None:
-    """``path`` gets the JSON result, ``path.with_suffix('.md')`` the Markdown matrix."""
+def write_report(path: Path, result: dict[str, Any]) -> Path:
+    """``path`` gets the JSON result, ``.md`` and ``.html`` beside it get its renderings; returns the HTML's path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str))
-    path.with_suffix(".md").write_text(render_markdown(result))
+    path.write_text(json.dumps(result, indent=1, default=str))
+    return render(path)
+
+
+def render(result_path: Path, out_dir: Path | None = None) -> Path:
+    """Render a result file to ``<stem>.md`` and ``<stem>.html`` (beside it, or in ``out_dir``); the HTML's path."""
+    result = load_result(result_path)
+    out = (out_dir or result_path.parent) / result_path.stem
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(render_markdown(result))
+    html = out.with_suffix(".html")
+    html.write_text(render_html(result, result_path, html.parent))
+    return html

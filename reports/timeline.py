@@ -1,0 +1,325 @@
+"""What a report shows of one scenario run, derived from its history (the JSON of ``History.to_json()``).
+
+Reads histories as plain JSON and ignores fields it does not know, so histories written by newer suites render.
+Wire calls are rebuilt as :class:`~conformance.history.WireCall` (known fields only) to share the checkers' reading
+of SGLang's answers (outputs, finish reasons, version labels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.checks.labels import finish_type, output_versions
+from conformance.history import TRANSFER_PATHS, WireCall
+
+OUTCOMES = ("finished", "spanning", "aborted", "injected", "failed", "dropped", "open")
+"""A request's outcome: finished outside any update; finished while an update cycle ran (spanning it); aborted by
+the engine; aborted by a fault the suite injected; answered with an error status; closed without an answer (the
+client gave up); still open when the run ended."""
+DEFAULT_PAUSE_MODE = "abort"
+"""SGLang's ``PauseGenerationReqInput.mode`` default (0.5.6+; ≤0.5.4 ignores the body: abort semantics)."""
+_WIRE_FIELDS = {f.name for f in dataclasses.fields(WireCall)}
+
+
+@dataclass
+class Request:
+    """One ``/generate`` call as a bar."""
+
+    seq: int
+    engine: int
+    t0: float
+    t1: float | None
+    """None: never answered (drawn to the end of the run)."""
+    outcome: str
+    origin: str
+    rids: list[str]
+    versions: list[str]
+    """Version labels that produced its tokens (per-token spans when reported), oldest first."""
+    tokens: int | None
+    cycles: list[int]
+    """Update cycles it was in flight during."""
+    row: int = 0
+
+
+@dataclass
+class Pause:
+    """One engine paused: from its ``/pause_generation`` to its ``/continue_generation`` (None: never resumed)."""
+
+    engine: int
+    t0: float
+    t1: float | None
+    mode: str
+    mode_sent: bool
+    """False when the body left ``mode`` out and SGLang's default applied."""
+    resident: dict[str, int]
+    """``/generate`` calls open on the engine when the pause arrived, by origin (integration, sentinel)."""
+    cycle: int | None
+
+
+@dataclass
+class Mark:
+    """A control call on one engine (version bump, transfer, flush, session, abort…), drawn as a tick."""
+
+    engine: int
+    t: float
+    kind: str
+    label: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class CycleCost:
+    """What one update cycle cost the requests in flight, per lane group (engine, or node when known)."""
+
+    index: int
+    in_flight: dict[str, int] = field(default_factory=dict)
+    aborted: dict[str, int] = field(default_factory=dict)
+    resident: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Group → origin → requests open at the group's pauses."""
+
+
+@dataclass
+class Timeline:
+    """Everything drawn for one scenario run."""
+
+    scenario: str
+    backend: str
+    t_end: float
+    engines: int
+    nodes: list[str | None]
+    requests: list[Request]
+    pauses: list[Pause]
+    marks: list[Mark]
+    cycles: list[dict[str, Any]]
+    batches: list[dict[str, Any]]
+    injected: list[dict[str, Any]]
+    breaks: list[dict[str, Any]]
+    staleness: list[int]
+    """Staleness of every consumed group: version current at consumption − oldest version of any of its tokens."""
+    max_staleness: int | None
+    costs: list[CycleCost]
+    group_rids: dict[tuple[int, int], list[str]]
+    """(batch, prompt) → the rids of that consumed group's turns (to resolve witnesses that name a group)."""
+
+    def group_of(self, engine: int) -> str:
+        """The lane group an engine belongs to: its node when the backend reports nodes, else itself."""
+        node = self.nodes[engine] if engine < len(self.nodes) else None
+        return f"node {node}" if node is not None else f"engine {engine}"
+
+    @property
+    def groups(self) -> list[str]:
+        return list(dict.fromkeys(self.group_of(e) for e in range(self.engines)))
+
+
+def wire_calls(history: dict[str, Any]) -> list[WireCall]:
+    return [WireCall(**{k: v for k, v in c.items() if k in _WIRE_FIELDS}) for c in history.get("wire") or []]
+
+
+def build_timeline(history: dict[str, Any]) -> Timeline:
+    """The timeline of one history."""
+    calls = wire_calls(history)
+    cycles = [c for c in history.get("cycles") or [] if isinstance(c, dict)]
+    injected = [i for i in history.get("injected") or [] if isinstance(i, dict)]
+    breaks = [b for b in history.get("breaks") or [] if isinstance(b, dict)]
+    breaks += [{"kind": "error", "message": e} for e in history.get("errors") or []]  # histories before breaks
+    times = [0.0, *(c.t_end or c.t_start for c in calls), *(c.get("t_end", 0.0) for c in cycles),
+             *(b.get("t", 0.0) for b in history.get("batches") or []), *(b.get("t") or 0.0 for b in breaks)]
+    t_end = max(times) or 1.0
+    engines = max([c.engine + 1 for c in calls] + [len(history.get("final_labels") or [])] + [1])
+    nodes = history.get("nodes") or (history.get("engine_truth") or {}).get("nodes") or []
+    requests = [_request(c, cycles, injected) for c in calls if c.path == "/generate"]
+    _pack_rows(requests)
+    pauses = _pauses(calls, cycles)
+    timeline = Timeline(
+        scenario=str(history.get("scenario", "?")), backend=str(history.get("backend", "?")), t_end=t_end,
+        engines=engines, nodes=list(nodes), requests=requests, pauses=pauses,
+        marks=[m for c in calls if (m := _mark(c)) is not None], cycles=cycles,
+        batches=[b for b in history.get("batches") or [] if isinstance(b, dict)], injected=injected, breaks=breaks,
+        staleness=[], max_staleness=history.get("max_staleness"), costs=[], group_rids={})
+    timeline.staleness, timeline.group_rids = _consumed_groups(timeline.batches, calls)
+    timeline.costs = [_cycle_cost(timeline, c, i) for i, c in enumerate(cycles)]
+    return timeline
+
+
+def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[str, Any]]) -> Request:
+    outputs = call.generate_outputs()
+    spanned = [int(c.get("index", i)) for i, c in enumerate(cycles) if call.overlaps(c["t_start"], c["t_end"])]
+    finishes = {finish_type(o) for o in outputs}
+    rids = [str(o["meta_info"].get("id")) for o in outputs if o["meta_info"].get("id") is not None]
+    if call.t_end is None:
+        outcome = "open"
+    elif call.status is None:
+        outcome = "dropped"
+    elif not 200 <= call.status < 300:
+        outcome = "failed"
+    elif "abort" in finishes:
+        injected_abort = any(i.get("kind") == "abort" and i.get("t", -1) >= call.t_start
+                             and i.get("engine") in (None, call.engine) and i.get("rid") in (None, *rids)
+                             for i in injected)
+        outcome = "injected" if injected_abort else "aborted"
+    else:
+        outcome = "spanning" if spanned else "finished"
+    versions: list[str] = []
+    for o in outputs:
+        spans = o["meta_info"].get("weight_versions")
+        labels = [s.get("version") for s in spans if isinstance(s, dict)] if isinstance(spans, list) and spans \
+            else [o["meta_info"].get("weight_version")]
+        versions += [str(v) for v in labels if v is not None and str(v) not in versions]
+    tokens = [o["meta_info"].get("completion_tokens") for o in outputs]
+    return Request(call.seq, call.engine, call.t_start, call.t_end, outcome, call.origin, rids, versions,
+                   sum(t for t in tokens if isinstance(t, int)) if outputs else None, spanned)
+
+
+def _pack_rows(requests: list[Request]) -> None:
+    """Give each request the lowest row of its engine's lane that is free at its start."""
+    ends: dict[int, list[float]] = {}
+    for r in sorted(requests, key=lambda r: (r.engine, r.t0)):
+        rows = ends.setdefault(r.engine, [])
+        end = r.t1 if r.t1 is not None else float("inf")
+        free = next((i for i, e in enumerate(rows) if e <= r.t0), None)
+        if free is None:
+            rows.append(end)
+            r.row = len(rows) - 1
+        else:
+            rows[free], r.row = end, free
+
+
+def _pauses(calls: list[WireCall], cycles: list[dict[str, Any]]) -> list[Pause]:
+    pauses: list[Pause] = []
+    open_by_engine: dict[int, Pause] = {}
+    for call in calls:
+        if call.path == "/pause_generation" and call.origin == "integration":
+            payload = call.payload if isinstance(call.payload, dict) else {}
+            cycle = next((int(c.get("index", i)) for i, c in enumerate(cycles)
+                          if c["t_start"] <= call.t_start <= c["t_end"]), None)
+            resident: dict[str, int] = {}
+            for w in calls:
+                if w.engine == call.engine and w.path == "/generate" and w.t_start < call.t_start \
+                        and (w.t_end is None or w.t_end > call.t_start):
+                    resident[w.origin] = resident.get(w.origin, 0) + 1
+            pause = Pause(call.engine, call.t_start, None, str(payload.get("mode") or DEFAULT_PAUSE_MODE),
+                          "mode" in payload, resident, cycle)
+            pauses.append(pause)
+            open_by_engine[call.engine] = pause
+        elif call.path == "/continue_generation" and call.engine in open_by_engine:
+            open_by_engine.pop(call.engine).t1 = call.t_end if call.t_end is not None else call.t_start
+    return pauses
+
+
+_MARK_KINDS = {"/update_weight_version": "version", "/flush_cache": "flush", "/begin_weight_update": "session",
+               "/end_weight_update": "session", "/abort_request": "abort",
+               **{p: "transfer" for p in TRANSFER_PATHS}}
+
+
+def _mark(call: WireCall) -> Mark | None:
+    if call.path in ("/generate", "/pause_generation", "/continue_generation") or call.method == "GET":
+        return None
+    payload = call.payload if isinstance(call.payload, dict) else {}
+    kind = _MARK_KINDS.get(call.path, "other")
+    version = payload.get("new_version", payload.get("weight_version"))
+    label = f"v{version}" if version is not None and kind in ("version", "transfer") else ""
+    if kind == "transfer" and version is not None:
+        kind = "version"  # a transfer that stamps the version relabels the engine too
+    shown = {k: v for k, v in payload.items() if not isinstance(v, (list, dict)) or len(str(v)) < 80}
+    answer = f"{call.status}" if call.status is not None else "no answer"
+    return Mark(call.engine, call.t_start, kind, label, call.ok,
+                f"engine {call.engine} {call.method} {call.path} {shown} → {answer} at t={call.t_start:.3f}s")
+
+
+def _consumed_groups(batches: list[dict[str, Any]], calls: list[WireCall]) \
+        -> tuple[list[int], dict[tuple[int, int], list[str]]]:
+    outputs = {str(o["meta_info"]["id"]): o for c in calls if c.path == "/generate" and c.origin == "integration"
+               for o in c.generate_outputs() if o["meta_info"].get("id") is not None}
+    staleness: list[int] = []
+    group_rids: dict[tuple[int, int], list[str]] = {}
+    for rec in batches:
+        current = rec.get("published_truth")
+        for group in (rec.get("batch") or {}).get("groups") or []:
+            rids = [str(t.get("rid")) for s in group.get("samples") or [] for t in s.get("turns") or []]
+            group_rids[(int(rec.get("index", 0)), int(group.get("prompt_index", -1)))] = rids
+            versions = [v for rid in rids if rid in outputs for v in output_versions(outputs[rid])]
+            if current is not None and versions:
+                staleness.append(int(current) - min(versions))
+    return staleness, group_rids
+
+
+def _cycle_cost(t: Timeline, cycle: dict[str, Any], position: int) -> CycleCost:
+    cost = CycleCost(int(cycle.get("index", position)))
+    for r in t.requests:
+        if r.origin != "integration" or cost.index not in r.cycles:
+            continue
+        g = t.group_of(r.engine)
+        cost.in_flight[g] = cost.in_flight.get(g, 0) + 1
+        cost.aborted[g] = cost.aborted.get(g, 0) + (r.outcome == "aborted")
+    for p in t.pauses:
+        if p.cycle == cost.index:
+            into = cost.resident.setdefault(t.group_of(p.engine), {})
+            for origin, n in p.resident.items():
+                into[origin] = into.get(origin, 0) + n
+    return cost
+
+
+# -- what a witness names ---------------------------------------------------------------------------------------
+
+@dataclass
+class Named:
+    """The engines, requests, cycles and times a failing case's witness names (highlighted in its timeline)."""
+
+    engines: set[int] = field(default_factory=set)
+    rids: set[str] = field(default_factory=set)
+    cycles: set[int] = field(default_factory=set)
+    times: set[float] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.engines or self.rids or self.cycles or self.times)
+
+    def update(self, other: "Named") -> None:
+        self.engines |= other.engines
+        self.rids |= other.rids
+        self.cycles |= other.cycles
+        self.times |= other.times
+
+    def as_json(self) -> dict[str, list]:
+        return {"e": sorted(self.engines), "r": sorted(self.rids), "c": sorted(self.cycles), "t": sorted(self.times)}
+
+
+_RID = r"[\w.:\-]+"
+_PATTERNS = {
+    "engine": re.compile(r"\bengines? (\d+)"),
+    "rid": re.compile(rf"\brequest ({_RID})"),
+    "rid_list": re.compile(r"\b(?:rid|turn)\(s\) \[([^\]]*)\]"),
+    "cycle": re.compile(r"\bcycle (\d+)"),
+    "group": re.compile(r"\bbatch (\d+): prompt (\d+)"),
+    "time": re.compile(r"\bt=(-?\d+(?:\.\d+)?)s"),
+}
+
+
+def named_in(witness: list[Any], details: dict[str, Any], timeline: Timeline | None) -> Named:
+    """Read what a witness names: ``engine N``, ``request RID``, ``cycle N``, ``batch B: prompt P`` (that group's
+    requests), ``t=Xs``, and structured fields (``engine``, ``rid``, ``cycle``) a verdict may carry."""
+    named = Named()
+    for line in witness:
+        text = line if isinstance(line, str) else str(line)
+        named.engines |= {int(m) for m in _PATTERNS["engine"].findall(text)}
+        named.rids |= {m.rstrip(".,;:)") for m in _PATTERNS["rid"].findall(text)}
+        for listed in _PATTERNS["rid_list"].findall(text):
+            named.rids |= {x.strip(" '\"") for x in listed.split(",") if x.strip(" '\"")}
+        named.cycles |= {int(m) for m in _PATTERNS["cycle"].findall(text)}
+        named.times |= {float(m) for m in _PATTERNS["time"].findall(text)}
+        if timeline is not None:
+            for b, p in _PATTERNS["group"].findall(text):
+                named.rids |= set(timeline.group_rids.get((int(b), int(p)), []))
+    for source in [details, *(w for w in witness if isinstance(w, dict))]:
+        for key, into, cast in (("engine", named.engines, int), ("rid", named.rids, str), ("cycle", named.cycles, int)):
+            value = source.get(key)
+            for v in value if isinstance(value, list) else [value]:
+                if v is not None:
+                    try:
+                        into.add(cast(v))
+                    except (TypeError, ValueError):
+                        pass
+    return named

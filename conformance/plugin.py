@@ -33,6 +33,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--dump-history", default=None, metavar="DIR",
                     help="write each scenario's history (wire log, cycles, batches) as JSON into DIR")
     group.addoption("--nodes", type=int, default=1, metavar="N", help="nodes for the GPU backend (-m gpu)")
+    group.addoption("--ray-address", default=None, metavar="ADDR",
+                    help="Ray cluster of the GPU backend (default: env RAY_ADDRESS, else Ray on this machine)")
+    group.addoption("--model-path", default=None, metavar="DIR",
+                    help="model the GPU backend's engines serve, at this path on every node (default: a tiny "
+                         "random Llama built here and copied to the nodes)")
+    group.addoption("--max-aborted-rate", type=float, default=0.01, metavar="R",
+                    help="GPU backend: fail a scenario whose aborted-sample rate exceeds R (default 0.01)")
     parser.addini("conformance_integration", "integration under test (MODULE:ATTR)", default=None)
 
 
@@ -47,6 +54,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--sglang-profile {profile!r} is not known; choose one of {sorted(PROFILES)}")
     if config.getoption("--nodes") < 1:
         raise pytest.UsageError("--nodes must be >= 1")
+    if not 0.0 <= config.getoption("--max-aborted-rate") <= 1.0:
+        raise pytest.UsageError("--max-aborted-rate must be between 0 and 1")
     config.stash[_RESULTS] = {}
     report, dump = config.getoption("--conformance-report"), config.getoption("--dump-history")
     if report or dump:
@@ -99,13 +108,36 @@ def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -
     profile = pytestconfig.getoption("--sglang-profile") or "0.5.23"
     seed = conformance_seed(pytestconfig)
 
+    gpu: list[Any] = []
+
+    def gpu_factory() -> Any:
+        """Real SGLang on Ray (``gpu.suite``), set up at the first gpu case; skips with its reason where it cannot
+        run."""
+        if not gpu:
+            from gpu.suite import GpuSuite
+
+            gpu.append(GpuSuite(nodes=pytestconfig.getoption("--nodes"), profile=profile, seed=seed,
+                                ray_address=pytestconfig.getoption("--ray-address"),
+                                model_path=pytestconfig.getoption("--model-path")))
+            pytestconfig.add_cleanup(gpu[0].close)
+        reason = gpu[0].skip_reason()
+        if reason:
+            pytest.skip(reason)
+        return gpu[0].backend_factory()
+
     def run(scenario: str, backend: str) -> Any:
-        if backend == "gpu":
-            pytest.skip("the GPU backend (real SGLang on Ray, gpu/) is not part of this release yet; "
-                        "run -m cpu for the fake backend")
-        if (scenario, backend) not in cache:
+        if (scenario, backend) in cache:
+            pass
+        elif backend == "gpu":
+            try:
+                cache[(scenario, backend)] = run_one(scenario, conformance_integration, gpu_factory(), seed)
+            except Exception as exc:  # the backend broke (an engine lost, never healthy): every case of it fails
+                cache[(scenario, backend)] = exc
+        else:
             cache[(scenario, backend)] = run_one(scenario, conformance_integration,
                                                  fake_backend_factory(profile, seed), seed)
+        if isinstance(cache[(scenario, backend)], Exception):
+            pytest.fail(f"{scenario} on the {backend} backend: {cache[(scenario, backend)]}", pytrace=False)
         return cache[(scenario, backend)]
     return run
 

@@ -54,6 +54,9 @@ class RayBackendConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the engine processes."""
     digest_timeout_s: float = 60.0
+    model_files: Mapping[str, bytes] | None = None
+    """The served model's files, written at ``spec.model_path`` on every engine's node where that path is missing
+    (the built tiny model; a user's own model must already be at that path on every node)."""
     engine_host: str | None = None
     """The address engines bind; None: each node's IP as Ray reports it (simulated nodes share 127.0.0.1)."""
     sentinel_tokens: int = 2048
@@ -130,12 +133,13 @@ class RayBackend:
         self._t0 = time.monotonic()
         self.placement = place_engines(c.engines, c.nodes, c.resources_per_engine)
         actor_cls = ray.remote(EngineActor)
+        files = ray.put(dict(c.model_files)) if c.model_files else None
         resources = dict(c.resources_per_engine)
         try:
             for i in range(c.engines):
                 actor = actor_cls.options(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
                                           scheduling_strategy=self.placement.strategy(i), max_restarts=0,
-                                          ).remote(c.spec, c.program, dict(c.env), f"engine-{i}", c.engine_host)
+                                          ).remote(c.spec, c.program, dict(c.env), f"engine-{i}", c.engine_host, files)
                 self._engines.append(_Engine(i, actor))
             starts = [e.actor.start.remote(c.health_timeout_s) for e in self._engines]
             errors = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,17 +165,38 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def materialize(path: str, files: Mapping[str, bytes]) -> bool:
+    """Write ``files`` (name → bytes) as the directory ``path`` unless it already exists there; True when written.
+    Written beside it and renamed into place, so a reader never sees half a model."""
+    target = Path(path)
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    for name, data in files.items():
+        (staging / name).write_bytes(data)
+    try:
+        os.rename(staging, target)
+    except OSError:  # another engine on this node was first
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+    return True
+
+
 class EngineActor:
     """The engine process as a Ray actor (create with ``ray.remote(EngineActor).options(...)``): ``start`` answers
     where it runs in Ray's own terms (node id and IP), so placement is checked from Ray's view. The engine binds
-    ``host``, by default the node's IP as Ray knows it."""
+    ``host``, by default the node's IP as Ray knows it. With ``model_files`` the served model is written at
+    ``spec.model_path`` on this node first, unless it is there already (the same path on every node: same ARGS)."""
 
     def __init__(self, spec: EngineSpec, program: Sequence[str], env: Mapping[str, str] | None, name: str,
-                 host: str | None = None) -> None:
+                 host: str | None = None, model_files: Mapping[str, bytes] | None = None) -> None:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
+        if model_files:
+            materialize(spec.model_path, model_files)
         self.engine = EngineProcess(spec, program, host=host or self.node_ip, env=env, name=name)
 
     def start(self, health_timeout_s: float) -> dict[str, Any]:

@@ -40,7 +40,8 @@ class EngineSpec:
     mem_fraction_static: float | None = None
     """GPU tuning (the fake accepts and ignores it): the share of GPU memory SGLang takes for weights + KV cache."""
     disable_cuda_graph: bool = True
-    """GPU tuning: capturing CUDA graphs takes most of a tiny model's start time and buys nothing in a conformance run."""
+    """GPU tuning: capturing CUDA graphs takes most of a tiny model's start time and buys nothing in a conformance
+    run."""
     extra_args: tuple[str, ...] = ()
     """More SGLang flags, passed through verbatim (e.g. ``("--attention-backend", "triton")``)."""
     fake_args: tuple[str, ...] = field(default=())

@@ -31,7 +31,8 @@ class TinyModelConfig:
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
     vocab_size: int = 320
-    """Rows of the embedding; at least the tokenizer's 258 tokens (256 bytes + 2 special), padded to a multiple of 64."""
+    """Rows of the embedding: at least the tokenizer's 258 tokens (256 bytes + 2 special), padded to a multiple
+    of 64."""
     max_position_embeddings: int = 4096
     dtype: str = "bfloat16"
     seed: int = 0
@@ -139,7 +140,8 @@ def write_model(out: Path, config: TinyModelConfig = TinyModelConfig()) -> Path:
     bos, eos = SPECIAL_TOKENS
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos, "pad_token": eos,
-        "add_bos_token": False, "clean_up_tokenization_spaces": False, "model_max_length": config.max_position_embeddings},
+        "add_bos_token": False, "clean_up_tokenization_spaces": False,
+        "model_max_length": config.max_position_embeddings},
         indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": bos, "eos_token": eos, "pad_token": eos},
                                                             indent=2) + "\n")

@@ -28,3 +28,8 @@ def test_invariant(case: Case, backend: str, conformance_run, request: pytest.Fi
                                                                  "metrics": verdict.metrics}, default=str)))
     if not verdict.passed:
         pytest.fail(verdict.explain(), pytrace=False)
+    if backend == "gpu" and case.check == "I1-I2":  # real engines: the aborted-sample rate must stay near 0
+        rate, bound = verdict.metrics.get("aborted_sample_rate"), request.config.getoption("--max-aborted-rate")
+        if rate is None or rate > bound:
+            pytest.fail(f"aborted_sample_rate {rate} on {case.scenario} exceeds --max-aborted-rate {bound}",
+                        pytrace=False)

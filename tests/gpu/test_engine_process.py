@@ -111,3 +111,14 @@ def test_the_engine_dies_with_the_process_that_supervises_it() -> None:
         parent.wait(5)
         parent.stdin.close()
         parent.stdout.close()
+
+
+def test_the_model_is_written_once_per_node_and_never_half(tmp_path: Path) -> None:
+    from gpu.engine import materialize
+
+    files = {"config.json": b"{}", "model.safetensors": b"\0" * 1000}
+    assert materialize(str(tmp_path / "models" / "tiny"), files) is True
+    assert {p.name: p.read_bytes() for p in (tmp_path / "models" / "tiny").iterdir()} == files
+    assert materialize(str(tmp_path / "models" / "tiny"), {"config.json": b"other"}) is False
+    assert (tmp_path / "models" / "tiny" / "config.json").read_bytes() == b"{}"
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny"], "no staging directory left behind"

@@ -46,7 +46,8 @@ class Upstream:
                 await asyncio.sleep(0.005)
             await send({"type": "http.response.body", "body": b'data: {"text": "ab"}\n\ndata: [DONE]\n\n'})
         elif scope["path"] == "/hold":
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
             await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
             while (await receive())["type"] != "http.disconnect":
                 pass

@@ -1,0 +1,111 @@
+"""``-m gpu``: the conformance cases on real SGLang engines spread by Ray over ``--nodes`` nodes.
+
+:class:`GpuSuite` is what the plugin's ``gpu`` backend uses, once per pytest session: it says in one line why the
+cases cannot run here (no ``ray``, no ``sglang``, no GPU), else connects to the cluster (``--ray-address``, else
+``RAY_ADDRESS``, else a Ray started on this machine), picks the served model (``--model-path``, else the tiny model
+built locally and shipped to every engine's node) and makes one :class:`gpu.backend.RayBackend` per scenario.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .launch import SGLANG, EngineSpec
+
+INSTALL_HINT = "pip install 'weightsync-conformance[gpu]' on the GPU nodes and here"
+
+
+def missing_software() -> list[str]:
+    """What this machine lacks to drive real SGLang on Ray (cheap: nothing is imported)."""
+    return [f"{name} is not installed" for name in ("ray", "sglang") if importlib.util.find_spec(name) is None]
+
+
+def visible_gpus() -> int:
+    """GPUs torch sees on this machine (0 with a CPU-only torch)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+@dataclass
+class GpuSuite:
+    """The ``gpu`` backend of one pytest session."""
+
+    nodes: int = 1
+    ray_address: str | None = None
+    model_path: str | None = None
+    profile: str = "0.5.23"
+    seed: int = 0
+    health_timeout_s: float = 600.0
+    _skip: str | None = field(default=None, init=False)
+    _checked: bool = field(default=False, init=False)
+    _error: str | None = field(default=None, init=False)
+    _built: str | None = field(default=None, init=False)
+
+    def skip_reason(self) -> str | None:
+        """Why ``-m gpu`` cannot run here (one line), or None; checked once. Raises RuntimeError (every time) when
+        the cluster it was pointed at cannot be used: that is a broken setup, not a machine without GPUs."""
+        if not self._checked:
+            self._checked = True
+            try:
+                self._skip = self._check()
+            except Exception as exc:
+                self._error = f"cannot use the Ray cluster: {type(exc).__name__}: {exc}"
+        if self._error:
+            raise RuntimeError(self._error)
+        return self._skip
+
+    def _check(self) -> str | None:
+        address = self.ray_address or os.environ.get("RAY_ADDRESS")
+        problems = missing_software()
+        if address is None and visible_gpus() == 0:
+            problems.append("no GPU is visible here and no Ray cluster was given (--ray-address or RAY_ADDRESS)")
+        if problems:
+            return f"-m gpu needs real SGLang on GPUs: {'; '.join(problems)} ({INSTALL_HINT})"
+        from .cluster import connect
+
+        connect(address)
+        import ray
+
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if gpus == 0:
+            return f"-m gpu needs real SGLang on GPUs: the Ray cluster at {address or 'this machine'} has no GPU"
+        return None
+
+    def model(self) -> tuple[str, dict[str, bytes] | None]:
+        """The served model's path and, for the built tiny model, its files to write on every engine's node."""
+        if self.model_path:
+            return self.model_path, None
+        if self._built is None:
+            from .tiny_model import write_model
+
+            self._built = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-tiny-model-")) / "model"))
+        return self._built, {p.name: p.read_bytes() for p in Path(self._built).iterdir()}
+
+    def backend_factory(self) -> Any:
+        """A zero-argument factory of fresh backends (one per scenario)."""
+        from .backend import RayBackend, RayBackendConfig
+
+        path, files = self.model()
+        config = RayBackendConfig(EngineSpec(model_path=path, enable_lora=True, random_seed=self.seed),
+                                  engines=max(2, self.nodes), nodes=self.nodes, program=SGLANG,
+                                  resources_per_engine={"CPU": 1, "GPU": 1}, health_timeout_s=self.health_timeout_s,
+                                  profile=self.profile, model_files=files)
+        return lambda: RayBackend(config)
+
+    def close(self) -> None:
+        if self._built is not None:
+            shutil.rmtree(Path(self._built).parent, ignore_errors=True)
+        if self._checked and self._skip is None and self._error is None:
+            import ray
+
+            ray.shutdown()

@@ -1,0 +1,92 @@
+"""``-m gpu`` as a user meets it: on a machine without GPUs or sglang every case skips with one reason, in seconds;
+where it runs, the aborted-sample rate of every scenario is gated by ``--max-aborted-rate``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu import suite as gpu_suite
+from gpu.suite import GpuSuite
+
+pytestmark = pytest.mark.cpu
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = str(ROOT / "conformance" / "suite")
+
+GPU_AS_FAKE = '''
+import pytest
+from conformance.cases import fake_backend_factory
+from conformance.checks import CHECKS
+from conformance.checks.verdict import Verdict
+from gpu.suite import GpuSuite
+
+GpuSuite.skip_reason = lambda self: None          # as on a GPU machine
+GpuSuite.backend_factory = lambda self: fake_backend_factory()
+RATES = {"steady-disk-retract": 0.5, "steady-disk-in_place": 0.25}
+
+def i1_i2(history):
+    return Verdict("I1-I2", "pass", [], {"aborted_sample_rate": RATES[history.scenario]})
+CHECKS["I1-I2"] = i1_i2
+'''
+
+
+@pytest.fixture
+def run_suite(pytester: pytest.Pytester):
+    def run(*args: str) -> pytest.RunResult:
+        pytester.chdir()
+        pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(pytester.path),
+                                                                    os.environ.get("PYTHONPATH", "")]))
+        pytester._monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        return pytester.runpytest_subprocess(SUITE, "-p", "no:cacheprovider", "-p", "no:xdist", *args, timeout=120)
+    return run
+
+
+def test_without_gpus_every_gpu_case_skips_with_one_reason_in_seconds(run_suite) -> None:
+    t0 = time.monotonic()
+    result = run_suite("-m", "gpu", "--nodes", "2", "-rs")
+    assert time.monotonic() - t0 < 60
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) >= 70 and set(outcomes) <= {"skipped", "deselected"}, outcomes
+    reasons = {line.split(": ", 1)[1] for line in result.stdout.lines if line.startswith("SKIPPED [")}
+    assert len(reasons) == 1, reasons
+    assert "-m gpu needs real SGLang on GPUs: sglang is not installed" in reasons.pop()
+
+
+def test_the_aborted_sample_rate_gates_each_scenario(run_suite, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(gpu_as_fake=GPU_AS_FAKE)
+    result = run_suite("-p", "gpu_as_fake", "-m", "gpu",
+                       "-k", "I1-I2 and (steady-disk-retract or steady-disk-in_place)",
+                       "--max-aborted-rate", "0.3")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*aborted_sample_rate 0.5 on steady-disk-retract exceeds --max-aborted-rate 0.3*"])
+
+
+def test_a_bad_rate_is_a_usage_error(run_suite) -> None:
+    result = run_suite("-m", "gpu", "--max-aborted-rate", "1.5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--max-aborted-rate must be between 0 and 1*"])
+
+
+def test_the_skip_reason_names_everything_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_suite.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gpu_suite, "visible_gpus", lambda: 0)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    reason = GpuSuite(nodes=2).skip_reason()
+    assert reason == ("-m gpu needs real SGLang on GPUs: ray is not installed; sglang is not installed; no GPU is "
+                      "visible here and no Ray cluster was given (--ray-address or RAY_ADDRESS) "
+                      f"({gpu_suite.INSTALL_HINT})")
+
+
+def test_an_unusable_cluster_is_an_error_every_time_not_a_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_suite, "missing_software", lambda: [])
+
+    def refuse(address: str | None) -> None:
+        raise ConnectionError(f"could not reach {address}")
+    monkeypatch.setattr("gpu.cluster.connect", refuse)
+    suite = GpuSuite(nodes=2, ray_address="10.9.9.9:6379")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="cannot use the Ray cluster: ConnectionError: could not reach 10.9.9.9"):
+            suite.skip_reason()

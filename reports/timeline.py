@@ -157,7 +157,7 @@ def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[s
     elif not 200 <= call.status < 300:
         outcome = "failed"
     elif "abort" in finishes:
-        injected_abort = any(i.get("kind") == "abort" and i.get("t", -1) >= call.t_start
+        injected_abort = any(i.get("kind") == "abort" and call.t_start <= i.get("t", -1) <= call.t_end
                              and i.get("engine") in (None, call.engine) and i.get("rid") in (None, *rids)
                              for i in injected)
         outcome = "injected" if injected_abort else "aborted"

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from .engine import FakeEngine
 
 EngineHandler = Callable[["FakeEngine", HTTPRequest, Any], Awaitable[Reply]]
-NOT_CONTROL = frozenset({"/generate", "/health", "/health_generate", "/ready"})
+NOT_CONTROL = frozenset({"/generate", "/health", "/health_generate", "/ready", "/v1/models",
+                         "/v1/models/{model:path}"})
 
 _INTERNAL = frozenset({"http_worker_ipc"})  # BaseReq plumbing between SGLang's processes
 # Fields SGLang accepts that the fake validates but deliberately does not act on (no GPU, one TP rank, no draft
@@ -47,6 +48,8 @@ IGNORED_FIELDS: dict[str, frozenset[str]] = {
     "UpdateWeightVersionReqInput": _INTERNAL,
     "DestroyWeightsUpdateGroupReqInput": _INTERNAL,
     "InitWeightsUpdateGroupReqInput": _INTERNAL,
+    "ReleaseMemoryOccupationReqInput": _INTERNAL,
+    "ResumeMemoryOccupationReqInput": _INTERNAL,
     "GetWeightsByNameReqInput": _INTERNAL,
     "UpdateWeightFromDiskReqInput": _INTERNAL
     | {"is_async", "keep_pause", "manifest", "recapture_cuda_graph", "token_step", "torch_empty_cache"},
@@ -134,6 +137,11 @@ async def _weight_version(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Rep
     return engine.get_weight_version()
 
 
+async def _models(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    prefix = "/v1/models/"
+    return engine.models(req.path[len(prefix):] if req.path.startswith(prefix) else None)
+
+
 def _method(name: str) -> EngineHandler:
     """A handler that passes the validated body to ``engine.<name>(obj)``."""
 
@@ -171,6 +179,10 @@ HANDLERS: dict[str, EngineHandler] = {
     "/get_server_info": _server_info,
     "/get_weight_version": _weight_version,
     "/weight_version": _weight_version,
+    "/release_memory_occupation": _method("release_memory_occupation"),
+    "/resume_memory_occupation": _method("resume_memory_occupation"),
+    "/v1/models": _models,
+    "/v1/models/{model:path}": _models,
 }
 
 

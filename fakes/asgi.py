@@ -29,6 +29,16 @@ class Reply:
         return self.stream is not None
 
 
+class _JSONNull:
+    """The body of a FastAPI handler that returns None: JSON ``null``."""
+
+    def __repr__(self) -> str:
+        return "JSON_NULL"
+
+
+JSON_NULL = _JSONNull()
+
+
 @dataclass
 class HTTPRequest:
     """What a handler needs from one HTTP request."""
@@ -105,6 +115,8 @@ async def send_reply(send: Send, reply: Reply) -> None:
         return
     if reply.body is None:
         payload, content_type = b"", None
+    elif reply.body is JSON_NULL:
+        payload, content_type = b"null", _JSON
     elif isinstance(reply.body, str):
         payload, content_type = reply.body.encode("utf-8"), _TEXT
     elif isinstance(reply.body, bytes):
@@ -117,17 +129,24 @@ async def send_reply(send: Send, reply: Reply) -> None:
 
 
 class Router:
-    """Exact-path routing over a list of ``Route``s; 404/405 bodies as FastAPI writes them."""
+    """Exact-path routing over a list of ``Route``s, plus ``/prefix/{name:path}`` routes (any non-empty rest);
+    404/405 bodies as FastAPI writes them."""
 
     def __init__(self, routes: list[Route]) -> None:
         self.routes: dict[str, Route] = {}
+        self.prefixes: list[tuple[str, Route]] = []
         for route in routes:
             if route.path in self.routes:
                 raise ValueError(f"duplicate route {route.path}")
             self.routes[route.path] = route
+            if route.path.endswith(":path}"):
+                self.prefixes.append((route.path[: route.path.rindex("{")], route))
 
     def match(self, method: str, path: str) -> Route | Reply:
         route = self.routes.get(path)
+        if route is None:
+            route = next((r for prefix, r in self.prefixes if path.startswith(prefix) and len(path) > len(prefix)),
+                         None)
         if route is None:
             return Reply(404, NOT_FOUND_BODY)
         if method not in route.methods:

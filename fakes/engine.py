@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 from . import weights as W
-from .asgi import Reply
+from .asgi import JSON_NULL, Reply
 from .clock import Clock, ManualClock, RealClock
 from .events import EventLog
 from .faults import Fault, FaultPlan
@@ -251,6 +251,9 @@ class FakeEngine:
         server_args: Mapping[str, Any] | None = None,
         starting: bool = False,
         strict_weights: bool = False,
+        enable_memory_saver: bool = False,
+        enable_weights_cpu_backup: bool = False,
+        context_length: int | None = None,
     ) -> None:
         if tokens_per_second is not None and tokens_per_second <= 0:
             raise ValueError(f"tokens_per_second must be > 0 or None (manual clock), got {tokens_per_second}")
@@ -294,6 +297,10 @@ class FakeEngine:
         self.strict_weights = strict_weights  # refuse unknown names / partial checkpoints (SGLang skips, loads)
         self.server_args = dict(server_args or {})  # the launch flags (python -m fakes.launch_server)
         self.server_status = "Starting" if starting else "Up"  # TokenizerManager.server_status
+        self.enable_memory_saver = enable_memory_saver
+        self.enable_weights_cpu_backup = enable_weights_cpu_backup
+        self.offload_tags: set[str] = set()  # released GPU memory types (release/resume_memory_occupation)
+        self.context_length = context_length or model.config.get("max_position_embeddings")
         self.weight_version = weight_version  # tokenizer-side label (/model_info, ≤0.5.16 meta_info)
         self.startup_weight_version = weight_version
         self.crashed = False
@@ -364,6 +371,7 @@ class FakeEngine:
             "loras": {a.name: a.path for a in self._loras.values()},
             "groups": sorted(self._groups),
             "model_path": self.model_path,
+            "released_memory": sorted(self.offload_tags),
             "digest": self.weights.digest(),
             "flushing": self._flushing,
             "readers": self.update_lock.readers,
@@ -482,6 +490,10 @@ class FakeEngine:
         with self._sync_lock:
             for _ in range(n):
                 if self.dead:
+                    break
+                if self._memory_gone() and self.scheduler.has_work() and not self.scheduler.paused:
+                    self.crash("CUDA error: an illegal memory access was encountered (a forward pass while "
+                               f"GPU memory {sorted(self.offload_tags)} is released by the memory saver)")
                     break
                 if isinstance(self.clock, ManualClock):
                     self.clock.tick()
@@ -953,13 +965,13 @@ class FakeEngine:
             message += f" Weight version updated to {version}."
         return Reply(200, {"success": True, "message": message, **extra})
 
-    def _merged(self, blobs: Mapping[str, W.TensorBlob], source: str) -> W.WeightStore:
+    def _merged(self, blobs: Mapping[str, W.TensorBlob], source: str, strict: bool = False) -> W.WeightStore:
         """The weights after loading ``blobs`` as the model's ``load_weights`` does (``models/llama.py``, the same
         in ``qwen2.py``/``qwen3.py``, 0.5.4–0.5.23): a name the model lacks is skipped with
         ``logger.warning("Parameter <name> not found in params_dict")`` (silently for the names its stacked
         q/k/v and gate/up mapping or its skip rules swallow) and the rest load; the update succeeds. A shape
         mismatch raises (``default_weight_loader``'s assert). ``strict_weights`` refuses unknown names instead."""
-        if not self.strict_weights:
+        if not (self.strict_weights or strict):
             unknown = [name for name in blobs if name not in self.weights]
             for name in unknown:
                 silent = _silently_skipped(name, self.model.config)
@@ -1007,9 +1019,13 @@ class FakeEngine:
 
         async def load() -> W.WeightStore | str:
             try:
-                payloads = obj["serialized_named_tensors"]
-                blobs = W.decode_tensor_payload(payloads[0])  # tp_rank 0
-                return self._merged(blobs, "update_weights_from_tensor")
+                load_format = obj.get("load_format")
+                # tp_worker.deserialize_own_rank: this rank's item; a LocalSerializedTensor inside is unwrapped
+                # for it too (weight_updater._unwrap_tensor). One TP rank here: rank 0.
+                blobs = W.decode_tensor_payload(obj["serialized_named_tensors"][0], tp_rank=0,
+                                                load_format=load_format)
+                # load_format "direct" copies into params_dict[name] (_model_load_weights_direct): no skipping
+                return self._merged(blobs, "update_weights_from_tensor", strict=load_format == "direct")
             except (W.WeightError, IndexError) as e:
                 self.crash(f"{type(e).__name__} in update_weights_from_tensor: {e}")
                 raise EngineCrashed(self.crash_reason) from None
@@ -1100,6 +1116,47 @@ class FakeEngine:
             return error_reply(400, "Get parameter by name failed")
         return Reply(200, values)
 
+    # -- memory occupation ------------------------------------------------------------------------
+    def _memory_gone(self) -> bool:
+        """Weights or KV cache released by torch_memory_saver (``--enable-memory-saver``; without it the adapter is
+        a no-op and release/resume change nothing on the GPU)."""
+        return self.enable_memory_saver and bool(self.offload_tags & {"weights", "kv_cache"})
+
+    def _memory_tags(self, obj: Mapping[str, Any] | None) -> list[str]:
+        tags = (obj or {}).get("tags")
+        return list(tags) if tags else list(self.profile.memory_tags)
+
+    async def release_memory_occupation(self, obj: Mapping[str, Any] | None) -> Reply:
+        """``/release_memory_occupation`` (scheduler ``weight_updater.release_memory_occupation``): no lock, no
+        pause gate. 0.5.10+ asserts the scheduler is idle (a resident request kills the server); the KV cache is
+        flushed; with ``--enable-memory-saver`` the released memory holds nothing until resumed. Answers 200
+        ``null``."""
+        if self.profile.release_memory_requires_idle and not self.scheduler.is_idle_for_flush():
+            self.crash("AssertionError: release_memory_occupation should be called only when server is idle.")
+            return self.dead_reply("/release_memory_occupation")
+        tags = self._memory_tags(obj)
+        self.offload_tags.update(tags)
+        self._event("memory.release", tags=tags, memory_saver=self.enable_memory_saver)
+        return Reply(200, JSON_NULL)
+
+    async def resume_memory_occupation(self, obj: Mapping[str, Any] | None) -> Reply:
+        """``/resume_memory_occupation``: ``offload_tags.remove(tag)`` (a tag not released is a KeyError that kills
+        the scheduler). Weights resumed by the memory saver without ``--enable-weights-cpu-backup`` come back as
+        fresh, unfilled memory (zeros here): the trainer must push weights again before generating."""
+        tags = self._memory_tags(obj)
+        missing = [t for t in tags if t not in self.offload_tags]
+        if missing:
+            self.crash(f"KeyError: {missing[0]!r} (resume_memory_occupation of memory that is not released)")
+            return self.dead_reply("/resume_memory_occupation")
+        self.offload_tags.difference_update(tags)
+        if "weights" in tags and self.enable_memory_saver and not self.enable_weights_cpu_backup:
+            self.weights = W.WeightStore({name: W.TensorBlob.zeros(b.dtype, b.shape) for name, b in self.weights.items()})
+            self._event("weights.load", digest=self.weights.digest(), source="resume_memory_occupation",
+                        model_path=None)
+        self._event("memory.resume", tags=tags, memory_saver=self.enable_memory_saver)
+        self._touch()
+        return Reply(200, JSON_NULL)
+
     # -- flush ------------------------------------------------------------------------------------
     async def flush_cache(self, timeout: float = 0.0) -> Reply:
         """``/flush_cache``: plain-text body; ``timeout`` (0.5.10+) waits that long for idleness (spec §7.1)."""
@@ -1132,9 +1189,25 @@ class FakeEngine:
         """``/load_lora_adapter``: no abort, no model-update lock, no version stamp (spec §4)."""
 
         async def read() -> None:
-            await asyncio.to_thread(W.load_lora_adapter, obj["lora_path"])
+            adapter = await asyncio.to_thread(W.load_lora_adapter, obj["lora_path"])
+            self._check_lora_fits(obj["lora_name"], adapter["config"])
 
         return await self._load_lora(obj["lora_name"], obj["lora_path"], bool(obj.get("pinned")), read)
+
+    def _check_lora_fits(self, name: str, config: Mapping[str, Any]) -> None:
+        """``LoRAManager.validate_new_adapter``: the adapter must fit the memory pool ``--max-lora-rank`` and
+        ``--lora-target-modules`` set up (ValueError with SGLang's message)."""
+        rank = int(config.get("r") or 0)
+        modules = config.get("target_modules") or []
+        modules = [modules] if isinstance(modules, str) else list(modules)
+        allowed = self.lora_target_modules
+        too_big = self.max_lora_rank is not None and rank > self.max_lora_rank
+        outside = allowed is not None and "all" not in allowed and not set(modules) <= set(allowed)
+        if too_big or outside:
+            raise ValueError(
+                f"LoRA adapter {name} with rank {rank} is incompatible with the current LoRA memory pool "
+                "configuration. Please ensure that the LoRA adapter's rank is within the configured "
+                "`--max-lora-rank` and that the target modules are included in `--lora-target-modules`.")
 
     async def load_lora_adapter_from_tensors(self, obj: Mapping[str, Any]) -> Reply:
         """0.5.10+: one ``serialized_tensors`` str (≤0.5.16) or ``serialized_named_tensors`` list (0.5.23)."""
@@ -1157,6 +1230,8 @@ class FakeEngine:
                 await read()
             except W.WeightError as e:
                 return self._lora_body(False, f"Failed to load LoRA adapter {name}: {e}")
+            except ValueError as e:  # validate_new_adapter
+                return self._lora_body(False, str(e))
             self._loras[name] = _Adapter(name, path, pinned)
             self._event("lora.load", name=name, path=path, pinned=pinned)
             while len(self._loras) > self.max_loras:  # max_loaded_loras: unload the LRU unpinned adapter
@@ -1229,6 +1304,30 @@ class FakeEngine:
             "internal_states": [{"paused": self.scheduler.paused, "num_running_reqs": len(self.scheduler.running)}],
             "version": self.profile.version,
         }
+
+    def models(self, model: str | None = None) -> Reply:
+        """``/v1/models`` (the served model, then every loaded LoRA adapter on 0.5.10+) and
+        ``/v1/models/{model}`` (the served model only; 404 ``model_not_found`` otherwise)."""
+        base = {"id": self.served_model_name, "object": "model", "created": int(self._wall_time()),
+                "owned_by": "sglang", "root": self.served_model_name, "parent": None,
+                "max_model_len": self.context_length}
+        if model is not None:
+            if model != self.served_model_name:
+                return Reply(404, {"error": {"message": f"The model '{model}' does not exist",
+                                             "type": "invalid_request_error", "param": "model",
+                                             "code": "model_not_found"}})
+            return Reply(200, base)
+        cards = [base]
+        if self.enable_lora and self.profile.models_list_loras:
+            cards += [{**base, "id": a.name, "root": a.path, "parent": self.served_model_name, "max_model_len": None}
+                      for a in self._loras.values()]
+        return Reply(200, {"object": "list", "data": cards})
+
+    @staticmethod
+    def _wall_time() -> float:
+        import time
+
+        return time.time()
 
     def get_weight_version(self) -> Reply:
         if self.profile.get_weight_version == "deprecated":

@@ -53,6 +53,10 @@ HONOURED: dict[str, str] = {
     "load_format": "the load format reported by /get_model_info and used to read --model-path",
     "served_model_name": "the model name of /get_model_info and /v1/models",
     "random_seed": "the seed of weights, request ids and faults (unless --fake-seed)",
+    "enable_memory_saver": "/release_memory_occupation really releases: weights and KV cache hold nothing until "
+                           "resumed (a forward pass meanwhile crashes)",
+    "enable_weights_cpu_backup": "resumed weights are the released ones (else zeros: push weights again)",
+    "context_length": "max_model_len of /v1/models (default: config.json max_position_embeddings)",
 }
 
 
@@ -210,6 +214,9 @@ def make_engine(args: argparse.Namespace, faults: Any = None) -> Any:
         lora_target_modules=args.lora_target_modules,
         load_format=args.load_format or "auto",
         strict_weights=args.fake_strict_weights,
+        enable_memory_saver=bool(args.enable_memory_saver),
+        enable_weights_cpu_backup=bool(args.enable_weights_cpu_backup),
+        context_length=args.context_length,
         server_args=server_args,
         starting=True,
     )

@@ -65,6 +65,18 @@ class Profile:
     """0.5.23: an index naming a shard that is not on disk fails the disk update ("references N shard file(s)
     missing", ``filter_duplicate_safetensors_files``); before, the shards present load silently."""
 
+    # -- memory occupation (scheduler weight_updater / update_weights_mixin) --
+    release_memory_requires_idle: bool
+    """0.5.10+: ``assert is_fully_idle()`` in the scheduler (0.5.23: waiting requests ignored while paused): a
+    release with requests resident kills the server."""
+    memory_tags: tuple[str, ...]
+    """The tags released/resumed when the body names none (``GPU_MEMORY_ALL_TYPES``; 0.5.4 has no cuda_graph)."""
+
+    # -- OpenAI-compatible listing --
+    models_list_loras: bool
+    """0.5.10+: ``/v1/models`` lists every loaded LoRA adapter (``id`` its name, ``root`` its path, ``parent`` the
+    served model)."""
+
     # -- weight-update sessions (spec §3.3.6) --
     weight_update_sessions: bool
     """0.5.23: /begin_weight_update + /end_weight_update, required around distributed/tensor updates."""
@@ -115,6 +127,9 @@ _P054 = Profile(
     disk_flush_cache_field=False,
     flush_timeout_query=False,
     missing_shard_fails=False,
+    release_memory_requires_idle=False,
+    memory_tags=("weights", "kv_cache"),
+    models_list_loras=False,
     weight_update_sessions=False,
     weight_versions_spans=False,
     get_weight_version="ok",
@@ -134,7 +149,8 @@ _P054 = Profile(
 _P0510 = replace(
     _P054, version="0.5.10", pause_modes=True, pause_abort_waits_for_readers=True, paused_updates_skip_lock=True,
     waiting_abort_style="waiting_queue", waiting_abort_meta_version=True, reject_duplicate_rid=True,
-    disk_flush_cache_field=True, flush_timeout_query=True, get_weight_version="deprecated", weight_version_alias=True,
+    disk_flush_cache_field=True, flush_timeout_query=True, release_memory_requires_idle=True,
+    memory_tags=("kv_cache", "weights", "cuda_graph"), models_list_loras=True, get_weight_version="deprecated", weight_version_alias=True,
     retraction_key="total_retractions", reasoning_tokens=True, stream_cumulative_output_ids=True,
     model_info_route=True, model_info_keys=_MODEL_INFO_056, lora_from_tensors_field="serialized_tensors")
 _P0523 = replace(

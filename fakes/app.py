@@ -65,7 +65,7 @@ IGNORED_FIELDS: dict[str, frozenset[str]] = {
         "audio_data", "image_data", "video_data", "input_embeds", "modalities", "use_audio_in_video",
         "video_config", "images_config", "mm_hashes", "mm_content_hashes", "mm_processor_kwargs",
         "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",
-        "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "multi_item_delimiter_indices",
+        "need_wait_for_mm_inputs", "num_items_assigned", "mm_data_mooncake", "encoder_urls", "multi_item_delimiter_indices",
         "token_indices_to_pool", "positional_embed_overrides",
         # PD disaggregation, data parallelism, routing
         "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",

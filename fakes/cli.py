@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="router behaviour: as measured on sglang-router 0.3.2 (default) or as spec §8 reads")
     parser.add_argument("--policy", default="round_robin", choices=("round_robin", "random"),
                         help="router policy (default round_robin)")
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES),
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES),
                         help=f"SGLang version profile (default {DEFAULT_PROFILE})")
     parser.add_argument("--tokens-per-second", type=float, default=100.0, metavar="R",
                         help="decode speed of every request on the real-time clock (default 100)")

@@ -130,7 +130,7 @@ def _add_option(parser: argparse.ArgumentParser, option: dict[str, Any]) -> None
 
 def _add_fake_options(parser: argparse.ArgumentParser) -> None:
     fake = parser.add_argument_group("fake-only options (never SGLang flags)")
-    fake.add_argument("--fake-profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES),
+    fake.add_argument("--fake-profile", default=DEFAULT_PROFILE, choices=list(PROFILES),
                       help=f"the SGLang release to behave as, and whose launch flags to accept (default "
                            f"{DEFAULT_PROFILE})")
     fake.add_argument("--fake-tokens-per-second", type=float, default=100.0, metavar="R",
@@ -162,7 +162,7 @@ def build_parser(profile: str = DEFAULT_PROFILE) -> argparse.ArgumentParser:
 def _profile_of(argv: Sequence[str]) -> str:
     """`--fake-profile` read ahead (it chooses the flags the full parser accepts)."""
     pre = UsageParser(add_help=False, prog=f"python -m {__package__ or 'fakes'}.launch_server")
-    pre.add_argument("--fake-profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
+    pre.add_argument("--fake-profile", default=DEFAULT_PROFILE, choices=list(PROFILES))
     return pre.parse_known_args(list(argv))[0].fake_profile
 
 

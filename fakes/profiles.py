@@ -36,7 +36,7 @@ class Profile:
     pause_abort_waits_for_readers: bool
     """≥0.5.6: pause(abort) loops abort until no /generate holds the reader lock (spec §2.2)."""
     continue_torch_empty_cache: bool
-    """0.5.16+: ``ContinueGenerationReqInput.torch_empty_cache`` (spec §2.1)."""
+    """0.5.15+: ``ContinueGenerationReqInput.torch_empty_cache`` (spec §2.1; in the 0.5.15.post1 wheel)."""
     paused_updates_skip_lock: bool
     """≥0.5.6: weight updates while paused skip the model-update writer lock (spec §3.3.2)."""
 
@@ -93,7 +93,7 @@ class Profile:
 
     # -- /generate meta_info and streaming (spec §6.1, §6.4) --
     retraction_key: str | None
-    """``total_retractions`` (0.5.6–0.5.10), ``num_retractions`` (0.5.16+), absent before."""
+    """``total_retractions`` (0.5.6–0.5.10), ``num_retractions`` (0.5.15+), absent before."""
     reasoning_tokens: bool
     """0.5.10+: ``meta_info.reasoning_tokens``."""
     stream_cumulative_output_ids: bool
@@ -145,22 +145,26 @@ _P054 = Profile(
     ready_route=False,
 )
 
-# Each later release is stated as what changed since the one before it.
+# Each later release is stated as what changed since the one before it (read in that release's wheel).
 _P0510 = replace(
     _P054, version="0.5.10", pause_modes=True, pause_abort_waits_for_readers=True, paused_updates_skip_lock=True,
     waiting_abort_style="waiting_queue", waiting_abort_meta_version=True, reject_duplicate_rid=True,
     disk_flush_cache_field=True, flush_timeout_query=True, release_memory_requires_idle=True,
-    memory_tags=("kv_cache", "weights", "cuda_graph"), models_list_loras=True, get_weight_version="deprecated", weight_version_alias=True,
-    retraction_key="total_retractions", reasoning_tokens=True, stream_cumulative_output_ids=True,
-    model_info_route=True, model_info_keys=_MODEL_INFO_056, lora_from_tensors_field="serialized_tensors")
+    memory_tags=("kv_cache", "weights", "cuda_graph"), models_list_loras=True, get_weight_version="deprecated",
+    weight_version_alias=True, retraction_key="total_retractions", reasoning_tokens=True,
+    stream_cumulative_output_ids=True, model_info_route=True, model_info_keys=_MODEL_INFO_056,
+    lora_from_tensors_field="serialized_tensors")
+# 0.5.15 (the 0.5.15.post1 wheel, the build a major framework pins): everything else as 0.5.10 -- no weight-update
+# sessions, a failed post-update flush still asserts, is_fully_idle() still counts the waiting queue (a flush after
+# a retract pause cannot succeed until continue), /get_weight_version still the 404 deprecation.
+_P0515 = replace(_P0510, version="0.5.15", continue_torch_empty_cache=True, retraction_key="num_retractions")
 _P0523 = replace(
-    _P0510, version="0.5.23", continue_torch_empty_cache=True, flush_ignores_waiting_while_paused=True,
-    post_update_flush_failure="error", missing_shard_fails=True, weight_update_sessions=True, weight_versions_spans=True,
-    get_weight_version="gone", weight_version_alias=False, server_info_tracks_version=False,
-    retraction_key="num_retractions", model_info_keys=_MODEL_INFO_0523,
+    _P0515, version="0.5.23", flush_ignores_waiting_while_paused=True, post_update_flush_failure="error",
+    missing_shard_fails=True, weight_update_sessions=True, weight_versions_spans=True, get_weight_version="gone",
+    weight_version_alias=False, server_info_tracks_version=False, model_info_keys=_MODEL_INFO_0523,
     lora_from_tensors_field="serialized_named_tensors", ready_route=True)
 
-PROFILES: dict[str, Profile] = {p.version: p for p in (_P054, _P0510, _P0523)}
+PROFILES: dict[str, Profile] = {p.version: p for p in (_P054, _P0510, _P0515, _P0523)}
 """Release label → its behaviour switches."""
 
 DEFAULT_PROFILE = "0.5.23"

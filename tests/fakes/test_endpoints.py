@@ -80,7 +80,7 @@ def test_profile_route_switches_agree_with_the_io_struct_snapshots(version: str)
         assert lora_tensors is None
     else:
         assert profile.lora_from_tensors_field in structs.struct_fields(lora_tensors["struct"], version)
-    with pytest.raises(ValueError, match="known profiles: 0.5.4, 0.5.10, 0.5.23"):
+    with pytest.raises(ValueError, match="known profiles: 0.5.4, 0.5.10, 0.5.15, 0.5.23"):
         get_profile("0.4.0")
 
 

@@ -55,7 +55,8 @@ def test_bad_launch_flags_are_one_line_usage_errors(capsys, argv, message) -> No
 
 
 def test_every_snapshot_flag_parses_and_gpu_flags_are_ignored() -> None:
-    for profile in ("0.5.4", "0.5.10", "0.5.23"):
+    assert launch_server.build_parser("0.5.15").parse_args(["--model", "/m", "--dcp-size", "2"]).dcp_size == 2
+    for profile in ("0.5.4", "0.5.10", "0.5.15", "0.5.23"):
         parser = launch_server.build_parser(profile)
         args = parser.parse_args(["--model", "/m", "--tensor-parallel-size", "4", "--mem-fraction-static", "0.7",
                                   "--disable-cuda-graph", "--enable-lora", "--lora-paths", "a=/x", "b",

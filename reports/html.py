@@ -66,7 +66,7 @@ def render_html(result: dict[str, Any], result_path: Path | None = None, html_di
             r.href = Path(os.path.relpath(result_path.parent / r.ref, html_dir)).as_posix()
     run_of = {id(c): r for r in runs for c in r.cases}
     cases = result["cases"]
-    parts = [_head(result), _matrix(cases), _not_passed(cases, run_of), _costs(runs)]
+    parts = [_head(result), f'<div class="top">{_matrix(cases)}{_not_passed(cases, run_of)}</div>', _costs(runs)]
     parts += [_scenario_section(r) for r in runs]
     orphans = [c for c in cases if not c.get("history")]
     if orphans:
@@ -142,7 +142,7 @@ def _not_passed(cases: list[dict[str, Any]], run_of: dict[int, ScenarioRun]) -> 
     bad = [c for c in cases if c["status"] in _NOT_PASSED]
     if not bad:
         return '<section id="failures"><h2>Every case that ran passed</h2></section>'
-    out = ['<section id="failures"><h2>Not passed</h2>']
+    out = [f'<section id="failures"><h2>Not passed ({len(bad)})</h2><div class="list">']
     for c in bad:
         run = run_of.get(id(c))
         show = ""
@@ -152,8 +152,8 @@ def _not_passed(cases: list[dict[str, Any]], run_of: dict[int, ScenarioRun]) -> 
                     f'show in the timeline of {escape(c["scenario"])}</a>')
         out.append(f'<div class="case-bad st-{c["status"]}"><b><a href="#{case_anchor(c)}">{escape(c["case"])}</a></b> '
                    f'<span class="chip st-{c["status"]}">{c["status"]}</span> on {escape(c["backend"])}{show}'
-                   f'{_witness(c)}</div>')
-    out.append("</section>")
+                   f'{_witness(c, shown=2)}</div>')
+    out.append("</div></section>")
     return "".join(out)
 
 
@@ -169,18 +169,20 @@ def _costs(runs: list[ScenarioRun]) -> str:
             continue
         mine = [q for q in t.requests if q.origin == "integration"]
         counts = {o: sum(q.outcome == o for q in mine) for o in OUTCOMES}
+        continued = sum(q.outcome == "aborted" and q.continued_by is not None for q in mine)
         resident = [sum(p.resident.get("integration", 0) for p in t.pauses if p.cycle == c.index and p.engine == e)
                     for c in t.costs for e in range(t.engines) if any(p.cycle == c.index and p.engine == e
                                                                       for p in t.pauses)]
         stale = t.staleness
         rows.append(f'<tr><td><a href="#{r.dom_id}">{escape(t.scenario)}</a>{_worker(r)}</td><td>{len(mine)}</td>'
-                    f'<td class="{"bad" if counts["aborted"] else ""}">{_rate(counts["aborted"], len(mine))}</td>'
+                    f'<td class="{"bad" if counts["aborted"] else ""}">{_rate(counts["aborted"], len(mine))}'
+                    f'{f" ({continued} continued)" if continued else ""}</td>'
                     f'<td>{counts["spanning"]}</td><td>{counts["injected"]}</td>'
                     f'<td class="{"bad" if counts["open"] + counts["failed"] else ""}">{counts["open"]} / '
                     f'{counts["failed"]}</td><td>{counts["dropped"]}</td>'
                     f'<td>{sum(bool(c.get("ok", True)) for c in t.cycles)}/{len(t.cycles)}</td>'
                     f'<td>{min(resident) if resident else "–"}</td>'
-                    f'<td>{max(stale) if stale else "–"} / {(sum(stale) / len(stale)) if stale else 0:.2f}</td>'
+                    f'<td>{f"{max(stale)} / {sum(stale) / len(stale):.2f}" if stale else "–"}</td>'
                     f'<td>{len(stale)}</td></tr>')
     if not rows:
         return ""
@@ -188,7 +190,7 @@ def _costs(runs: list[ScenarioRun]) -> str:
             '<th>scenario</th><th>requests</th><th>aborted by the engine</th><th>spanning an update</th>'
             '<th>aborted by injected faults</th><th>still open / error status</th><th>given up by the client</th>'
             '<th>cycles ok</th>'
-            '<th>fewest requests decoding at a pause (per engine)</th><th>staleness max / mean</th>'
+            '<th>fewest of its requests decoding at a pause (per engine)</th><th>staleness max / mean</th>'
             '<th>groups consumed</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table></div></section>")
 
 
@@ -235,8 +237,11 @@ def _scenario_section(r: ScenarioRun) -> str:
     if r.timeline is None:
         return head + f'<p class="note">history {escape(r.ref)} is not available.</p>{_case_table(r.cases)}</section>'
     t = r.timeline
-    breaks = "".join(f'<p class="break-note">{escape(str(b.get("kind")))}: {escape(str(b.get("message")))}</p>'
-                     for b in t.breaks)
+    breaks = "".join(f'<div class="break-note"><b>{escape(str(b.get("kind")))}</b>: {escape(str(b.get("message")))}'
+                     + "".join(f'<br>open call: engine {c.get("engine")} {escape(str(c.get("method")))} '
+                               f'{escape(str(c.get("path")))} since t={c.get("since", 0):.3f}s ({escape(str(c.get("origin")))})'
+                               for c in (b.get("open_calls") or [])[:8] if isinstance(c, dict))
+                     + "</div>" for b in t.breaks)
     return (head + breaks + _legend() + f'<div class="scroll">{timeline_svg(t, r.named, r.dom_id)}</div>'
             + _charts(t) + _case_table(r.cases)
             + f'<p class="note">history: <a href="{escape(r.href)}">{escape(r.ref)}</a> (beside the result)</p>'
@@ -267,10 +272,11 @@ h3{font-size:14px;margin:8px 0}.sub{color:#556;margin:0 0 6px}.note{color:#667;f
 display:block}.matrix th{text-align:left;font-weight:600}.matrix th.rot{height:120px;vertical-align:bottom;
 padding:0}.matrix th.rot div{writing-mode:vertical-rl;transform:rotate(180deg);font-weight:normal;font-size:12px;
 padding:2px}.cost td,.cost th,.cases td,.cases th{border-bottom:1px solid #eef;text-align:left;vertical-align:top}
-.cost th{font-weight:600;font-size:12px}td.bad{color:#b42318;font-weight:600}.cases{width:100%;font-size:13px}.cases td:first-child{white-space:nowrap}
-.case-bad{padding:6px 10px;margin:6px 0;border-radius:6px}.witness{margin:4px 0 0;padding-left:20px;
+.cost{font-size:12px}.cost th{font-weight:600}.cost td:first-child{white-space:nowrap}td.bad{color:#b42318;font-weight:600}.cases{width:100%;font-size:13px}.cases td:first-child{white-space:nowrap}
+.top{display:flex;flex-wrap:wrap;gap:0 32px;align-items:flex-start}.top>section{flex:0 1 auto;min-width:0}
+#failures{flex:1 1 520px}#failures .list{max-height:640px;overflow-y:auto}.case-bad{padding:6px 10px;margin:6px 0;border-radius:6px}.witness{margin:4px 0 0;padding-left:20px;
 font-family:ui-monospace,Menlo,monospace;font-size:12px}.show{font-size:12px;margin-left:8px}
-.break-note{background:#f8d4d4;padding:4px 8px;border-radius:4px}
+.break-note{background:#f8d4d4;padding:4px 8px;border-radius:4px;margin:4px 0;font-size:13px}
 .legend{font-size:12px;color:#445}.legend>span{margin-right:12px;white-space:nowrap}
 .key{display:inline-block;width:14px;height:9px;margin-right:4px;vertical-align:middle;border:1px solid #889}
 svg text{font-size:10px;fill:#334}.tick{text-anchor:middle;fill:#667}.grid{stroke:#eef;stroke-width:1}
@@ -279,7 +285,7 @@ stroke:#d64545;stroke-width:1}.lane.hl .lane-label{fill:#b42318}
 .o-finished{fill:#4c9a6a;background:#4c9a6a}.o-spanning{fill:#3b7dd8;background:#3b7dd8}
 .o-aborted{fill:#d64545;background:#d64545}.o-injected{fill:#a57cc9;background:#a57cc9}
 .o-failed{fill:#e08a1e;background:#e08a1e}.o-dropped{fill:#b8bcc8;background:#b8bcc8}.o-open{fill:#222;background:#222}
-.rq.s{fill-opacity:.35;stroke:#556;stroke-width:.6;stroke-dasharray:2 1}.key.s{opacity:.45}
+.rq.s{fill-opacity:.35;stroke:#556;stroke-width:.6;stroke-dasharray:2 1}.rq.continued{fill-opacity:.5}.key.s{opacity:.45}
 .m-abort{fill:#d64545;fill-opacity:.16;background:rgba(214,69,69,.16)}
 .m-retract{fill:#e6a028;fill-opacity:.2;background:rgba(230,160,40,.2)}
 .m-in_place{fill:#3b7dd8;fill-opacity:.14;background:rgba(59,125,216,.14)}

@@ -106,10 +106,11 @@ def _lane(t: Timeline, e: int, y0: float, rh: float, rows: int, x, named: Named)
     for r in (r for r in t.requests if r.engine == e):
         rid = " ".join(r.rids)
         cls = f"rq o-{r.outcome}" + (" s" if r.origin != "integration" else "") + \
-            (" hl" if named.rids.intersection(r.rids) else "")
+            (" continued" if r.continued_by else "") + (" hl" if named.rids.intersection(r.rids) else "")
         versions = "→".join(r.versions) or "?"
         span = f"{_fmt_t(r.t0)}–{_fmt_t(r.t1)} s" if r.t1 is not None else f"{_fmt_t(r.t0)} s – no answer"
         cycles = f", in flight during cycle {', '.join(map(str, r.cycles))}" if r.cycles else ""
+        cycles += f", continued by {r.continued_by}" if r.continued_by else ""
         out.append(f'<rect class="{cls}" data-rid="{escape(rid)}" x="{x(r.t0):.1f}" y="{y0 + _MARK_H + r.row * rh:.1f}" '
                    f'width="{max(1.0, x(r.t1) - x(r.t0)):.1f}" height="{max(1.0, rh - 1):.1f}">'
                    f'<title>{escape(rid or f"#{r.seq}")} ({r.origin}) engine {e}: {span}, {r.outcome}, versions '

@@ -160,7 +160,8 @@ def hand_written_history(**extra: object) -> dict:
     ]
     batch = {"groups": [
         {"prompt_index": 4, "samples": [{"index": 0, "turns": [{"rid": "r-span"}, {"rid": "r-done"}]}]},
-        {"prompt_index": 5, "samples": [{"index": 1, "turns": [{"rid": "r-injected"}]}]}], "weight_version": 1}
+        {"prompt_index": 5, "samples": [{"index": 1, "turns": [{"rid": "r-injected", "continues": ["r-aborted"]}]}]}],
+        "weight_version": 1}
     return {"scenario": "hand", "integration": "x", "backend": "fake", "profile": "0.5.23", "seed": 0,
             "max_staleness": 1, "wire": wire,
             "cycles": [{"index": 0, "t_start": 1.0, "t_end": 2.0, "ok": True, "transport": "tensor",
@@ -175,6 +176,7 @@ def test_timeline_outcomes_pauses_versions_costs_and_staleness() -> None:
     outcome = {r.rids[0] if r.rids else r.seq: r.outcome for r in t.requests}
     assert outcome == {"r-done": "finished", "r-span": "spanning", "r-aborted": "aborted", "r-injected": "injected",
                        4: "failed", 5: "dropped", 6: "open", "sentinel-0": "aborted"}
+    assert [(r.rids, r.continued_by) for r in t.requests if r.continued_by] == [(["r-aborted"], "r-injected")]
     span = next(r for r in t.requests if r.rids == ["r-span"])
     assert (span.versions, span.cycles) == (["default", "1"], [0])
     assert [(p.engine, p.mode, p.mode_sent, p.t1, p.resident) for p in t.pauses] == [
@@ -224,7 +226,7 @@ def test_histories_with_unknown_fields_and_older_shapes_render(tmp_path: Path) -
     path = _result_with(history, tmp_path)
     html = render_html(json.loads(path.read_text()), path)
     assert "RuntimeError: the manager died" in html and ">engine 1</text>" in html
-    assert re.search(r'class="rq o-aborted hl" data-rid="r-aborted"', html)
+    assert re.search(r'class="rq o-aborted continued hl" data-rid="r-aborted"', html)
     assert "- **I1-I2-hand** (fail): request r-aborted (engine 1)" in render_markdown(json.loads(path.read_text()))
 
 
@@ -233,3 +235,14 @@ def test_a_missing_history_is_said_not_fatal(tmp_path: Path) -> None:
     shutil.rmtree(histories_dir(path))
     html = render_html(json.loads(path.read_text()), path)
     assert "hand.fake.json.gz is not available" in html and 'id="case-fake-I1-I2-hand"' in html
+
+
+def test_a_broken_run_shows_what_it_was_stuck_on(tmp_path: Path) -> None:
+    hang = {"kind": "hang", "message": "Updater.update did not return within 20s", "t": 2.5,
+            "open_calls": [{"engine": 0, "method": "POST", "path": "/unload_lora_adapter", "since": 1.5,
+                            "origin": "integration"}]}
+    path = _result_with(hand_written_history(breaks=[hang]), tmp_path)
+    html = render_html(json.loads(path.read_text()), path)
+    assert "<b>hang</b>: Updater.update did not return within 20s<br>open call: engine 0 POST /unload_lora_adapter " \
+           "since t=1.500s (integration)" in html
+    assert re.search(r'<g class="break"><line x1="[\d.]+"[^>]*/><text[^>]*>hang</text>', html)

@@ -7,6 +7,7 @@ from typing import Any
 
 THRESHOLDS: dict[str, float] = {
     "aborted_sample_rate": 0.01,
+    "aborted_request_rate": 0.01,
     "aborts_per_update": 0.5,
     "staleness_max": 0.0,
     "staleness_mean": 0.5,

@@ -150,8 +150,11 @@ def _not_passed(cases: list[dict[str, Any]], run_of: dict[int, ScenarioRun]) -> 
             named = named_in(c.get("witness") or [], c.get("details") or {}, run.timeline)
             show = (f' <a class="show" href="#{run.dom_id}" data-hl="{escape(json.dumps(named.as_json()))}">'
                     f'show in the timeline of {escape(c["scenario"])}</a>')
+        details = c.get("details") or {}
+        broke = f' <span class="note">(the run broke; the checker alone answered ' \
+                f'{escape(str(details.get("checker_status")))})</span>' if details.get("run_broke") else ""
         out.append(f'<div class="case-bad st-{c["status"]}"><b><a href="#{case_anchor(c)}">{escape(c["case"])}</a></b> '
-                   f'<span class="chip st-{c["status"]}">{c["status"]}</span> on {escape(c["backend"])}{show}'
+                   f'<span class="chip st-{c["status"]}">{c["status"]}</span>{broke} on {escape(c["backend"])}{show}'
                    f'{_witness(c, shown=2)}</div>')
     out.append("</div></section>")
     return "".join(out)

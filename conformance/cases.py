@@ -80,15 +80,23 @@ class ScenarioResult:
     history: History | None = None
     skipped: str | None = None
     verdicts: dict[str, Verdict] = field(default_factory=dict)
+    skipped_checks: dict[str, str] = field(default_factory=dict)
+    """Checks of the scenario that cannot apply to the integration, with the reason (skipped, never passed)."""
+
+    def skip_reason(self, check: str) -> str | None:
+        """Why the case (this scenario, ``check``) is skipped, or None when it ran."""
+        return self.skipped or self.skipped_checks.get(check)
 
 
 def run_one(scenario: str, integration: Integration, backend_factory: BackendFactory, seed: int = 0,
             deadlines: Deadlines = DEADLINES) -> ScenarioResult:
     """Run one scenario on a fresh backend and check every invariant it is registered for."""
     s = SCENARIOS[scenario]
-    reason = s.missing(integration)
-    if reason:
-        return ScenarioResult(skipped=reason)
+    try:
+        s.resolve(integration)
+    except Unsupported as exc:
+        return ScenarioResult(skipped=str(exc))
+    skipped_checks = s.skipped_checks(integration)
     backend = backend_factory()
     backend.start()
     bound = deadlines.script_s + TEARDOWN_MARGIN_S
@@ -101,7 +109,8 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
             "hang", f"the scenario, teardown included, did not finish within {bound:.0f}s", 0.0)])
     finally:
         backend.stop()
-    return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks})
+    return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks
+                                             if check not in skipped_checks}, skipped_checks=skipped_checks)
 
 
 def evaluate(check: str, history: History) -> Verdict:

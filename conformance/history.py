@@ -174,6 +174,11 @@ class History:
     profile: str
     seed: int
     max_staleness: int | None = None
+    pause_mode: str | None = None
+    """The pause mode the integration was asked to run its cycles under (``BuildEnv.pause_mode``)."""
+    stamps_engines: bool = True
+    """The integration declares that it stamps its versions on the engines (``Capabilities.stamps_engines``);
+    False: it keeps versions on the client side, and the truth is the cycle timeline."""
     wire: list[WireCall] = field(default_factory=list)
     cycles: list[UpdateCycle] = field(default_factory=list)
     batches: list[BatchRecord] = field(default_factory=list)

@@ -43,13 +43,22 @@ class Capabilities:
     lora: bool = True
     """The Updater can push a LoRA adapter (``Updater.update(..., lora=...)``)."""
     pause_modes: frozenset[str] = frozenset({"retract", "in_place"})
-    """Pause modes the Updater can run a cycle under (fully-async integrations reject ``abort``, I3)."""
+    """Pause modes the Updater can run a cycle under (fully-async integrations reject ``abort``, I3). A scenario
+    asking for a mode the integration lacks runs in the integration's own mode (an abort-only integration runs and
+    fails I2/I3 with its cost measured); an empty set declares an integration that never pauses (I6 and C2 are
+    then skipped with that reason)."""
     failover: bool = True
     """``Roles.new_updater()`` may be called again to fail over to a fresh trainer cell."""
     multi_turn: bool = True
     """The Manager can run multi-turn samples (several ``/generate`` calls per sample)."""
     staleness_filter: bool = True
     """The Manager enforces ``RolloutConfig.max_staleness`` at consumption."""
+    stamps_engines: bool = True
+    """The Updater labels the engines with its version (``/update_weight_version``, or ``weight_version`` in the
+    transfer bodies) and the Manager reads each turn's version from SGLang's ``meta_info``. False: versions live on
+    the client side (a turn is as old as the version published when its ``/generate`` was sent); S2/S3 then judge
+    the Manager's records against that truth, computed from the cycle timeline, and V1 still fails, plainly, on
+    engines that were never stamped."""
 
     def __post_init__(self) -> None:
         unknown = (set(self.transports) - ALL_TRANSPORTS) | (set(self.pause_modes) - ALL_PAUSE_MODES)
@@ -135,12 +144,19 @@ class Turn:
     rid: str
     """``meta_info.id`` of the response (the suite joins it with the wire record)."""
     weight_version: str | None
-    """The version label the integration recorded for this turn (SGLang's ``meta_info.weight_version``)."""
+    """The engine's label for this turn as SGLang reported it (``meta_info.weight_version``), or None."""
     finish_reason: str
     """``finish_reason.type``: ``length``, ``stop`` or ``abort``."""
     completion_tokens: int
     weight_versions: list[str] | None = None
     """Per-token span versions when the engine reports them (SGLang ≥ 0.5.23), oldest first."""
+    policy_version: int | None = None
+    """The framework's own version for this turn (client-side versioning, ``Capabilities.stamps_engines=False``);
+    None when it relies on the engine's label."""
+    continues: list[str] = field(default_factory=list)
+    """The rids of earlier calls of this sample that were aborted and whose prompt and partial output this call
+    resumed (partial rollout). Their tokens are part of the turn: the aborted requests cost a recompute, not a
+    lost sample."""
 
 
 @dataclass
@@ -201,6 +217,51 @@ class EngineClient(Protocol):
 
 
 @runtime_checkable
+class WeightSyncClient(EngineClient, Protocol):
+    """Everything an update cycle calls on one engine: the :class:`EngineClient` plus every weight transport,
+    the 0.5.23 weight-update sessions and LoRA. The reference updater and transports
+    (``conformance.reference``) drive any object with these methods, so an adopter can run the reference cycle
+    over their own client. Each raises on an engine-reported failure (non-200 or ``success: false``, P5).
+    Field names and defaults are SGLang's (``docs/sglang-api.md`` §3, §4)."""
+
+    async def update_weights_from_disk(self, path: str | Path, weight_version: str | None = None,
+                                       flush_cache: bool = False) -> None:
+        """``/update_weights_from_disk``: load a checkpoint directory the engine can read."""
+
+    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str],
+                                         weight_version: str | None = None, flush_cache: bool = False) -> None:
+        """``/update_weights_from_tensor``: tensors in the body, one serialized payload per TP rank."""
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str) -> None:
+        """``/init_weights_update_group``: join the trainer's process group (returns once every rank joined)."""
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], group_name: str,
+                                              weight_version: str | None = None, flush_cache: bool = False) -> None:
+        """``/update_weights_from_distributed``: receive the named tensors by broadcast from rank 0."""
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        """``/destroy_weights_update_group``."""
+
+    async def begin_weight_update(self) -> bool:
+        """``/begin_weight_update`` (0.5.23+); False when the engine has no sessions."""
+
+    async def end_weight_update(self) -> bool:
+        """``/end_weight_update`` (0.5.23+); False when the engine has no sessions."""
+
+    async def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: Mapping[str, Any],
+                                             serialized_named_tensors: Sequence[str]) -> None:
+        """``/load_lora_adapter_from_tensors``: an adapter sent in the body."""
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str | Path) -> None:
+        """``/load_lora_adapter``: an adapter the engine reads from disk."""
+
+    async def unload_lora_adapter(self, lora_name: str) -> None:
+        """``/unload_lora_adapter`` (SGLang waits for the requests that use it)."""
+
+
+@runtime_checkable
 class Updater(Protocol):
     """The trainer side of one trainer cell."""
 
@@ -239,16 +300,18 @@ class Manager(Protocol):
         """Stop the producer and wait for its tasks (abort nothing that training will read)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Roles:
     """The built integration."""
 
-    engines: list[EngineClient]
     manager: Manager
     new_updater: Callable[[], Updater]
     """Each call builds a fresh trainer cell over the same engines and manager (failover)."""
     close: Callable[[], Awaitable[None]] | None = None
     """Release clients, groups and temp files."""
+    engines: list[EngineClient] = field(default_factory=list)
+    """The integration's engine clients, for the adapter's own use and for debugging; optional: the suite reads
+    what the engines did from the wire, never through these."""
 
 
 @runtime_checkable

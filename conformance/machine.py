@@ -92,7 +92,7 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
         @precondition(lambda self: "disk" in caps.transports)
         @rule()
         def update_refused_by_one_engine(self) -> None:
-            self.loop.run(self.run.update("disk", refuse=len(self.backend.urls) - 1))
+            self.loop.run(self.run.update("disk", refuse=[len(self.backend.urls) - 1]))
 
         @precondition(lambda self: caps.failover)
         @rule()

@@ -18,10 +18,10 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
-from .interface import Integration, LoraAdapter, Sample
-from .reference import HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
+from .interface import BuildEnv, Integration, LoraAdapter, Sample, WeightSyncClient
+from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
 from .reference.manager import FinishedGroup, numeric_label
-from .reference.transports import LoraTransport, WeightTransport, host_copy
+from .reference.transports import DistributedTransport, LoraTransport, WeightTransport, host_copy
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +43,39 @@ class Mutant:
 # -- engine client -----------------------------------------------------------------------------------------
 
 class BareVersionBumpClient(HttpEngineClient):
-    def _version_payload(self, version: str) -> dict[str, Any]:
+    def version_payload(self, version: str) -> dict[str, Any]:
         return {"new_version": version}  # SGLang then defaults abort_all_requests=True
 
 
 class UncheckedTransferClient(HttpEngineClient):
-    def _validate(self, endpoint: str, response: httpx.Response) -> Any:
+    def check_response(self, endpoint: str, response: httpx.Response) -> Any:
         if endpoint.startswith(("/update_weights_from_", "/load_lora_adapter")):
             if response.status_code != 200:  # logged, not raised (minimind's update_policy)
                 log.warning("weight update %s failed: %s %s", endpoint, response.status_code, response.text)
             return None
-        return super()._validate(endpoint, response)
+        return super().check_response(endpoint, response)
+
+
+class AbortPauseClient(HttpEngineClient):
+    def request_body(self, endpoint: str, payload: Any) -> Any:
+        return {} if endpoint == "/pause_generation" else payload  # SGLang's default mode for {} is abort
+
+
+class ImplicitFlushClient(HttpEngineClient):
+    def request_body(self, endpoint: str, payload: Any) -> Any:
+        if endpoint == "/update_weights_from_disk":  # flush_cache left out: SGLang's default (true) applies
+            return {k: v for k, v in payload.items() if k != "flush_cache"}
+        return payload
+
+
+class RetryThenIgnoreClient(HttpEngineClient):
+    async def update_weights_from_disk(self, path: str | Path, weight_version: str | None = None,
+                                       flush_cache: bool = False) -> None:
+        for attempt in (1, 2):
+            try:
+                return await super().update_weights_from_disk(path, weight_version, flush_cache)
+            except EngineError as exc:  # retried once, then logged and carried on
+                log.warning("disk update attempt %d failed: %s", attempt, exc)
 
 
 # -- updater -------------------------------------------------------------------------------------------------
@@ -61,32 +83,46 @@ class UncheckedTransferClient(HttpEngineClient):
 class LoraUnstampedUpdater(ReferenceUpdater):
     _stamp_due = True
 
-    async def _transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
+    async def transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
                         lora: LoraAdapter | None) -> str | None:
         self._stamp_due = lora is None  # the bump lives in the full-weight path only
-        return await super()._transfer(new, mover, weights, lora)
+        return await super().transfer(new, mover, weights, lora)
 
-    async def _stamp(self, new: int) -> None:
+    async def stamp(self, new: int) -> None:
         if self._stamp_due:
-            await super()._stamp(new)
+            await super().stamp(new)
 
 
 class NoResumeOnFailureUpdater(ReferenceUpdater):
-    async def _release_on_failure(self, exc: BaseException) -> None:
+    async def release_on_failure(self, exc: BaseException) -> None:
         return None  # continue_generation only on the success path, as in the miles mixin
 
 
 class AlwaysFlushUpdater(ReferenceUpdater):
-    def _flush_needed(self) -> bool:
+    def flush_needed(self) -> bool:
         return True  # flushes even under in_place
 
 
 class PublishFirstUpdater(ReferenceUpdater):
-    async def _transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
+    async def transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
                         lora: LoraAdapter | None) -> str | None:
-        await self._stamp(new)  # bump and publish first, then push the weights
-        self._publish(new, None)
-        return await super()._transfer(new, mover, weights, lora)
+        await self.stamp(new)  # bump and publish first, then push the weights
+        self.publish(new, None)
+        return await super().transfer(new, mover, weights, lora)
+
+
+class StampEveryBucket(DistributedTransport):
+    """Broadcasts in buckets and puts ``weight_version`` in every bucket's call, as miles does."""
+
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+                       version: int) -> None:
+        names = list(weights)
+        for bucket in (names[: len(names) // 2], names[len(names) // 2:]):
+            await super().transfer(engines, {n: weights[n] for n in bucket}, version)
+
+    async def _receive(self, engine: WeightSyncClient, names: Sequence[str], dtypes: Sequence[str],
+                       shapes: Sequence[Sequence[int]], version: int) -> None:
+        await engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name, weight_version=str(version))
 
 
 class ReloadSameNameLora(LoraTransport):
@@ -98,7 +134,7 @@ class ReloadSameNameLora(LoraTransport):
     def versioned_name(adapter: LoraAdapter, version: int) -> str:
         return adapter.name
 
-    async def load(self, engines: Sequence[HttpEngineClient], adapter: LoraAdapter, version: int) -> str:
+    async def load(self, engines: Sequence[WeightSyncClient], adapter: LoraAdapter, version: int) -> str:
         if self._loaded:  # while paused: SGLang's unload waits for the paused requests that use it
             await self.unload(engines, adapter.name)
         name = await super().load(engines, adapter, version)
@@ -109,44 +145,49 @@ class ReloadSameNameLora(LoraTransport):
 # -- manager -------------------------------------------------------------------------------------------------
 
 class SilentRegressionManager(ReferenceManager):
-    def set_weight_version(self, version: int) -> None:
-        if self._version is not None and version < self._version:
-            log.warning("weight version went backwards: %s -> %s", self._version, version)  # warn, then store
-        self._version = version
+    def on_version_regression(self, current: int, published: int) -> int:
+        log.warning("weight version went backwards: %s -> %s", current, published)  # warn, then store
+        return published
 
 
 class NoneAsZeroManager(ReferenceManager):
-    def _current_version(self) -> int | None:
+    def current_version(self) -> int | None:
         return self._version or 0  # "no update yet" measured as version 0
 
-    def _label_value(self, label: Any) -> int | None:
+    def label_value(self, label: Any) -> int | None:
         return numeric_label(label) or 0  # "default" counted as version 0
 
 
 class LastTurnLabelManager(ReferenceManager):
-    def _oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
-        last = [self._label_value(s.turns[-1].weight_version) for s in samples if s.turns]
+    def oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
+        last = [self.label_value(s.turns[-1].weight_version) for s in samples if s.turns]
         numeric = [v for v in last if v is not None]  # earlier turns and per-token spans ignored
-        return (min(numeric) if numeric else None), super()._oldest_version(samples)[1]
+        return (min(numeric) if numeric else None), super().oldest_version(samples)[1]
+
+
+class BoundPlusOneManager(ReferenceManager):
+    def too_stale(self, staleness: int | None) -> bool:
+        bound = self.config.max_staleness  # off by one: a group at bound + 1 is still admitted
+        return bound is not None and staleness is not None and staleness > bound + 1
 
 
 class ProductionTimeFilterManager(ReferenceManager):
-    async def _enqueue(self, group: FinishedGroup) -> None:
-        oldest, _ = self._oldest_version(group.samples)
-        if self._too_stale(self._staleness(self._current_version(), oldest)):  # judged when it finishes
+    async def enqueue(self, group: FinishedGroup) -> None:
+        oldest, _ = self.oldest_version(group.samples)
+        if self.too_stale(self.staleness(self.current_version(), oldest)):  # judged when it finishes
             self._counters["stale_groups_filtered"] += 1
-            self._recycle(group.prompt)
+            self.recycle(group.prompt)
             return
-        await super()._enqueue(group)
+        await super().enqueue(group)
 
-    def _rejected_at_consumption(self, staleness: int | None) -> bool:
+    def rejected_at_consumption(self, staleness: int | None) -> bool:
         return False
 
 
 class KeepsAbortedManager(ReferenceManager):
-    async def _handle_aborted(self, prompt: Any, samples: list[Sample]) -> None:
+    async def handle_aborted(self, prompt: Any, samples: list[Sample]) -> None:
         self._counters["aborted_groups_recycled"] += 1
-        await self._enqueue(FinishedGroup(prompt, samples))  # re-queued with its partial turns
+        await self.enqueue(FinishedGroup(prompt, samples))  # re-queued with its partial turns
 
 
 # -- integration ---------------------------------------------------------------------------------------------
@@ -155,6 +196,14 @@ class KeepsAbortedManager(ReferenceManager):
 class FreshCounterIntegration(ReferenceIntegration):
     def start_version(self, manager: ReferenceManager) -> int:
         return 0  # each trainer cell's counter starts at 0
+
+
+@dataclass(frozen=True, eq=False)
+class BucketStampIntegration(ReferenceIntegration):
+    def make_transports(self, env: BuildEnv) -> dict[str, WeightTransport]:
+        transports = super().make_transports(env)
+        transports["distributed"] = StampEveryBucket(self.backend, timeout_s=self.timeout_s)
+        return transports
 
 
 def write_checkpoint_in_place(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
@@ -201,6 +250,19 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("lora_reload_in_place", "a LoRA refresh unloads the adapter and loads the new one under the same name "
             "while the engines are paused, so the unload waits forever for the paused requests that use it",
             "miles #2780; rl-frameworks P7", ("P7",), lora_cls=ReloadSameNameLora),
+    _mutant("pause_abort", "pauses with an empty body, which SGLang reads as mode abort: every request in flight "
+            "is aborted", "rl-frameworks I3; a framework that posts {} to /pause_generation", ("I3",),
+            client_cls=AbortPauseClient),
+    _mutant("implicit_flush_in_place", "the disk update leaves flush_cache out, so SGLang flushes (its default) "
+            "while the engines are paused in place", "rl-frameworks C2; a framework's disk load", ("C2",),
+            client_cls=ImplicitFlushClient),
+    _mutant("bucket_stamped", "every bucket of a distributed update carries weight_version, so the engines are "
+            "relabelled when the first bucket lands, before the whole update did", "rl-frameworks V2 (miles)", ("V2",),
+            integration_cls=BucketStampIntegration),
+    _mutant("filter_admits_bound_plus_one", "the staleness filter is off by one: a group at bound + 1 is trained",
+            "rl-frameworks S3", ("S3",), manager_cls=BoundPlusOneManager),
+    _mutant("refusal_ignored_after_retry", "a refused disk load is retried once, then logged and ignored",
+            "rl-frameworks P5; miles #684", ("P5",), client_cls=RetryThenIgnoreClient),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",), updater_cls=PublishFirstUpdater),
 ]}

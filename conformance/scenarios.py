@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from .backends import Backend, digest_of, inject_abort_all, probe_labels
 from .checks.labels import finish_type, output_versions
@@ -46,10 +46,19 @@ TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
         "success": False, "num_paused_requests": 0,
         "message": "Failed to update weights: CUDA out of memory (injected by the conformance suite).\n"
                    "Rolling back to original weights."}),
+    "tensor": ("/update_weights_from_tensor", {
+        "success": False, "message": "Failed to update weights: CUDA out of memory (injected by the conformance "
+                                     "suite)."}),
+    "distributed": ("/update_weights_from_distributed", {
+        "success": False, "message": "Failed to update parameter online: CUDA out of memory (injected by the "
+                                     "conformance suite)."}),
 }
-"""Per transport, the endpoint and the HTTP 400 body SGLang answers when loading fails on one engine
-(``sglang-api.md`` §3.2; message from ``model_runner.update_weights_from_disk``, which rolls back). A rejected
-tensor load has no such answer: it raises in the scheduler and kills the server (see ``failing-transfer``)."""
+"""Per transport, the endpoint and the HTTP 400 body SGLang's handler answers when the load reports failure
+(``sglang-api.md`` §3.2: ``{"success": false, "message": …}``; the disk and distributed messages are
+``model_runner``'s). Injected at the wire, so the same fault works in front of real SGLang. Needed for the tensor
+transport: SGLang answers a tensor load that raises (a wrong shape) by killing the server, not with a 400."""
+PAUSE_CHECKS = frozenset({"I3", "I6", "C2"})
+"""Checks about pausing: skipped, with the reason, for an integration that never pauses."""
 STALL_S = 0.1
 """How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
 CANCEL_GRACE_S = 2.0
@@ -125,11 +134,12 @@ class Trainer:
                 for n, t in self.initial.items()}
 
     def poisoned(self, step: int) -> dict[str, Any]:
-        """Weights the engines must reject: one parameter has the wrong shape."""
+        """Weights the engines must reject: the last parameter has the wrong shape (a transfer in buckets lands
+        its early buckets before the failure)."""
         import torch
 
         weights = self.weights(step)
-        name = next(iter(weights))
+        name = list(weights)[-1]
         weights[name] = torch.zeros(*(d + 1 for d in weights[name].shape), dtype=weights[name].dtype)
         return weights
 
@@ -175,18 +185,20 @@ class Run:
         await bounded(self.roles.manager.start(), self.deadlines.wait_s, "Manager.start()", self.backend.wire)
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
-                     refuse: int | None = None, in_flight: float | None = None) -> int | None:
+                     refuse: Sequence[int] = (), in_flight: float | None = None) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it.
 
         Every engine has a request resident across the whole cycle: the suite's own long-lived request
         (:mod:`conformance.sentinels`), sent before the cycle and aborted after it. With ``in_flight`` the cycle
         also waits until every engine has one of the integration's generates open for that many seconds. The cycle
-        is expected to fail with ``poison`` (weights every engine rejects) or ``refuse`` (that engine answers the
-        transfer with SGLang's failure, injected at the wire, while the others load the weights). A cycle that
+        is expected to fail with ``poison`` (weights every engine rejects: the last parameter has the wrong shape, so
+        an integration that sends buckets sees its early buckets land first) or ``refuse`` (those engines answer
+        every transfer call of the cycle with SGLang's failure, injected at the wire, while the others load the
+        weights). A cycle that
         fails unexpectedly, or does not return within ``deadlines.update_s`` (a hang, even when a failure was expected),
         breaks the run."""
         transport = transport or self.transport
-        expect_failure = poison or refuse is not None
+        expect_failure = poison or bool(refuse)
         manager, urls, wire = self.roles.manager, self.backend.urls, self.backend.wire
         step, index = self.step + 1, len(self.history.cycles)
         weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
@@ -201,8 +213,8 @@ class Run:
             await sentinels.start()
         except TimeoutError as exc:
             raise ScenarioTimeout(str(exc)) from None
-        if refuse is not None:
-            self._refuse_transfer(refuse, transport)
+        for engine in refuse:
+            self._refuse_transfer(engine, transport)
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
@@ -239,12 +251,9 @@ class Run:
         return returned
 
     def _refuse_transfer(self, engine: int, transport: str) -> None:
-        """Make ``engine`` answer this cycle's transfer the way SGLang answers a load that failed."""
-        if transport not in TRANSFER_FAILURES:
-            raise ValueError(f"no documented SGLang failure answer for the {transport} transport "
-                             f"(have {sorted(TRANSFER_FAILURES)})")
+        """Make ``engine`` answer every transfer call of this cycle the way SGLang answers a load that failed."""
         path, body = TRANSFER_FAILURES[transport]
-        self.backend.wire.refuse(engine, path, 400, body)
+        self.backend.wire.refuse(engine, path, 400, body, times=None)
         self.history.injected.append(Injected(time.monotonic(), "refusal", engine, f"{path} answers 400 {body}"))
 
     async def drain(self, n: int = 1) -> None:
@@ -339,12 +348,33 @@ class Scenario:
         """The transport this scenario uses with ``integration`` (None when it has none of them)."""
         return next((t for t in self.transport if t in integration.capabilities.transports), None)
 
-    def missing(self, integration: Integration) -> str | None:
+    def resolve(self, integration: Integration) -> "Scenario":
+        """This scenario as it runs against ``integration``; raises :class:`Unsupported` with the reason.
+
+        An abort-only integration runs every scenario in abort mode (and fails I2/I3 with the cost measured); one
+        that never pauses runs in the scenario's mode, which it ignores; otherwise a mode it lacks skips. Without
+        ``multi_turn`` the samples are single-turn, unless the scenario needs several turns."""
         caps = integration.capabilities
         if self.full_updates and self.transport_for(integration) is None:
-            return (f"integration supports none of the transports this scenario needs {list(self.transport)} "
-                    f"(declares {sorted(caps.transports)})")
-        return caps.missing(pause_mode=self.pause_mode, **self.needs)
+            raise Unsupported(f"integration supports none of the transports this scenario needs "
+                              f"{list(self.transport)} (declares {sorted(caps.transports)})")
+        mode = self.pause_mode
+        if caps.pause_modes == {"abort"}:
+            mode = "abort"
+        elif caps.pause_modes and mode not in caps.pause_modes:
+            raise Unsupported(f"integration does not support pause mode {mode!r} "
+                              f"(declares {sorted(caps.pause_modes)})")
+        reason = caps.missing(**self.needs)
+        if reason:
+            raise Unsupported(reason)
+        turns = self.rollout.turns if caps.multi_turn else 1
+        return replace(self, pause_mode=mode, rollout=replace(self.rollout, turns=turns))
+
+    def skipped_checks(self, integration: Integration) -> dict[str, str]:
+        """Checks of this scenario that cannot apply to ``integration``, with the reason."""
+        if integration.capabilities.pause_modes:
+            return {}
+        return {c: "the integration never pauses (declares no pause mode)" for c in self.checks if c in PAUSE_CHECKS}
 
 
 def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve the task and explain.") \
@@ -362,11 +392,12 @@ def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve th
 async def run_scenario(scenario: Scenario, integration: Integration, backend: Backend, seed: int = 0,
                        deadlines: Deadlines = DEADLINES) -> History:
     """Run ``scenario`` against ``integration`` on a started ``backend``; never raises for integration bugs."""
-    missing = scenario.missing(integration)
-    if missing:
-        raise Unsupported(missing)
+    scenario = scenario.resolve(integration)
+    caps = integration.capabilities
     history = History(scenario.name, integration.name, backend.name, backend.profile, seed,
-                      max_staleness=scenario.rollout.max_staleness)
+                      max_staleness=scenario.rollout.max_staleness,
+                      pause_mode=scenario.pause_mode if caps.pause_modes else None,
+                      stamps_engines=caps.stamps_engines)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
         env = BuildEnv(list(backend.urls), Path(tmp), scenario.rollout, prompt_source(seed), scenario.pause_mode, seed)
@@ -460,9 +491,15 @@ async def _failover(run: Run) -> None:
 
 
 async def _failing_transfer(run: Run) -> None:
+    """Disk and distributed: weights every engine rejects (the last parameter has the wrong shape: SGLang answers
+    400; disk rolls back). Tensor: SGLang answers a tensor load that raises by killing the server, so every
+    engine's transfer is refused at the wire with the 400 SGLang's handler gives a load that reports failure."""
     await run.start()
     await run.drain(1)
-    await run.update(poison=True, in_flight=0.0)
+    if run.transport == "tensor":
+        await run.update(refuse=range(len(run.backend.urls)), in_flight=0.0)
+    else:
+        await run.update(poison=True, in_flight=0.0)
     await run.update()
     await run.drain(1)
 
@@ -470,7 +507,7 @@ async def _failing_transfer(run: Run) -> None:
 async def _one_engine_rejects(run: Run) -> None:
     await run.start()
     await run.drain(1)
-    await run.update(refuse=len(run.backend.urls) - 1, in_flight=0.0)
+    await run.update(refuse=[len(run.backend.urls) - 1], in_flight=0.0)
     await run.update()
     await run.drain(1)
 
@@ -484,13 +521,16 @@ async def _lora(run: Run) -> None:
 
 
 async def _staleness(run: Run) -> None:
+    """Groups at exactly the bound (1), then at bound + 1, reach consumption by construction."""
     rollout = run.scenario.rollout
     await run.start()
-    await run.update()
+    await run.update()  # version 1
     await run.drain(rollout.buffer_capacity // rollout.batch_size + 1)  # what was buffered before version 1
-    await run.until_producer_blocked()  # the buffer is now full of groups generated under version 1
-    for _ in range(3):
-        await run.update()
+    await run.until_producer_blocked()  # the buffer is full of groups generated under version 1
+    await run.update()  # version 2: the buffered groups are exactly at the bound
+    await run.drain(1)  # ... and must be admitted
+    await run.until_producer_blocked()  # the room it made went to version-1 groups that were waiting to be put
+    await run.update()  # version 3: the buffer holds version-1 groups at bound + 1, which must be rejected
     await run.drain(3)
 
 
@@ -501,7 +541,7 @@ async def _aborted_groups(run: Run) -> None:
     await run.drain(run.scenario.rollout.buffer_capacity // run.scenario.rollout.batch_size + 2)
 
 
-_STEADY_CHECKS = ("I1-I2", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
+_STEADY_CHECKS = ("I1-I2", "I3", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
 
 
 def _steady_scenarios() -> list[Scenario]:
@@ -522,19 +562,22 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
             script=_first_drain, checks=("V3", "S2"),
             rollout=replace(_BASE.rollout, max_staleness=1), needs={"staleness_filter": True}),
     replace(_BASE, name="mixed-versions", doc="three-turn samples generating while updates land, until one spanning two versions is consumed",
-            script=_mixed_versions, checks=("S2", "I1-I2", "V1"), pause_mode="in_place",
+            script=_mixed_versions, checks=("S2", "I1-I2", "I3", "V1"), pause_mode="in_place", needs={"multi_turn": True},
             rollout=replace(_BASE.rollout, batch_size=1, group_size=1, turns=3, max_new_tokens=64, max_in_flight_groups=2,
                             buffer_capacity=2)),
     replace(_BASE, name="failover", doc="two updates, failover to a fresh trainer cell, two more",
-            script=_failover, checks=("V4-S1", "V1", "I1-I2"), needs={"failover": True}),
-    replace(_BASE, name="failing-transfer", doc="an update the engines reject (wrong shape: SGLang answers 400 on disk "
-            "(rolled back) and distributed; a rejected tensor update kills the server), then a good one",
-            script=_failing_transfer, checks=("V2", "P5", "I6", "V1"), transport=("disk", "distributed")),
-    replace(_BASE, name="one-engine-rejects", doc="the last engine answers the transfer with SGLang's failure "
+            script=_failover, checks=("V4-S1", "V1", "I1-I2", "I3"), needs={"failover": True}),
+    *(replace(_BASE, name=f"failing-transfer-{t}", doc=f"a {t} update the engines reject ("
+              + ("every transfer refused at the wire with SGLang's 400: a tensor load that raises kills the server"
+                 if t == "tensor" else "the last parameter has the wrong shape: SGLang answers 400"
+                 + (", rolled back" if t == "disk" else "")) + "), then a good one",
+              script=_failing_transfer, checks=("V2", "P5", "I6", "V1"), transport=(t,))
+      for t in ("disk", "tensor", "distributed")),
+    replace(_BASE, name="one-engine-rejects", doc="the last engine answers every transfer call with SGLang's failure "
             "(400, success: false; injected at the wire) while the others load the weights, then a good update",
             script=_one_engine_rejects, checks=("P5", "V2", "I6", "V1", "P6"), transport=("disk",)),
     replace(_BASE, name="lora", doc="two LoRA updates while rollouts run",
-            script=_lora, checks=("V1", "I1-I2", "I6", "P7"), needs={"lora": True}, full_updates=False),
+            script=_lora, checks=("V1", "I1-I2", "I3", "I6", "P7"), needs={"lora": True}, full_updates=False),
     replace(_BASE, name="staleness", doc="groups buffered while three updates land; bound 1 at consumption",
             script=_staleness, checks=("S3", "S2", "V4-S1"),
             rollout=replace(_BASE.rollout, max_staleness=1, buffer_capacity=8), needs={"staleness_filter": True}),

@@ -18,6 +18,7 @@ import itertools
 import json
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from .history import WireCall
@@ -41,6 +42,15 @@ def _decode(raw: bytes, content_type: str) -> Any:
         return text
 
 
+@dataclass
+class _Refusal:
+    status: int
+    body: Any
+    left: int | None
+    """Calls still to refuse; None: every one."""
+    used: int = 0
+
+
 class WireLog:
     """Thread-safe, append-only list of wire calls shared by every engine's recorder."""
 
@@ -48,7 +58,7 @@ class WireLog:
         self.calls: list[WireCall] = []
         self._seq = itertools.count()
         self._lock = threading.Lock()
-        self._refusals: dict[tuple[int, str], tuple[int, Any]] = {}
+        self._refusals: dict[tuple[int, str], _Refusal] = {}
         self._listeners: list[Callable[[WireCall], None]] = []
 
     def listen(self, listener: Callable[[WireCall], None]) -> Callable[[], None]:
@@ -63,20 +73,27 @@ class WireLog:
                     self._listeners.remove(listener)
         return stop
 
-    def refuse(self, engine: int, path: str, status: int, body: Any) -> None:
-        """Answer the next ``path`` call to ``engine`` with ``status``/``body`` (JSON), not forwarding it."""
+    def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1) -> None:
+        """Answer the next ``times`` ``path`` calls to ``engine`` (every one until cleared with None) with
+        ``status``/``body`` (JSON), not forwarding them."""
         with self._lock:
-            self._refusals[(engine, path)] = (status, body)
+            self._refusals[(engine, path)] = _Refusal(status, body, times)
 
     def take_refusal(self, engine: int, path: str) -> tuple[int, Any] | None:
-        """The pending refusal for this call, consumed; None when there is none."""
+        """The refusal answering this call (status, body), consumed once; None when there is none."""
         with self._lock:
-            return self._refusals.pop((engine, path), None)
+            refusal = self._refusals.get((engine, path))
+            if refusal is None or refusal.left == 0:
+                return None
+            refusal.used += 1
+            if refusal.left is not None:
+                refusal.left -= 1
+            return refusal.status, refusal.body
 
     def clear_refusals(self) -> list[tuple[int, str]]:
-        """Forget pending refusals; the (engine, path) of those no call used."""
+        """Forget the refusals; the (engine, path) of those no call used."""
         with self._lock:
-            unused = sorted(self._refusals)
+            unused = sorted(key for key, refusal in self._refusals.items() if not refusal.used)
             self._refusals.clear()
             return unused
 

@@ -52,10 +52,10 @@ def test_an_update_that_hangs_fails_every_case_with_the_call_it_is_stuck_on() ->
 
 
 class _FailsSecondUpdate(ReferenceUpdater):
-    async def _stamp(self, new: int) -> None:
+    async def stamp(self, new: int) -> None:
         if new == 2:
             raise RuntimeError("trainer lost its NCCL group")
-        await super()._stamp(new)
+        await super().stamp(new)
 
 
 def test_an_unexpected_update_failure_fails_every_case() -> None:

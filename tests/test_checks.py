@@ -152,12 +152,46 @@ def test_pause_continue_paired_passes():
     assert check("I6", h).passed
 
 
+def test_an_implicit_flush_in_a_transfer_under_in_place_fails():
+    """A disk update that leaves ``flush_cache`` out flushes (SGLang's default): SGLang refuses it with requests
+    resident (0.5.23) or crashes (<=0.5.16)."""
+    h = history(wire=[pause(0, 1.1, "in_place"),
+                      call(1, "/update_weights_from_disk", {"model_path": "/c/v1"}, t0=1.3, t1=1.4, status=400),
+                      call(2, "/continue_generation", {}, t0=1.5, t1=1.6)], cycles=[cycle()])
+    v = check("C2", h)
+    assert v.status == "fail" and "no 'flush_cache' sent: SGLang's default" in v.witness[0], v.explain()
+
+
+def test_c2_reads_the_mode_sent_not_the_mode_asked():
+    """``{}`` pauses in abort mode: a flush then is fine for C2 (I3 judges the abort)."""
+    h = history(wire=[call(0, "/pause_generation", {}, t0=1.1, t1=1.2),
+                      call(1, "/flush_cache", None, t0=1.3, t1=1.31),
+                      call(2, "/continue_generation", {}, t0=1.5, t1=1.6)], cycles=[cycle(mode="in_place")],
+                pause_mode="in_place")
+    assert check("C2", h).status == "unknown"
+
+
 def test_flush_under_in_place_fails():
     h = history(wire=[call(0, "/pause_generation", {"mode": "in_place"}, t0=1.1, t1=1.2),
                       call(1, "/flush_cache", None, t0=1.3, t1=1.31, status=400, response="busy"),
                       call(2, "/continue_generation", {}, t0=1.5, t1=1.6)], cycles=[cycle(mode="in_place")])
     v = check("C2", h)
     assert v.status == "fail" and "while paused in_place" in v.witness[0]
+
+
+def test_a_flush_anywhere_inside_the_pause_is_in_order():
+    h = history(wire=[pause(0, 1.1), call(1, "/update_weights_from_tensor", {}, t0=1.2, t1=1.3),
+                      call(2, "/flush_cache", None, t0=1.35, t1=1.36), bump(3, "1", 1.4),
+                      call(4, "/continue_generation", {}, t0=1.6, t1=1.7)], cycles=[cycle()])
+    assert check("P1", h).passed, check("P1", h).explain()
+
+
+def test_a_flush_after_the_continue_is_out_of_order():
+    h = history(wire=[pause(0, 1.1), call(1, "/update_weights_from_tensor", {}, t0=1.2, t1=1.3), bump(3, "1", 1.4),
+                      call(4, "/continue_generation", {}, t0=1.6, t1=1.7), call(5, "/flush_cache", None, t0=1.8, t1=1.9)],
+                cycles=[cycle()])
+    v = check("P1", h)
+    assert v.status == "fail" and "/flush_cache at t=1.800s outside the pause" in v.witness[0], v.explain()
 
 
 def test_cycle_order_fails_when_the_version_precedes_the_transfer():
@@ -168,22 +202,100 @@ def test_cycle_order_fails_when_the_version_precedes_the_transfer():
     assert check("V2", h).status == "fail"
 
 
-def test_swallowed_engine_failure_fails_but_a_retried_flush_does_not():
-    failure = call(0, "/update_weights_from_tensor", {}, t0=1.1, t1=1.2, status=400,
-                   response={"success": False, "message": "Failed: shape"})
-    v = check("P5", history(wire=[failure], cycles=[cycle()]))
+def _refused(seq, t, path="/update_weights_from_disk"):
+    return call(seq, path, {"model_path": "/c/v1"}, t0=t, t1=t + 0.1, status=400,
+                response={"success": False, "message": "Failed to update weights: OOM"})
+
+
+def test_swallowed_engine_failure_fails():
+    v = check("P5", history(wire=[_refused(0, 1.1)], cycles=[cycle()]))
     assert v.status == "fail" and "engine 0 answered 400" in v.witness[0]
+
+
+def test_a_refusal_retried_until_it_succeeds_passes_and_is_reported():
     retried = [call(0, "/flush_cache", None, t0=1.1, t1=1.2, status=400, response="busy"),
-               call(1, "/flush_cache", None, t0=1.3, t1=1.4, status=200, response="ok")]
-    assert check("P5", history(wire=retried, cycles=[cycle()])).status == "unknown"
+               call(1, "/flush_cache", None, t0=1.3, t1=1.4, status=200, response="ok"),
+               _refused(2, 1.5), call(3, "/update_weights_from_disk", {"model_path": "/c/v1"}, t0=1.7, t1=1.8)]
+    v = check("P5", history(wire=retried, cycles=[cycle()]))
+    assert v.passed and v.metrics["recovered_by_retry"] == 2, v.explain()
+
+
+def test_a_refusal_ignored_after_retries_that_were_refused_too_fails_once():
+    v = check("P5", history(wire=[_refused(0, 1.1), _refused(1, 1.3), _refused(2, 1.5)], cycles=[cycle()]))
+    assert v.status == "fail" and len(v.witness) == 1 and "(and 2 retries, refused too)" in v.witness[0], v.explain()
+
+
+def test_no_refusal_proves_nothing_about_p5():
+    assert check("P5", history(wire=[call(0, "/flush_cache", None, t0=1.1, t1=1.2)], cycles=[cycle()])).status == \
+        "unknown"
+
+
+# -- I3 (the pause mode sent) ------------------------------------------------------------------------------
+
+def test_pausing_in_the_mode_asked_passes():
+    assert check("I3", history(wire=[pause(0, 1.0, "in_place")], pause_mode="in_place")).passed
+
+
+@pytest.mark.parametrize(("payload", "profile", "why"), [
+    ({}, "0.5.23", "no 'mode' sent: SGLang's default"),
+    ({"mode": "abort"}, "0.5.23", "mode: 'abort' sent"),
+    ({"mode": "retract"}, "0.5.4", "SGLang 0.5.4's handler takes no 'mode'"),
+])
+def test_a_pause_that_takes_effect_in_abort_mode_fails(payload, profile, why):
+    h = History("hand-written", "test", "none", profile, 0, pause_mode="retract",
+                wire=[call(0, "/pause_generation", payload, t0=1.0, t1=1.1)])
+    v = check("I3", h)
+    assert v.status == "fail" and "pauses in abort mode" in v.witness[0] and why in v.witness[0], v.explain()
+
+
+def test_a_pause_in_another_mode_than_asked_fails():
+    v = check("I3", history(wire=[pause(0, 1.0, "retract")], pause_mode="in_place"))
+    assert v.status == "fail" and "asked to run in in_place" in v.witness[0]
+
+
+def test_an_integration_that_never_pauses_proves_nothing_about_i3():
+    assert check("I3", history(wire=[bump(0, "1", 1.0)], pause_mode="retract")).status == "unknown"
 
 
 # -- V1 / V2 / V3 / V4 / P6 ------------------------------------------------------------------------------
 
 def test_versions_agree_fails_on_an_unstamped_lora_update():
-    h = history(cycles=[cycle(lora=True, labels=("default", "default"))])
+    h = history(wire=[bump(0, "1", 1.5)], cycles=[cycle(0, labels=("default", "1")),
+                                                 cycle(1, t0=3, t1=4, lora=True, returned=2,
+                                                                       published=(1, 2), labels=("1", "1"))])
     v = check("V1", h)
-    assert v.status == "fail" and "LoRA" in v.witness[0] and "'default'" in v.witness[0]
+    assert v.witness == ["cycle 1 (LoRA, cell 0): the trainer counter is 2 but engine 0 reports weight_version '1' "
+                         "after the update"], v.explain()
+
+
+def _bucket(seq, t, ok=True, version="1"):
+    return call(seq, "/update_weights_from_distributed",
+                {"names": ["w"], "dtypes": ["float32"], "shapes": [[2]], "weight_version": version}, t0=t, t1=t + 0.1,
+                status=200 if ok else 400, response={"success": ok, "message": "x"})
+
+
+def test_a_stamp_in_an_early_bucket_relabels_before_the_whole_update_landed():
+    h = history(wire=[_bucket(0, 1.1), _bucket(1, 1.3, ok=False)],
+                cycles=[cycle(ok=False, error="EngineError: bucket 2", returned=0, published=(None, None),
+                              labels=("default", "1"))])
+    v = check("V2", h)
+    assert v.status == "fail"
+    text = "\n".join(v.witness)
+    assert "engine 0 was relabelled to '1' by its transfer /update_weights_from_distributed (weight_version in the " \
+           "body) at t=1.200s while its transfer /update_weights_from_distributed failed" in text, text
+    assert "engine 0's label moved 'default' → '1'" in text
+
+
+def test_a_stamp_in_the_only_transfer_is_atomic():
+    assert check("V2", history(wire=[_bucket(0, 1.1)], cycles=[cycle()])).passed
+
+
+def test_engines_never_stamped_fail_v1_plainly():
+    h = history(wire=[call(0, "/update_weights_from_tensor", {}, t0=1.1, t1=1.2)],
+                cycles=[cycle(labels=("default", "default"))], stamps_engines=False)
+    v = check("V1", h)
+    assert v.status == "fail" and v.witness[0].startswith("the engines were never stamped") and \
+        "client-side versions" in v.witness[0], v.explain()
 
 
 def test_failed_cycle_must_not_publish():
@@ -239,6 +351,31 @@ def test_default_labels_are_ignored_not_zero():
     assert check("S2", history(wire=wire, batches=[BatchRecord(0, 3, Batch([group(0, ["a", "b"], 3)], 3), 3)])).passed
     assert check("S2", history(wire=wire,
                                batches=[BatchRecord(0, 3, Batch([group(0, ["a", "b"], 0)], 3), 3)])).status == "fail"
+
+
+def _client_side_group(prompt, rid, oldest, staleness=None, policy=None):
+    return Group(prompt, [Sample(prompt, [Turn(rid, "default", "length", 4, policy_version=policy)])], oldest,
+                 staleness)
+
+
+def test_client_side_versions_are_judged_against_the_version_published_at_dispatch():
+    wire = [gen("a", 0.5, 0.9, version="default"), gen("b", 2.5, 2.9, version="default", seq=101)]
+    cycles = [cycle(0, t0=1.0, t1=2.0, returned=1, labels=("default", "default"))]
+    good = [BatchRecord(0, 3, Batch([_client_side_group(0, "a", None), _client_side_group(1, "b", 1, 0, 1)], 1), 1)]
+    assert check("S2", history(wire=wire, cycles=cycles, batches=good, stamps_engines=False)).passed
+    bad = [BatchRecord(0, 3, Batch([_client_side_group(1, "b", 0, 1, 0)], 1), 1)]
+    v = check("S2", history(wire=wire, cycles=cycles, batches=bad, stamps_engines=False))
+    assert v.status == "fail" and "was sent under versions as old as 1" in v.witness[0] and \
+        "recorded oldest 0" in v.witness[0], v.explain()
+
+
+def test_a_continued_call_counts_toward_the_oldest_version():
+    """Partial rollout: the aborted call's tokens (version 1) are part of the turn that continued it."""
+    wire = [gen("a1", 0, 1, version="1", finish="abort"), gen("a2", 1, 2, version="2", seq=101)]
+    turn = Turn("a2", "2", "length", 4, continues=["a1"])
+    rec = BatchRecord(0, 3, Batch([Group(0, [Sample(0, [turn])], 2, 0)], 2), 2)
+    v = check("S2", history(wire=wire, batches=[rec]))
+    assert v.status == "fail" and "as old as 1" in v.witness[0], v.explain()
 
 
 def test_staleness_bound_at_consumption():

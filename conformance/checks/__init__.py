@@ -2,7 +2,7 @@
 
 from .adapters import adapter_not_unloaded_in_use
 from .checkpoints import atomic_checkpoints
-from .protocol import cycle_order, failures_are_fatal, flush_contract, pause_paired_with_resume
+from .protocol import cycle_order, failures_are_fatal, flush_contract, pause_mode_sent, pause_paired_with_resume
 from .requests import aborted_never_trained, no_aborts_on_update
 from .staleness import oldest_version, staleness_bound
 from .verdict import Verdict, verdict, worst
@@ -11,6 +11,7 @@ from .versions import (never_backwards, nothing_before_first_update, published_o
 
 CHECKS = {
     "I1-I2": no_aborts_on_update,
+    "I3": pause_mode_sent,
     "I4": aborted_never_trained,
     "I6": pause_paired_with_resume,
     "V1": versions_agree,

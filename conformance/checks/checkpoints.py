@@ -23,12 +23,14 @@ def atomic_checkpoints(h: History) -> Verdict:
         if not arrivals:
             failures.append(f"checkpoint {name!r} was sent to the engines but never appeared in the watched "
                             f"checkpoint directory (written elsewhere?)")
-        for e in arrivals:
-            if e.kind == "created":
-                failures.append(f"checkpoint {name!r} was created in place at t={e.t:.3f}s and filled there: an engine "
-                                f"(or any reader) can load it half-written; write to a temp dir and rename it")
         last_load = max((w.t_end or w.t_start) for w in loads if PurePath(str(w.payload.get("model_path"))).name == name)
         first_load = min(w.t_start for w in loads if PurePath(str(w.payload.get("model_path"))).name == name)
+        for e in arrivals:
+            if e.kind == "created":
+                failures.append(f"checkpoint {name!r} was created in place at t={e.t:.3f}s, not renamed into place, "
+                                f"so while it is being written a reader of the directory sees it incomplete (the "
+                                f"first engine was told to load it at t={first_load:.3f}s); write it to a temp dir and "
+                                f"rename it")
         for e in h.fs:
             if e.name == name and e.kind in ("deleted", "moved_out") and first_load <= e.t < last_load:
                 failures.append(f"checkpoint {name!r} was removed at t={e.t:.3f}s before the last engine finished "

@@ -1,9 +1,10 @@
-"""Protocol: I6 (pause paired with resume, sessions closed), P5 (engine failures fatal), C2 (flush contract),
-P1 (order inside a cycle)."""
+"""Protocol: I6 (pause paired with resume, sessions closed), P5 (engine failures fatal), I3 (the pause mode
+sent), C2 (flush contract), P1 (order inside a cycle)."""
 
 from __future__ import annotations
 
 from ..history import TRANSFER_PATHS, History, WireCall
+from .effective import effective, sent_as
 from .verdict import Verdict, verdict
 
 
@@ -47,66 +48,108 @@ def pause_paired_with_resume(h: History) -> Verdict:
 
 
 def failures_are_fatal(h: History) -> Verdict:
-    """P5: an engine-reported failure (non-200, ``success: false``) during a cycle makes the update raise,
-    unless the same call was retried on that engine and succeeded (a flush back-off)."""
+    """P5: an engine-reported failure (non-200, ``success: false``) during a cycle makes the update raise, unless
+    the same call was retried on that engine and then succeeded (a flush back-off, a retried transfer): that
+    recovery passes, and is reported."""
     failures: list[str] = []
-    seen = 0
+    seen = retried = 0
     for c in h.cycles:
-        calls = [w for w in h.wire if c.t_start <= w.t_start <= c.t_end and w.path != "/generate"]
-        for i, w in enumerate(calls):
-            if w.ok or w.status is None and w.t_end is None:
+        attempts: dict[tuple[int, str], list[WireCall]] = {}
+        for w in h.cycle_calls(c):
+            if w.path != "/generate" and w.t_end is not None:
+                attempts.setdefault((w.engine, w.path), []).append(w)
+        for (engine, path), calls in attempts.items():
+            refused = [w for w in calls if not w.ok]
+            if not refused:
                 continue
-            recovered = any(later.ok and later.path == w.path and later.engine == w.engine for later in calls[i + 1:])
-            if recovered:
+            seen += len(refused)
+            if calls[-1].ok:
+                retried += 1
                 continue
-            seen += 1
             if c.ok:
-                failures.append(f"engine {w.engine} answered {w.status} {w.response!r} to {w.path} in cycle {c.index}, "
-                                f"yet the updater returned version {c.returned} and published it")
+                first = refused[0]
+                tries = f" (and {len(refused) - 1} retr{'y' if len(refused) == 2 else 'ies'}, refused too)" \
+                    if len(refused) > 1 else ""
+                failures.append(f"engine {engine} answered {first.status} {first.response!r} to {path} in cycle "
+                                f"{c.index}{tries}, yet the updater returned version {c.returned} and published it")
     return verdict("P5 engine failures are fatal", failures,
-                   vacuous=None if seen else "no engine reported a failure during any cycle", metrics={"failures": seen})
+                   vacuous=None if seen else "no engine reported a failure during any cycle",
+                   metrics={"failures": seen, "recovered_by_retry": retried})
+
+
+def _pause_mode(call: WireCall, profile: str) -> str | None:
+    mode = effective(call, "mode", profile)
+    return mode if isinstance(mode, str) else None
+
+
+def pause_mode_sent(h: History) -> Verdict:
+    """I3: every pause takes effect in the mode the integration runs in, and never in ``abort``: a fully-async
+    integration that pauses in abort mode kills every request in flight. Read from the wire as SGLang reads it:
+    a body without ``mode`` (``{}``) pauses in abort mode, and so does every pause on ≤0.5.4 (no body taken)."""
+    failures: list[str] = []
+    pauses = list(h.integration_calls("/pause_generation"))
+    for call in pauses:
+        mode = _pause_mode(call, h.profile)
+        if mode is None:
+            continue  # SGLang rejected the body: nothing was paused (P5 judges the refusal)
+        sent = sent_as(call, "mode", h.profile)
+        if mode == "abort":
+            failures.append(f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s pauses in abort "
+                            f"mode ({sent}): every request in the engine is aborted")
+        elif h.pause_mode is not None and mode != h.pause_mode:
+            failures.append(f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s ({sent}) pauses "
+                            f"in {mode} mode, but the integration was asked to run in {h.pause_mode}")
+    return verdict("I3 pause mode sent", failures, vacuous=None if pauses else "the integration never paused",
+                   metrics={"pauses": len(pauses)})
 
 
 def flush_contract(h: History) -> Verdict:
-    """C2: never flush while an engine is paused in place (its resident requests make SGLang refuse or crash)."""
+    """C2: never flush while an engine is paused in place, explicitly (``/flush_cache``) or by a transfer whose
+    effective ``flush_cache`` is true (SGLang's default on every transfer endpoint): its resident requests make
+    SGLang refuse (0.5.23) or crash the scheduler (≤0.5.16). The pause mode is the one SGLang read off the wire."""
     failures: list[str] = []
     in_place = 0
-    for engine, calls in _by_engine(h, {"/pause_generation", "/continue_generation", "/flush_cache"}).items():
-        paused_in_place = False
-        for call in calls:
-            if call.path == "/pause_generation" and call.ok:
-                paused_in_place = isinstance(call.payload, dict) and call.payload.get("mode") == "in_place"
-                in_place += paused_in_place
-            elif call.path == "/continue_generation" and call.ok:
-                paused_in_place = False
-            elif call.path == "/flush_cache" and paused_in_place:
-                failures.append(f"engine {engine}: /flush_cache at t={call.t_start:.3f}s while paused in_place "
-                                f"(answered {call.status}): SGLang refuses it with requests resident (0.5.23) or crashes "
-                                f"the scheduler (<=0.5.16)")
-    for c in h.wire:
-        payload = c.payload if isinstance(c.payload, dict) else {}
-        if c.path in TRANSFER_PATHS and payload.get("flush_cache") is True:
-            cycle = h.cycle_at(c.t_start)
-            if cycle and cycle.pause_mode == "in_place":
-                failures.append(f"engine {c.engine}: {c.path} with flush_cache=true under pause in_place "
-                                f"(cycle {cycle.index})")
+    engines = sorted({w.engine for w in h.integration_calls()})
+    for engine in engines:
+        windows = [(pause, end) for pause, end in h.pause_windows(engine) if _pause_mode(pause, h.profile) == "in_place"]
+        in_place += len(windows)
+        for pause, end in windows:
+            for call in h.integration_calls(engine=engine):
+                if not pause.t_start <= call.t_start < end:
+                    continue
+                if call.path == "/flush_cache":
+                    failures.append(f"engine {engine}: /flush_cache at t={call.t_start:.3f}s while paused in_place "
+                                    f"(answered {call.status}): SGLang refuses it with requests resident (0.5.23) or "
+                                    f"crashes the scheduler (<=0.5.16)")
+                elif call.path in TRANSFER_PATHS and effective(call, "flush_cache", h.profile) is True:
+                    failures.append(f"engine {engine}: {call.path} at t={call.t_start:.3f}s flushes the cache "
+                                    f"({sent_as(call, 'flush_cache', h.profile)}) while paused in_place "
+                                    f"(answered {call.status})")
     return verdict("C2 flush contract", failures, vacuous=None if in_place else "no engine was paused in place",
                    metrics={"in_place_pauses": in_place})
 
 
 def cycle_order(h: History) -> Verdict:
-    """P1: pause → (flush) → (begin) → transfer → version → (end) → continue, per engine, inside each cycle."""
-    rank = {"/pause_generation": 0, "/flush_cache": 1, "/begin_weight_update": 2, **{p: 3 for p in TRANSFER_PATHS},
+    """P1: pause → (begin) → transfer → version → (end) → continue, per engine, inside each cycle. A flush is
+    accepted anywhere between the pause and the continue (SGLang itself flushes after loading by default)."""
+    rank = {"/pause_generation": 0, "/begin_weight_update": 2, **{p: 3 for p in TRANSFER_PATHS},
             "/update_weight_version": 4, "/end_weight_update": 5, "/continue_generation": 6}
     failures: list[str] = []
     for c in h.cycles:
         if not c.ok:
             continue
-        for engine in {w.engine for w in h.wire}:
-            calls = [w for w in h.wire if w.engine == engine and c.t_start <= w.t_start <= c.t_end and w.path in rank]
-            steps = [w.path for w in calls if w.ok or w.path != "/flush_cache"]
+        for engine in sorted({w.engine for w in h.cycle_calls(c)}):
+            calls = [w for w in h.cycle_calls(c, engine) if w.path in rank or w.path == "/flush_cache"]
+            steps = [w.path for w in calls if w.path != "/flush_cache"]
             for a, b in zip(steps, steps[1:]):
                 if rank[b] < rank[a] and not (a in TRANSFER_PATHS and b in TRANSFER_PATHS):
                     failures.append(f"cycle {c.index}, engine {engine}: {b} came after {a} (calls: {steps})")
                     break
+            pause = next((w.t_start for w in calls if w.path == "/pause_generation"), None)
+            resume = next((w.t_start for w in calls if w.path == "/continue_generation"), None)
+            for flush in (w for w in calls if w.path == "/flush_cache" and w.ok):
+                if pause is not None and (flush.t_start < pause or resume is not None and flush.t_start > resume):
+                    failures.append(f"cycle {c.index}, engine {engine}: /flush_cache at t={flush.t_start:.3f}s "
+                                    f"outside the pause (paused at t={pause:.3f}s"
+                                    f"{f', continued at t={resume:.3f}s' if resume is not None else ''})")
     return verdict("P1 cycle order", failures, vacuous=None if h.cycles else "no update cycle ran")

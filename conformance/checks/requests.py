@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from ..history import DISTURBING_PATHS, History, WireCall
+from ..history import DISTURBING_PATHS, TRANSFER_PATHS, History, WireCall
+from .effective import effective, sent_as
 from .labels import finish_type
 from .verdict import Verdict, verdict
 
 
+ABORTING_PATHS = (TRANSFER_PATHS | {"/update_weight_version"}) - {"/load_lora_adapter", "/load_lora_adapter_from_tensors"}
+"""Calls that take ``abort_all_requests`` (``sglang-api.md`` §1.1, §3.1)."""
 _ACTION = {"/pause_generation": "paused", "/update_weight_version": "relabelled"}
 
 
@@ -33,18 +36,22 @@ _FIELDS_SHOWN = ("mode", "abort_all_requests", "flush_cache", "weight_version")
 
 
 def no_aborts_on_update(h: History) -> Verdict:
-    """I1/I2: a version bump never aborts (``abort_all_requests: false`` on the wire) and a whole update cycle
-    aborts none of the requests in the engines. Every cycle must show it: on every engine a request (the
-    integration's, or the suite's long-lived sentinel) was resident when the cycle first touched that engine (its
-    pause, else its transfer or bump); otherwise the run proves nothing there and the answer is unknown. Reports
-    the aborted-sample rate and how often the integration's own requests were resident at the pause."""
+    """I1/I2: no bump or transfer aborts (their effective ``abort_all_requests`` is false: the bump's default is
+    true) and a whole update cycle aborts none of the requests in the engines. Every cycle must show it: on every
+    engine a request (the integration's, or the suite's long-lived sentinel) was resident when the cycle first
+    touched that engine (its pause, else its transfer or bump); otherwise the run proves nothing there and the
+    answer is unknown. An aborted request that a later call continued (partial rollout) still fails I2 (the
+    recompute is a real cost) but is not a lost sample. Reports per ``/generate`` call the aborted-request rate,
+    the aborted-sample rate (aborted and not continued: lost or trained truncated), the tokens prefilled again for
+    continued requests, and how often the integration's own requests were resident at the pause."""
     failures: list[str] = []
-    for engine, calls in sorted(_unsafe_bumps(h).items()):
-        failures.append(
-            f"engine {engine}: {len(calls)} POST /update_weight_version call(s) do not send \"abort_all_requests\": "
-            f"false (first: {calls[0].payload} at t={calls[0].t_start:.3f}s), so SGLang's default (True) aborts "
-            f"every request in the scheduler")
-    total = aborted = 0
+    for (engine, path), calls in sorted(_aborting_calls(h).items()):
+        first = calls[0]
+        failures.append(f"engine {engine}: {len(calls)} POST {path} call(s) abort every request in the engine "
+                        f"(first at t={first.t_start:.3f}s: {sent_as(first, 'abort_all_requests', h.profile)}; "
+                        f"SGLang reads abort_all_requests as true)")
+    continued = _continued(h)
+    total = aborted = resumed = recompute = 0
     for call in h.wire:
         if call.path != "/generate":
             continue
@@ -59,13 +66,20 @@ def no_aborts_on_update(h: History) -> Verdict:
                      f", pause {cycle.pause_mode})") if cycle else "outside any update cycle"
             reason = meta["finish_reason"].get("message") if isinstance(meta.get("finish_reason"), dict) else ""
             tokens = meta.get("completion_tokens", len(out.get("output_ids") or []))
+            then = ""
             if call.origin == "integration":
                 aborted += 1
                 who = f"request {meta.get('id')} (engine {call.engine})"
+                if str(meta.get("id")) in continued:
+                    resumed += 1
+                    cost = int(meta.get("prompt_tokens") or 0) + int(tokens or 0)
+                    recompute += cost
+                    then = (f"; it was continued by request {continued[str(meta.get('id'))]} (partial rollout: no "
+                            f"sample lost, {cost} tokens prefilled again)")
             else:
                 who = f"the suite's long-lived request {meta.get('id')} (engine {call.engine})"
             failures.append(f"{who}, sent at t={call.t_start:.3f}s, was aborted at t={call.t_end:.3f}s {where} after "
-                            f"{tokens} tokens (finish_reason abort: {reason!r}){_cause(h, call)}")
+                            f"{tokens} tokens (finish_reason abort: {reason!r}){_cause(h, call)}{then}")
     if aborted:
         failures.insert(0, f"{aborted} of {total} requests ({aborted / total:.0%}) were aborted during update cycles")
     pairs, idle, own = 0, [], 0
@@ -80,8 +94,10 @@ def no_aborts_on_update(h: History) -> Verdict:
             if not resident:
                 idle.append(f"engine {engine}: no request was resident when it was "
                             f"{_ACTION.get(first.path, 'sent new weights')} in cycle {c.index} (t={first.t_start:.3f}s)")
-    metrics = {"requests": total, "aborted": aborted, "aborted_sample_rate": aborted / total if total else 0.0,
-               "aborts_per_update": aborted / max(1, len(h.cycles)), "engine_cycles": pairs,
+    metrics = {"requests": total, "aborted_requests": aborted, "continued_requests": resumed,
+               "aborted_request_rate": aborted / total if total else 0.0,
+               "aborted_sample_rate": (aborted - resumed) / total if total else 0.0,
+               "recompute_tokens": recompute, "aborts_per_update": aborted / max(1, len(h.cycles)), "engine_cycles": pairs,
                "overlap_at_pause": (pairs - len(idle)) / pairs if pairs else None,
                "integration_overlap_at_pause": own / pairs if pairs else None}
     vacuous = "; ".join(idle) + ": the run proves nothing there" if idle else None
@@ -90,31 +106,42 @@ def no_aborts_on_update(h: History) -> Verdict:
     return verdict("I1/I2 no abort on update", failures, vacuous=vacuous, metrics=metrics)
 
 
-def _unsafe_bumps(h: History) -> dict[int, list[WireCall]]:
-    """Per engine, the version bumps that do not send ``abort_all_requests: false``."""
-    unsafe: dict[int, list[WireCall]] = {}
-    for call in h.integration_calls("/update_weight_version"):
-        payload = call.payload if isinstance(call.payload, dict) else {}
-        if payload.get("abort_all_requests") is not False:
-            unsafe.setdefault(call.engine, []).append(call)
-    return unsafe
+def _continued(h: History) -> dict[str, str]:
+    """Aborted rid → the rid of the consumed turn that continued it (``Turn.continues``)."""
+    return {old: t.rid for rec in h.batches for g in rec.batch.groups for sample in g.samples for t in sample.turns
+            for old in t.continues}
+
+
+def _aborting_calls(h: History) -> dict[tuple[int, str], list[WireCall]]:
+    """Per engine and path, the bumps and transfers whose effective ``abort_all_requests`` is true (the bump's
+    default is true: seed 000)."""
+    found: dict[tuple[int, str], list[WireCall]] = {}
+    for call in h.integration_calls():
+        if call.path in ABORTING_PATHS and effective(call, "abort_all_requests", h.profile) is True:
+            found.setdefault((call.engine, call.path), []).append(call)
+    return found
 
 
 def aborted_never_trained(h: History) -> Verdict:
-    """I4: a group with an aborted turn never reaches training unchanged (drop it, or recycle it pristine)."""
+    """I4: a group with an aborted turn never reaches training unchanged: drop it, recycle it as the pristine
+    prompt, or continue the aborted call (partial rollout: the continuing turn names it in ``continues`` and its
+    own call must have finished). Reports how aborted requests were dealt with."""
     outputs = h.outputs_by_rid()
     aborted_rids = {rid for rid, (_, out) in outputs.items() if finish_type(out) == "abort"}
     failures: list[str] = []
-    trained = 0
+    trained = continued = 0
     for rec in h.batches:
         for group in rec.batch.groups:
             for sample in group.samples:
                 trained += 1
+                continued += sum(len(t.continues) for t in sample.turns)
                 bad = [t.rid for t in sample.turns if t.rid in aborted_rids or t.finish_reason == "abort"]
                 if bad:
                     failures.append(
                         f"batch {rec.index}: prompt {group.prompt_index} sample {sample.index} reached training with "
-                        f"turn(s) {bad} that the engine finished with finish_reason abort (partial output)")
+                        f"turn(s) {bad} that the engine finished with finish_reason abort (partial output, not "
+                        f"continued)")
     vacuous = None if aborted_rids else "no request was aborted during the run, so the recycle path never ran"
     return verdict("I4 aborted groups never train", failures, vacuous=vacuous,
-                   metrics={"aborted_requests": len(aborted_rids), "trained_samples": trained})
+                   metrics={"aborted_requests": len(aborted_rids), "trained_samples": trained,
+                            "continued_requests": continued})

@@ -2,52 +2,71 @@
 
 from __future__ import annotations
 
-from ..history import History
+from ..history import History, WireCall
 from ..interface import Group
 from .labels import output_versions
 from .verdict import Verdict, verdict
 
 
-def _true_oldest(group: Group, outputs: dict) -> tuple[int | None, list[str]]:
-    """The oldest numeric version that produced any token of the group, from what the engines answered."""
+def _call_versions(h: History, call: WireCall, output: dict) -> list[int]:
+    """The versions that produced an output's tokens. With engine stamps: what the engine reported (every span on
+    0.5.23, else the output-time label). With client-side versions: the version published when the call was sent
+    (the dispatch rule of V6), read off the cycle timeline."""
+    if h.stamps_engines:
+        return output_versions(output)
+    sent_under = h.published_truth_at(call.t_start)
+    return [] if sent_under is None else [sent_under]
+
+
+def _true_oldest(h: History, group: Group, outputs: dict) -> tuple[int | None, list[str]]:
+    """The oldest numeric version that produced any token of the group (continued calls included), from the wire."""
     versions: list[int] = []
     missing: list[str] = []
     for sample in group.samples:
         for turn in sample.turns:
-            found = outputs.get(turn.rid)
-            if found is None:
-                missing.append(turn.rid)
-                continue
-            versions.extend(output_versions(found[1]))
+            for rid in [turn.rid, *turn.continues]:
+                found = outputs.get(rid)
+                if found is None:
+                    missing.append(rid)
+                    continue
+                versions.extend(_call_versions(h, *found))
     return (min(versions) if versions else None), missing
 
 
 def oldest_version(h: History) -> Verdict:
-    """S2/V6: a group's oldest version is the minimum over every sample, turn and per-token span, ignoring
-    non-numeric labels ("default")."""
+    """S2/V6: a group's oldest version is the minimum over every sample, turn (with the calls it continued) and
+    per-token span, ignoring non-numeric labels ("default"); with client-side versions, over the versions
+    published when each call was sent."""
     outputs = h.outputs_by_rid()
     failures: list[str] = []
     groups = unjoined = 0
     for rec in h.batches:
         for g in rec.batch.groups:
             groups += 1
-            truth, missing = _true_oldest(g, outputs)
+            truth, missing = _true_oldest(h, g, outputs)
             if missing:
                 unjoined += 1
                 failures.append(f"batch {rec.index}: prompt {g.prompt_index} names turn rid(s) {missing[:3]} that no "
                                 f"engine answered (the suite cannot verify its versions)")
                 continue
             if g.oldest_version != truth:
-                labels = {t.rid: (t.weight_version, t.weight_versions) for s in g.samples for t in s.turns}
-                failures.append(f"batch {rec.index}: prompt {g.prompt_index} was generated under versions as old as "
-                                f"{truth} but the integration recorded oldest {g.oldest_version} (turn labels {labels})")
+                if h.stamps_engines:
+                    recorded = {t.rid: (t.weight_version, t.weight_versions) for s in g.samples for t in s.turns}
+                    source, what = "turn labels", "was generated under versions as old as"
+                else:
+                    recorded = {t.rid: t.policy_version for s in g.samples for t in s.turns}
+                    source, what = "turn versions", "was sent under versions as old as"
+                failures.append(f"batch {rec.index}: prompt {g.prompt_index} {what} {truth} but the integration "
+                                f"recorded oldest {g.oldest_version} ({source} {recorded})")
     return verdict("S2 oldest version", failures, vacuous=None if groups else "no batch was consumed",
                    metrics={"groups": groups, "unjoined_groups": unjoined})
 
 
 def staleness_bound(h: History) -> Verdict:
     """S3/S1: with the filter on, every trained group has 0 <= current - oldest <= max_staleness, measured
-    against the version current at consumption."""
+    against the version current at consumption. The run must train groups at exactly the bound (a filter off by
+    one the strict way trains none: unknown); the staleness scenario also brings groups at bound + 1 to
+    consumption, which a filter off by one the lax way trains (fail)."""
     if h.max_staleness is None:
         return verdict("S3 staleness bound", [], vacuous="the scenario runs without a staleness bound")
     outputs = h.outputs_by_rid()
@@ -56,7 +75,7 @@ def staleness_bound(h: History) -> Verdict:
     for rec in h.batches:
         current = rec.published_truth
         for g in rec.batch.groups:
-            oldest, _ = _true_oldest(g, outputs)
+            oldest, _ = _true_oldest(h, g, outputs)
             if current is None or oldest is None:
                 continue
             staleness = current - oldest
@@ -67,9 +86,9 @@ def staleness_bound(h: History) -> Verdict:
                                 f"{h.max_staleness}")
             elif staleness < 0:
                 failures.append(f"batch {rec.index}: prompt {g.prompt_index} has negative staleness {staleness}")
-    filtered = sum(int(r.batch.metrics.get("stale_groups_filtered", 0)) for r in h.batches)
+    at_bound = sum(s == h.max_staleness for s in measured)
     metrics = {"groups_measured": len(measured), "staleness_max": max(measured, default=None),
-               "staleness_mean": sum(measured) / len(measured) if measured else None, "stale_groups_filtered": filtered}
-    vacuous = None if (filtered or any(s > 0 for s in measured)) else \
-        "no group was ever stale: the bound was never exercised"
+               "staleness_mean": sum(measured) / len(measured) if measured else None, "groups_at_bound": at_bound}
+    vacuous = None if at_bound else (f"no group was trained at exactly the bound ({h.max_staleness}; trained: "
+                                     f"{sorted(set(measured))}): the run does not show the filter admits it")
     return verdict("S3 staleness bound", failures, vacuous=vacuous, metrics=metrics)

@@ -3,15 +3,28 @@ V4/S1 (never backwards, staleness never negative), P6 (engines hold the trainer'
 
 from __future__ import annotations
 
-from ..history import TRANSFER_PATHS, History
+from typing import Iterable
+
+from ..history import TRANSFER_PATHS, History, WireCall
+from .effective import effective
 from .verdict import Verdict, verdict
 
 
 def versions_agree(h: History) -> Verdict:
-    """V1: after every successful update (every mode, LoRA too) engine label == trainer counter == manager."""
+    """V1: after every successful update (every mode, LoRA too) engine label == trainer counter == manager. An
+    integration that never stamps the engines at all (client-side versions) fails with that, said plainly."""
     failures: list[str] = []
     ok = [c for c in h.cycles if c.ok]
-    for c in ok:
+    stamped = any(_stamps(h.integration_calls(), h.profile))
+    if ok and not stamped:
+        labels = sorted({str(label) for c in ok for label in c.labels_after})
+        kinds = ", ".join(sorted({"LoRA" if c.lora else c.transport for c in ok}))
+        failures.append(f"the engines were never stamped: no /update_weight_version and no weight_version in any "
+                        f"transfer in {len(ok)} successful cycle(s) ({kinds}), so every engine still reports weight_version "
+                        f"{', '.join(labels)} while the trainer counter reached {ok[-1].returned}; SGLang's "
+                        f"meta_info.weight_version and /model_info never show the version"
+                        + ("" if h.stamps_engines else " (the integration declares client-side versions)"))
+    for c in ok if stamped else []:
         kind = "LoRA" if c.lora else c.transport
         if c.returned != c.counter_after or c.published_after != c.returned:
             failures.append(f"cycle {c.index} ({kind}, cell {c.cell}): updater returned {c.returned}, its counter is "
@@ -26,7 +39,8 @@ def versions_agree(h: History) -> Verdict:
 
 def published_only_after_success(h: History) -> Verdict:
     """V2: a failed update changes no label and publishes nothing; a version is stamped on an engine only after
-    that engine's transfer succeeded."""
+    that engine's whole transfer succeeded, wherever the stamp travels: ``/update_weight_version``, or
+    ``weight_version`` inside a transfer body (per bucket, SGLang relabels on the first bucket that lands)."""
     failures: list[str] = []
     for c in h.cycles:
         if not c.ok:
@@ -37,21 +51,34 @@ def published_only_after_success(h: History) -> Verdict:
                 if before != after:
                     failures.append(f"cycle {c.index} failed ({c.error}) yet engine {engine}'s label moved "
                                     f"{before!r} → {after!r}")
-        in_cycle = [w for w in h.wire if c.t_start <= w.t_start <= c.t_end]
-        for bump in (w for w in in_cycle if w.path == "/update_weight_version"):
-            transfers = [w for w in in_cycle if w.engine == bump.engine and w.path in TRANSFER_PATHS]
-            if not transfers:
-                continue
-            pending = [w for w in transfers if w.t_end is None or w.t_end > bump.t_start or not w.ok]
-            if pending:
-                w = pending[0]
-                state = "failed" if w.t_end is not None and w.t_end <= bump.t_start else "had not finished"
-                failures.append(f"cycle {c.index}: engine {bump.engine} was relabelled to "
-                                f"{bump.payload.get('new_version') if isinstance(bump.payload, dict) else bump.payload!r}"
-                                f" at t={bump.t_start:.3f}s while its transfer {w.path} {state}")
+        for engine in sorted({w.engine for w in h.cycle_calls(c)}):
+            calls = h.cycle_calls(c, engine)
+            transfers = [w for w in calls if w.path in TRANSFER_PATHS]
+            for stamp, at, version, how in _stamps(calls, h.profile):
+                pending = [w for w in transfers if w is not stamp and (w.t_end is None or w.t_end > at or not w.ok)]
+                if pending:
+                    w = pending[0]
+                    state = ("failed" if w.t_end is not None and not w.ok else
+                             "had not finished" if w.t_start <= at else f"was still to come (sent at t={w.t_start:.3f}s)")
+                    failures.append(f"cycle {c.index}: engine {engine} was relabelled to {version!r} {how} at "
+                                    f"t={at:.3f}s while its transfer {w.path} {state}")
     failed = sum(not c.ok for c in h.cycles)
     return verdict("V2 publish only after success", failures,
                    vacuous=None if h.cycles else "no update cycle ran", metrics={"failed_cycles": failed})
+
+
+def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, float, str, str]]:
+    """Where an engine's label changed in these calls: (call, when, version, how). A bump relabels when it is sent;
+    a transfer carrying ``weight_version`` relabels when it succeeds (SGLang sets the version only on success)."""
+    stamps = []
+    for w in calls:
+        if w.path == "/update_weight_version":
+            stamps.append((w, w.t_start, effective(w, "new_version", profile), "by /update_weight_version"))
+        elif w.path in TRANSFER_PATHS and w.ok and w.t_end is not None:
+            version = effective(w, "weight_version", profile)
+            if version is not None:
+                stamps.append((w, w.t_end, version, f"by its transfer {w.path} (weight_version in the body)"))
+    return stamps
 
 
 def nothing_before_first_update(h: History) -> Verdict:

@@ -45,15 +45,20 @@ class HttpEngineClient:
 
     # -- plumbing ---------------------------------------------------------------------------------------
 
+    def request_body(self, endpoint: str, payload: Any) -> Any:
+        """Override point: the JSON body sent to ``endpoint`` (default: the one each method builds, with SGLang's
+        field names and every harmful default overridden explicitly)."""
+        return payload
+
     async def _request(self, method: str, endpoint: str, payload: Any = None,
                        timeout_s: float | None = None) -> httpx.Response:
         try:
-            return await self.http.request(method, self.url + endpoint, json=payload,
+            return await self.http.request(method, self.url + endpoint, json=self.request_body(endpoint, payload),
                                            timeout=timeout_s or self.timeout_s)
         except httpx.HTTPError as exc:
             raise EngineError(self.url, endpoint, None, f"{type(exc).__name__}: {exc}") from exc
 
-    def _validate(self, endpoint: str, response: httpx.Response) -> Any:
+    def check_response(self, endpoint: str, response: httpx.Response) -> Any:
         """The decoded JSON body of a successful answer; raises :class:`EngineError` otherwise."""
         try:
             body = response.json()
@@ -67,7 +72,7 @@ class HttpEngineClient:
 
     async def _call(self, endpoint: str, payload: Any = None, *, method: str = "POST",
                     timeout_s: float | None = None) -> Any:
-        return self._validate(endpoint, await self._request(method, endpoint, payload, timeout_s))
+        return self.check_response(endpoint, await self._request(method, endpoint, payload, timeout_s))
 
     # -- generation and pause -----------------------------------------------------------------------------
 
@@ -89,20 +94,20 @@ class HttpEngineClient:
         while True:
             response = await self._request("POST", "/flush_cache")
             if response.status_code != 400 or time.monotonic() + delay > deadline:
-                self._validate("/flush_cache", response)
+                self.check_response("/flush_cache", response)
                 return
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)
 
     # -- versions --------------------------------------------------------------------------------------
 
-    def _version_payload(self, version: str) -> dict[str, Any]:
+    def version_payload(self, version: str) -> dict[str, Any]:
         # SGLang defaults abort_all_requests to True: a bare bump aborts every in-flight request (seed 000, I1).
         return {"new_version": version, "abort_all_requests": False}
 
     async def update_weight_version(self, version: str) -> None:
         """Relabel the engine's weights without aborting anything."""
-        body = await self._call("/update_weight_version", self._version_payload(version))
+        body = await self._call("/update_weight_version", self.version_payload(version))
         if isinstance(body, dict) and body.get("new_version", version) != version:
             raise EngineError(self.url, "/update_weight_version", 200, body)
 
@@ -113,7 +118,7 @@ class HttpEngineClient:
         if response.status_code == 404:
             endpoint = "/get_model_info"
             response = await self._request("GET", endpoint)
-        body = self._validate(endpoint, response)
+        body = self.check_response(endpoint, response)
         if not isinstance(body, dict) or not isinstance(body.get("weight_version"), str):
             raise EngineError(self.url, endpoint, response.status_code, body)
         return body["weight_version"]
@@ -164,7 +169,7 @@ class HttpEngineClient:
         if response.status_code == 404 and self.has_sessions is None:
             self.has_sessions = False  # pre-0.5.23: no session endpoints
             return False
-        self._validate(endpoint, response)
+        self.check_response(endpoint, response)
         self.has_sessions = True
         return True
 

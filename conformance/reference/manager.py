@@ -8,6 +8,12 @@ kills the producer and the next :meth:`next_batch` raises the original exception
 Consumer (:meth:`next_batch`): pops groups FIFO and measures each against the published version *at
 consumption* (S3): oldest = min numeric label over every sample, turn and span (S2/V5), staleness = current −
 oldest, or None before the first update (V3). Negative staleness raises (S1); over the bound → recycled.
+
+Override points: the version handling (:meth:`set_weight_version`, :meth:`on_version_regression`,
+:meth:`current_version`, :meth:`label_value`), the accounting (:meth:`oldest_version`, :meth:`staleness`,
+:meth:`too_stale`, :meth:`rejected_at_consumption`), the data path (:meth:`enqueue`, :meth:`handle_aborted`,
+:meth:`recycle`) and the wire (:meth:`request_payload`, :meth:`turn_record`) are public methods with working
+defaults; override the one that differs.
 """
 
 from __future__ import annotations
@@ -106,17 +112,22 @@ class ReferenceManager:
         return self._version
 
     def set_weight_version(self, version: int) -> None:
-        """Store a published version; a lower one raises :class:`VersionRegression` (V4), never stored."""
+        """Store a published version; a lower one goes through :meth:`on_version_regression` first (V4)."""
         if self._version is not None and version < self._version:
-            raise VersionRegression(f"published version went backwards: {self._version} -> {version} (a failover "
-                                    f"cell must continue the published version)")
+            version = self.on_version_regression(self._version, version)
         self._version = version
 
-    def _current_version(self) -> int | None:
+    def on_version_regression(self, current: int, published: int) -> int:
+        """Override point: what to store when a lower version is published. The reference raises
+        :class:`VersionRegression` (never stored); a manager may instead re-base (return ``current``)."""
+        raise VersionRegression(f"published version went backwards: {current} -> {published} (a failover cell "
+                                f"must continue the published version)")
+
+    def current_version(self) -> int | None:
         """The version staleness is measured against: the published one, None before the first update."""
         return self._version
 
-    def _label_value(self, label: Any) -> int | None:
+    def label_value(self, label: Any) -> int | None:
         return numeric_label(label)
 
     @property
@@ -144,7 +155,7 @@ class ReferenceManager:
     def _next_prompt(self) -> Prompt:
         return self._recycled.popleft() if self._recycled else self._prompts()
 
-    def _recycle(self, prompt: Prompt) -> None:
+    def recycle(self, prompt: Prompt) -> None:
         """Resubmit the prompt from scratch: the pristine prompt the data source handed out (I4/I5)."""
         self._recycled.append(prompt)
 
@@ -165,16 +176,16 @@ class ReferenceManager:
     async def _run_group(self, prompt: Prompt) -> None:
         samples = await gather_or_cancel(*(self._run_sample(prompt, i) for i in range(self.config.group_size)))
         if any(s.aborted for s in samples):
-            await self._handle_aborted(prompt, samples)
+            await self.handle_aborted(prompt, samples)
         else:
-            await self._enqueue(FinishedGroup(prompt, samples))
+            await self.enqueue(FinishedGroup(prompt, samples))
 
-    async def _handle_aborted(self, prompt: Prompt, samples: list[Sample]) -> None:
+    async def handle_aborted(self, prompt: Prompt, samples: list[Sample]) -> None:
         """A group with an aborted turn never reaches training: its prompt is resubmitted pristine (I4)."""
         self._counters["aborted_groups_recycled"] += 1
-        self._recycle(prompt)
+        self.recycle(prompt)
 
-    async def _enqueue(self, group: FinishedGroup) -> None:
+    async def enqueue(self, group: FinishedGroup) -> None:
         assert self._buffer is not None
         await self._buffer.put(group)  # blocks while the buffer is full (S4)
 
@@ -186,8 +197,8 @@ class ReferenceManager:
             rid = f"p{prompt.index}.s{i}.t{t}.{uuid.uuid4().hex[:12]}"
             adapter = self._adapter
             with self.adapter_users.using(adapter):
-                response = await engine.generate(self._payload(text, rid, adapter))
-            turn = self._turn(engine, rid, response)
+                response = await engine.generate(self.request_payload(text, rid, adapter))
+            turn = self.turn_record(engine, rid, response)
             sample.turns.append(turn)
             if turn.finish_reason == "abort":
                 sample.aborted = True
@@ -195,7 +206,7 @@ class ReferenceManager:
             text += response["text"]
         return sample
 
-    def _payload(self, text: str, rid: str, adapter: str | None) -> dict[str, Any]:
+    def request_payload(self, text: str, rid: str, adapter: str | None) -> dict[str, Any]:
         payload: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": self.config.max_new_tokens},
                                    "rid": rid}
         if adapter is not None:
@@ -203,7 +214,7 @@ class ReferenceManager:
         return payload
 
     @staticmethod
-    def _turn(engine: EngineClient, rid: str, response: Any) -> Turn:
+    def turn_record(engine: EngineClient, rid: str, response: Any) -> Turn:
         """The turn record of one ``/generate`` answer; raises :class:`ProtocolError` when it is malformed."""
         try:
             meta = response["meta_info"]
@@ -223,19 +234,19 @@ class ReferenceManager:
 
     # -- consumer --------------------------------------------------------------------------------------
 
-    def _oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
+    def oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
         """(min numeric label over every sample, turn and span; count of turns with no numeric label)."""
         labels: list[int] = []
         unversioned = 0
         for sample in samples:
             for turn in sample.turns:
-                found = [self._label_value(v) for v in [turn.weight_version, *(turn.weight_versions or [])]]
+                found = [self.label_value(v) for v in [turn.weight_version, *(turn.weight_versions or [])]]
                 numeric = [v for v in found if v is not None]
                 labels += numeric
                 unversioned += not numeric
         return (min(labels) if labels else None), unversioned
 
-    def _staleness(self, current: int | None, oldest: int | None) -> int | None:
+    def staleness(self, current: int | None, oldest: int | None) -> int | None:
         if current is None or oldest is None:
             return None  # V3: no current version yet, or nothing versioned in the group
         staleness = current - oldest
@@ -244,13 +255,13 @@ class ReferenceManager:
                                     f"{current}: staleness {staleness} < 0")
         return staleness
 
-    def _too_stale(self, staleness: int | None) -> bool:
+    def too_stale(self, staleness: int | None) -> bool:
         bound = self.config.max_staleness
         return bound is not None and staleness is not None and staleness > bound
 
-    def _rejected_at_consumption(self, staleness: int | None) -> bool:
+    def rejected_at_consumption(self, staleness: int | None) -> bool:
         """The staleness filter, applied when a group is handed to training (S3)."""
-        return self._too_stale(staleness)
+        return self.too_stale(staleness)
 
     async def _pop(self) -> FinishedGroup:
         """The next finished group; raises the producer's exception as soon as it died (S5)."""
@@ -275,18 +286,18 @@ class ReferenceManager:
         while True:
             while len(picked) < self.config.batch_size:
                 group = await self._pop()
-                picked.append((group, *self._oldest_version(group.samples)))
-            current, kept = self._current_version(), []
+                picked.append((group, *self.oldest_version(group.samples)))
+            current, kept = self.current_version(), []
             for group, oldest, unversioned in picked:  # measured against the version current right now (S3)
-                if self._rejected_at_consumption(self._staleness(current, oldest)):
+                if self.rejected_at_consumption(self.staleness(current, oldest)):
                     self._counters["stale_groups_filtered"] += 1
-                    self._recycle(group.prompt)
+                    self.recycle(group.prompt)
                 else:
                     kept.append((group, oldest, unversioned))
             picked = kept
             if len(picked) == self.config.batch_size:
                 break
-        groups = [Group(g.prompt.index, g.samples, oldest, self._staleness(current, oldest))
+        groups = [Group(g.prompt.index, g.samples, oldest, self.staleness(current, oldest))
                   for g, oldest, _ in picked]
         groups.sort(key=lambda g: g.prompt_index)
         self._counters["unversioned_turns"] += sum(n for _, _, n in picked)

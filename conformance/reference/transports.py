@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save, save_file
 
-from ..interface import LoraAdapter
-from .client import HttpEngineClient
+from ..interface import LoraAdapter, WeightSyncClient
 from .concurrency import gather_all, gather_or_cancel, run_in_daemon_thread, settle_all
 
 log = logging.getLogger(__name__)
@@ -97,16 +96,16 @@ class WeightTransport(Protocol):
     needs_session: bool
     """Whether the transfer must run inside ``begin_weight_update`` / ``end_weight_update`` (0.5.23)."""
 
-    async def prepare(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+    async def prepare(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
                       version: int) -> None:
         """Work done before the engines are paused, while they still generate (connect a group, write a
         checkpoint, encode a payload)."""
 
-    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
         """Push ``weights`` into every engine; raises unless every engine confirmed."""
 
-    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+    async def close(self, engines: Sequence[WeightSyncClient]) -> None:
         """Release what the transport holds (groups, files)."""
 
 
@@ -118,7 +117,7 @@ class _Staging:
     async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> Any:
         raise NotImplementedError
 
-    async def prepare(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+    async def prepare(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
                       version: int) -> None:
         self._staged = (version, await self._build(weights, version))
 
@@ -141,7 +140,7 @@ class DiskTransport(_Staging):
     async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> Path:
         return await asyncio.to_thread(self.writer, self.root, f"v{version}", weights, self.config)
 
-    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
         path = await self._staged_for(weights, version)
         await gather_all(*(engine.update_weights_from_disk(path) for engine in engines))
@@ -153,7 +152,7 @@ class DiskTransport(_Staging):
             if path.name[1:].isdigit() and int(path.name[1:]) < version:
                 shutil.rmtree(path, ignore_errors=True)
 
-    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+    async def close(self, engines: Sequence[WeightSyncClient]) -> None:
         self._staged = None
         for staging in self.root.glob(".*.tmp"):
             shutil.rmtree(staging, ignore_errors=True)
@@ -171,13 +170,13 @@ class TensorTransport(_Staging):
     async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> list[str]:
         return [await asyncio.to_thread(self.encoder, list(weights.items()))]
 
-    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
         payload = await self._staged_for(weights, version)
         await gather_all(*(engine.update_weights_from_tensor(payload) for engine in engines))
         self._staged = None
 
-    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+    async def close(self, engines: Sequence[WeightSyncClient]) -> None:
         self._staged = None
 
 
@@ -216,7 +215,7 @@ class DistributedTransport:
         group._set_sequence_number_for_group()
         return group
 
-    async def prepare(self, engines: Sequence[HttpEngineClient],
+    async def prepare(self, engines: Sequence[WeightSyncClient],
                       weights: Mapping[str, torch.Tensor] | None = None, version: int | None = None) -> None:
         """Connect the group (once per cell, and again after a failed transfer)."""
         if self._group is not None:
@@ -239,7 +238,7 @@ class DistributedTransport:
             wire = tensor.view(torch.uint8) if tensor.dtype in _FLOAT8 else tensor  # gloo has no float8
             group.broadcast([wire], dist.BroadcastOptions()).wait(self.timeout)
 
-    async def transfer(self, engines: Sequence[HttpEngineClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
                        version: int) -> None:
         await self.prepare(engines)
         names = list(weights)
@@ -249,14 +248,18 @@ class DistributedTransport:
         broadcast = run_in_daemon_thread(self._broadcast, self._group, tensors)
         broadcast.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even when abandoned
         try:  # each engine answers once it received every tensor, or once its collective timed out
-            await gather_all(*(engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name)
-                               for engine in engines))
+            await gather_all(*(self._receive(engine, names, dtypes, shapes, version) for engine in engines))
             await broadcast
         except BaseException:  # the ranks are out of step: rebuild the group next cycle
             self._stale_name, self._group, self._store = self.group_name, None, None
             raise
 
-    async def close(self, engines: Sequence[HttpEngineClient]) -> None:
+    async def _receive(self, engine: WeightSyncClient, names: Sequence[str], dtypes: Sequence[str],
+                       shapes: Sequence[Sequence[int]], version: int) -> None:
+        """One engine's side of the broadcast: it answers once it received every named tensor."""
+        await engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name)
+
+    async def close(self, engines: Sequence[WeightSyncClient]) -> None:
         name = self.group_name if self._group is not None else self._stale_name
         if name is not None:
             for error in await settle_all(e.destroy_weights_update_group(name) for e in engines):
@@ -280,7 +283,7 @@ class LoraTransport:
     def versioned_name(adapter: LoraAdapter, version: int) -> str:
         return f"{adapter.name}-v{version}"
 
-    async def load(self, engines: Sequence[HttpEngineClient], adapter: LoraAdapter, version: int) -> str:
+    async def load(self, engines: Sequence[WeightSyncClient], adapter: LoraAdapter, version: int) -> str:
         """Load the adapter on every engine; its versioned name. On failure nothing stays loaded."""
         if not adapter.tensors:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no tensors (P5)")
@@ -294,7 +297,7 @@ class LoraTransport:
             raise
         return name
 
-    async def unload(self, engines: Sequence[HttpEngineClient], name: str) -> None:
+    async def unload(self, engines: Sequence[WeightSyncClient], name: str) -> None:
         errors = await settle_all(engine.unload_lora_adapter(name) for engine in engines)
         if errors:
             raise errors[0]

@@ -4,6 +4,12 @@ Cycle (P1): pause (retract | in_place) → flush unless in_place (C2) → begin 
 transfer → ``update_weight_version`` on every engine → end session → continue → publish. On any failure the
 open sessions are ended and every engine is continued before the error propagates (I6), and nothing is
 published (V2). LoRA updates are stamped with the same counter as full updates (V1, seed 001 P1).
+
+Override points: each step of the cycle is a public method with a working default (:meth:`pause_all`,
+:meth:`flush_needed`, :meth:`begin_sessions`, :meth:`transfer`, :meth:`stamp`, :meth:`end_sessions`,
+:meth:`resume_all`, :meth:`release_on_failure`, :meth:`publish`). An adopter whose cycle differs in one step
+subclasses :class:`ReferenceUpdater` and overrides that step (``examples/override_one_step.py``); the cycle itself
+(:meth:`update`) stays the reference's. The engines are any :class:`~conformance.interface.WeightSyncClient`.
 """
 
 from __future__ import annotations
@@ -11,8 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping, Sequence
 
-from ..interface import LoraAdapter
-from .client import HttpEngineClient
+from ..interface import LoraAdapter, WeightSyncClient
 from .concurrency import gather_all, settle_all
 from .manager import ReferenceManager
 from .transports import LoraTransport, WeightTransport
@@ -25,7 +30,7 @@ class ReferenceUpdater:
     (F1/V4), so its first update publishes ``published + 1``.
     """
 
-    def __init__(self, engines: Sequence[HttpEngineClient], manager: ReferenceManager, *,
+    def __init__(self, engines: Sequence[WeightSyncClient], manager: ReferenceManager, *,
                  transports: Mapping[str, WeightTransport], lora: LoraTransport | None = None,
                  pause_mode: str = "retract", start_version: int = 0) -> None:
         if pause_mode not in ("retract", "in_place"):
@@ -37,7 +42,7 @@ class ReferenceUpdater:
         self.lora = lora or LoraTransport()
         self.pause_mode = pause_mode
         self._version = start_version
-        self._open_sessions: list[HttpEngineClient] = []
+        self._open_sessions: list[WeightSyncClient] = []
         self._retiring: asyncio.Task[None] | None = None
         self._cycle_lock = asyncio.Lock()
 
@@ -50,51 +55,51 @@ class ReferenceUpdater:
         """One whole update cycle on every engine; the new version once every engine has it and it is published."""
         if (weights is None) == (lora is None):
             raise ValueError("update() takes either full weights or a LoRA adapter")
-        mover = None if lora is not None else self._transport(transport)
+        mover = None if lora is not None else self.transport_for(transport)
         async with self._cycle_lock:
             await self._await_retirement()
             new = self._version + 1
             if mover is not None:
                 await mover.prepare(self.engines, weights, new)  # while the engines still generate
             try:
-                await self._pause_all()
-                if self._flush_needed():
+                await self.pause_all()
+                if self.flush_needed():
                     await gather_all(*(e.flush_cache() for e in self.engines))
                 if mover is not None and mover.needs_session:
-                    await self._begin_sessions()
-                adapter = await self._transfer(new, mover, weights, lora)
-                await self._stamp(new)
-                await self._end_sessions()
+                    await self.begin_sessions()
+                adapter = await self.transfer(new, mover, weights, lora)
+                await self.stamp(new)
+                await self.end_sessions()
             except BaseException as exc:
-                await self._release_on_failure(exc)
+                await self.release_on_failure(exc)
                 raise
-            await self._resume_all()
-            self._publish(new, adapter)
+            await self.resume_all()
+            self.publish(new, adapter)
             return new
 
-    def _transport(self, name: str) -> WeightTransport:
+    def transport_for(self, name: str) -> WeightTransport:
         if name not in self.transports:
             raise ValueError(f"transport {name!r} is not configured (have {sorted(self.transports)})")
         return self.transports[name]
 
-    # -- the steps of a cycle ---------------------------------------------------------------------------
+    # -- the steps of a cycle (override points) ------------------------------------------------------------
 
-    async def _pause_all(self) -> None:
+    async def pause_all(self) -> None:
         await gather_all(*(e.pause(self.pause_mode) for e in self.engines))
 
-    def _flush_needed(self) -> bool:
+    def flush_needed(self) -> bool:
         """C2: retract flushes (the radix cache holds old-weight KV); in_place never does (its resident
         requests make SGLang refuse, and their KV must survive)."""
         return self.pause_mode != "in_place"
 
-    async def _begin_sessions(self) -> None:
-        async def begin(engine: HttpEngineClient) -> None:
+    async def begin_sessions(self) -> None:
+        async def begin(engine: WeightSyncClient) -> None:
             if await engine.begin_weight_update():
                 self._open_sessions.append(engine)
 
         await gather_all(*(begin(e) for e in self.engines))
 
-    async def _transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
+    async def transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
                         lora: LoraAdapter | None) -> str | None:
         """Move the weights; the versioned adapter name for a LoRA update."""
         if lora is not None:
@@ -103,20 +108,20 @@ class ReferenceUpdater:
         await mover.transfer(self.engines, weights, new)
         return None
 
-    async def _stamp(self, new: int) -> None:
+    async def stamp(self, new: int) -> None:
         """Relabel every engine, only after the transfer succeeded everywhere (V2)."""
         await gather_all(*(e.update_weight_version(str(new)) for e in self.engines))
 
-    async def _end_sessions(self) -> None:
+    async def end_sessions(self) -> None:
         sessions, self._open_sessions = self._open_sessions, []
         await gather_all(*(e.end_weight_update() for e in sessions))
 
-    async def _resume_all(self) -> None:
+    async def resume_all(self) -> None:
         errors = await settle_all(e.resume() for e in self.engines)
         if errors:
             raise errors[0]
 
-    async def _release_on_failure(self, exc: BaseException) -> None:
+    async def release_on_failure(self, exc: BaseException) -> None:
         """I6: close every open session, then continue every engine; cleanup errors become notes on ``exc``."""
         sessions, self._open_sessions = self._open_sessions, []
         errors = await settle_all(e.end_weight_update() for e in sessions)
@@ -124,7 +129,7 @@ class ReferenceUpdater:
         for error in errors:
             exc.add_note(f"cleanup after the failed update also failed: {error}")
 
-    def _publish(self, new: int, adapter: str | None) -> None:
+    def publish(self, new: int, adapter: str | None) -> None:
         """The cell's counter and the manager's version move together, after everything succeeded (V2)."""
         self._version = new
         self.manager.set_weight_version(new)

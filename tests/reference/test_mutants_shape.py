@@ -21,19 +21,24 @@ pytestmark = pytest.mark.cpu
 
 # mutant -> (integration fields that differ from the reference, methods its overriding classes define)
 INTENDED = {
-    "version_bump_aborts": ({"client_cls"}, {"_version_payload"}),
-    "lora_unstamped": ({"updater_cls"}, {"_transfer", "_stamp"}),
-    "failover_regression_stored": ({"manager_cls"}, {"set_weight_version", "start_version"}),
-    "none_as_zero": ({"manager_cls"}, {"_current_version", "_label_value"}),
-    "oldest_wrong": ({"manager_cls"}, {"_oldest_version"}),
-    "filter_at_production": ({"manager_cls"}, {"_enqueue", "_rejected_at_consumption"}),
-    "recycle_partial": ({"manager_cls"}, {"_handle_aborted"}),
-    "resume_not_finally": ({"updater_cls"}, {"_release_on_failure"}),
-    "success_false_ignored": ({"client_cls"}, {"_validate"}),
+    "version_bump_aborts": ({"client_cls"}, {"version_payload"}),
+    "lora_unstamped": ({"updater_cls"}, {"transfer", "stamp"}),
+    "failover_regression_stored": ({"manager_cls"}, {"on_version_regression", "start_version"}),
+    "none_as_zero": ({"manager_cls"}, {"current_version", "label_value"}),
+    "oldest_wrong": ({"manager_cls"}, {"oldest_version"}),
+    "filter_at_production": ({"manager_cls"}, {"enqueue", "rejected_at_consumption"}),
+    "recycle_partial": ({"manager_cls"}, {"handle_aborted"}),
+    "resume_not_finally": ({"updater_cls"}, {"release_on_failure"}),
+    "success_false_ignored": ({"client_cls"}, {"check_response"}),
     "non_atomic_checkpoint": ({"disk_writer"}, set()),
-    "flush_under_in_place": ({"updater_cls"}, {"_flush_needed"}),
-    "publish_before_transfer": ({"updater_cls"}, {"_transfer"}),
+    "flush_under_in_place": ({"updater_cls"}, {"flush_needed"}),
+    "publish_before_transfer": ({"updater_cls"}, {"transfer"}),
     "lora_reload_in_place": ({"lora_cls"}, {"versioned_name", "load"}),
+    "pause_abort": ({"client_cls"}, {"request_body"}),
+    "implicit_flush_in_place": ({"client_cls"}, {"request_body"}),
+    "bucket_stamped": (set(), {"make_transports"}),
+    "filter_admits_bound_plus_one": ({"manager_cls"}, {"too_stale"}),
+    "refusal_ignored_after_retry": ({"client_cls"}, {"update_weights_from_disk"}),
 }
 BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration, LoraTransport)
 
@@ -66,9 +71,9 @@ def test_mutant_differs_from_the_reference_only_where_intended(name: str) -> Non
 
 
 def test_version_bump_mutant_drops_the_abort_flag() -> None:
-    assert reference.client_cls._version_payload(None, "3") == {"new_version": "3", "abort_all_requests": False}
+    assert reference.client_cls.version_payload(None, "3") == {"new_version": "3", "abort_all_requests": False}
     mutant = mutants.MUTANTS["version_bump_aborts"].integration
-    assert mutant.client_cls._version_payload(None, "3") == {"new_version": "3"}
+    assert mutant.client_cls.version_payload(None, "3") == {"new_version": "3"}
 
 
 def _manager(cls: type[ReferenceManager], tmp_path: Path) -> ReferenceManager:
@@ -80,12 +85,12 @@ def test_manager_mutants_change_the_accounting(tmp_path: Path) -> None:
     spanning = [Sample(0, [Turn("a", "2", "length", 3, ["1", "2"]), Turn("b", "3", "length", 3)])]
     unversioned = [Sample(0, [Turn("c", "default", "length", 3)])]
     ref = _manager(ReferenceManager, tmp_path)
-    assert (ref._oldest_version(spanning), ref._oldest_version(unversioned), ref._current_version()) == (
+    assert (ref.oldest_version(spanning), ref.oldest_version(unversioned), ref.current_version()) == (
         (1, 0), (None, 1), None)
     wrong = _manager(mutants.LastTurnLabelManager, tmp_path)
-    assert wrong._oldest_version(spanning) == (3, 0)
+    assert wrong.oldest_version(spanning) == (3, 0)
     zero = _manager(mutants.NoneAsZeroManager, tmp_path)
-    assert (zero._oldest_version(unversioned)[0], zero._current_version()) == (0, 0)
+    assert (zero.oldest_version(unversioned)[0], zero.current_version()) == (0, 0)
     silent = _manager(mutants.SilentRegressionManager, tmp_path)
     silent.set_weight_version(5)
     silent.set_weight_version(1)

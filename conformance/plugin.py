@@ -151,5 +151,6 @@ def record_verdict(config: pytest.Config, nodeid: str, case: Any, backend: str, 
     details = {k: val for k, val in asdict(v).items() if k not in ("check", "status", "witness", "metrics")} if v else {}
     collector.record(nodeid, {
         "case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
-        "status": "skipped" if result.skipped else v.status if v else "error", "reason": result.skipped,
+        "status": "skipped" if result.skip_reason(case.check) else v.status if v else "error",
+        "reason": result.skip_reason(case.check),
         "witness": v.witness if v else [], "metrics": v.metrics if v else {}, "details": details}, result.history)

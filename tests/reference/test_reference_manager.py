@@ -57,8 +57,8 @@ class ObservedManager(ReferenceManager):
         super().__init__(*args)
         self.full = asyncio.Event()
 
-    async def _enqueue(self, group: Any) -> None:
-        await super()._enqueue(group)
+    async def enqueue(self, group: Any) -> None:
+        await super().enqueue(group)
         if self._buffer.full():
             self.full.set()
 

@@ -334,7 +334,7 @@ class FakeEngine:
     @staticmethod
     def _initial_weights(weights: W.WeightStore | Mapping[str, Any] | None, seed: int) -> W.WeightStore:
         if weights is None:
-            return W.WeightStore.tiny(seed)
+            return W.WeightStore(W.tiny_model(seed))
         if isinstance(weights, W.WeightStore):
             return weights
         return W.WeightStore(weights)

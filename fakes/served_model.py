@@ -49,7 +49,7 @@ class ServedModel:
 
 def builtin_model(seed: int = 0) -> ServedModel:
     """The built-in tiny model (the default of every fake engine)."""
-    return ServedModel(BUILTIN_MODEL_PATH, W.WeightStore.tiny(seed), dict(W.TINY_CONFIG))
+    return ServedModel(BUILTIN_MODEL_PATH, W.WeightStore(W.tiny_model(seed)), dict(W.TINY_CONFIG))
 
 
 def resolve_dtype(config: Mapping[str, Any], dtype: str = "auto") -> str:

@@ -77,7 +77,7 @@ def form_group(port: int, world_size: int, group_name: str = "weight_update_grou
 def test_trainer_and_two_engine_ranks_in_one_process():
     port = free_port()
     trainer, e1, e2 = form_group(port, 3)
-    engines = {1: WeightStore.tiny(), 2: WeightStore.tiny()}
+    engines = {1: WeightStore(tiny_model(0)), 2: WeightStore(tiny_model(0))}
     try:
         assert (e1.rank, e2.rank, trainer.rank, e1.world_size) == (1, 2, 0, 3) and e1.backend == "nccl"
         for step in (1, 2):  # the group is reused across updates

@@ -87,7 +87,7 @@ def _loop_thread() -> _LoopThread:
 
 @functools.lru_cache(maxsize=1)
 def _initial() -> dict[str, W.TensorBlob]:
-    """The engine's startup weights (``WeightStore.tiny(0)``); TensorBlobs are immutable, so engines share them."""
+    """The engine's startup weights (``WeightStore(tiny_model(0))``); TensorBlobs are immutable, so engines share them."""
     return W.tiny_model(0)
 
 

@@ -70,7 +70,7 @@ def place_engines(engines: int, nodes: int, per_engine: Mapping[str, float], tim
     if len(fit) < nodes:
         raise PlacementError(f"--nodes {nodes}: the cluster has {len(fit)} live node(s) with room for an engine "
                              f"({dict(per_engine)}); nodes: {describe_nodes()}")
-    group = placement_group(bundles, strategy="STRICT_SPREAD", name="weightsync-engines")
+    group = placement_group(bundles, strategy="STRICT_SPREAD")
     if not group.wait(timeout_s):
         remove_placement_group(group)
         raise PlacementError(f"could not reserve {bundles} on {nodes} distinct nodes within {timeout_s:.0f}s "

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance import DEFAULT_INTEGRATION
-from conformance.cases import load_integration, run_one
+from conformance.cases import load_integration, run_cases, run_one
 from gpu.backend import EngineFailure, RayBackend, fake_config
 from gpu.cluster import local_cluster
 from gpu.placement import PlacementError
@@ -58,12 +58,12 @@ def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> Non
     model = str(write_model(tmp_path / "tiny-model", CPU_TEST_MODEL))
     integration = load_integration(DEFAULT_INTEGRATION)
     t0 = time.monotonic()
-    with local_cluster(nodes=2, cpus_per_node=2) as cluster:
+    with local_cluster(nodes=2, cpus_per_node=len(SCENARIOS)) as cluster:  # room for the scenarios at once
         print(f"\n2-node Ray cluster started in {time.monotonic() - t0:.1f}s")
         head = ray.get_runtime_context().get_node_id()
 
         with subtests.test("engines land on distinct worker nodes, as Ray places them"):
-            for engines in (2, 4):
+            for engines in (4, 2):
                 backend = RayBackend(fake_config(model, engines=engines, nodes=2))
                 backend.start()
                 try:
@@ -72,23 +72,10 @@ def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> Non
                     assert len(set(nodes)) == 2 and head not in nodes, nodes
                     assert nodes == [table["bundles_to_node_id"][i % 2] for i in range(engines)]
                 finally:
-                    backend.stop()
-
-        with subtests.test("a cluster with fewer nodes than asked is a clear error"):
-            with pytest.raises(PlacementError, match=r"--nodes 3: the cluster has 2 live node\(s\) with room"):
-                RayBackend(fake_config(model, engines=3, nodes=3)).start()
-
-        for scenario in SCENARIOS:
-            with subtests.test(f"conformance cases of {scenario} pass through the proxies"):
-                result = run_one(scenario, integration, lambda: RayBackend(fake_config(model)), seed=0)
-                assert result.skipped is None
-                failed = [v.explain() for v in result.verdicts.values() if not v.passed]
-                assert not failed, "\n".join(failed)
-                assert len(result.verdicts) >= 3
+                    if engines == 4:
+                        backend.stop()
 
         with subtests.test("an engine process that dies is reported with its log"):
-            backend = RayBackend(fake_config(model))
-            backend.start()
             try:
                 os.kill(backend.engine_info()[1]["pid"], signal.SIGKILL)
                 wait_until(backend.failures, 10, "the backend to notice the dead engine")
@@ -99,6 +86,19 @@ def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> Non
             finally:
                 with pytest.raises(EngineFailure, match="engine 1"):
                     backend.stop()
+
+        with subtests.test("a cluster with fewer nodes than asked is a clear error"):
+            with pytest.raises(PlacementError, match=r"--nodes 3: the cluster has 2 live node\(s\) with room"):
+                RayBackend(fake_config(model, engines=3, nodes=3)).start()
+
+        with subtests.test(f"conformance cases of {', '.join(SCENARIOS)} pass through the proxies"):
+            results = run_cases(integration, lambda: RayBackend(fake_config(model)), seed=0,
+                                scenarios=list(SCENARIOS), parallel=len(SCENARIOS))
+            for scenario, result in results.items():
+                assert result.skipped is None, (scenario, result.skipped)
+                failed = [v.explain() for v in result.verdicts.values() if not v.passed]
+                assert not failed, f"{scenario}:\n" + "\n".join(failed)
+                assert len(result.verdicts) >= 3
 
         with subtests.test("an engine that cannot start fails the start with its log"):
             t = time.monotonic()

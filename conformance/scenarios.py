@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from .backends import Backend, digest_of, inject_abort_all, probe_labels
-from .checks.labels import finish_type, output_versions
+from .checks.labels import finish_type
+from .checks.staleness import call_versions
 from .fswatch import DirectoryWatch
 from .history import BatchRecord, Breakage, History, Injected, OpenCall, UpdateCycle
 from .interface import BuildEnv, Integration, LoraAdapter, Prompt, Roles, RolloutConfig, Updater
@@ -453,12 +454,13 @@ async def _first_drain(run: Run) -> None:
 
 
 def _consumed_mixed_group(history: History) -> bool:
-    """Whether a consumed group was generated under more than one version (per turn labels and spans)."""
+    """Whether a consumed group was generated under more than one version (per turn and span, or with
+    client-side versions per the version each call was sent under), as S2 reads it."""
     outputs = history.outputs_by_rid()
     for rec in history.batches:
         for group in rec.batch.groups:
             versions = {v for s in group.samples for t in s.turns if t.rid in outputs
-                        for v in output_versions(outputs[t.rid][1])}
+                        for v in call_versions(history, *outputs[t.rid])}
             if len(versions) > 1:
                 return True
     return False

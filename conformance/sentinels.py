@@ -6,7 +6,8 @@ during the cycle (``ignore_eos``, a budget of seconds of decoding) through the e
 with the sentinel header (recorded with ``origin="sentinel"``), naming the LoRA adapter the integration's own
 requests on that engine use, and waits until every one has been open for :data:`SETTLE_S`. Each is released
 (aborted by rid, recorded as injected so its abort is not blamed on the integration) as soon as the integration
-continues that engine, or when the cycle ends. The wire then shows, for every engine and cycle, whether a request
+continues that engine (or, for an integration that does not pause, sends it new weights: SGLang's update then
+waits for every request in flight), or when the cycle ends. The wire then shows, for every engine and cycle, whether a request
 was resident from the pause to the continue, on the fake and on real SGLang alike; a sentinel that the
 integration's own calls aborted (a pause in ``abort`` mode, a bump or transfer with ``abort_all_requests``) is a
 witness of exactly that, and an adapter unloaded under a paused sentinel shows the deadlock SGLang would hit.
@@ -26,7 +27,7 @@ from typing import Callable, Sequence
 import httpx
 
 from .backends import probe_client
-from .history import History, Injected, WireCall
+from .history import TRANSFER_PATHS, History, Injected, WireCall
 from .wire import SENTINEL_HEADER, WireLog
 
 SETTLE_S = 0.005
@@ -67,6 +68,7 @@ class Sentinels:
     _client: httpx.AsyncClient | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _released: set[int] = field(default_factory=set)
+    _paused: set[int] = field(default_factory=set)
     _releasing: set[asyncio.Task[None]] = field(default_factory=set)
     _unlisten: Callable[[], None] | None = None
 
@@ -79,7 +81,7 @@ class Sentinels:
         self._tasks = [asyncio.create_task(self._send(url, rid, adapter))
                        for url, rid, adapter in zip(self.urls, self.rids, adapters)]
         loop = asyncio.get_running_loop()
-        self._unlisten = self.wire.listen(lambda call: loop.call_soon_threadsafe(self._on_answer, call))
+        self._unlisten = self.wire.listen(lambda call, answered: loop.call_soon_threadsafe(self._on_call, call, answered))
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._settled():
             if time.monotonic() > deadline:
@@ -104,9 +106,16 @@ class Sentinels:
             payload["lora_path"] = adapter
         await self._client.post(url + "/generate", json=payload)
 
-    def _on_answer(self, call: WireCall) -> None:
-        """The integration continued an engine: its sentinel has done its job."""
-        if call.path == "/continue_generation" and call.origin == "integration" and call.engine < len(self.rids):
+    def _on_call(self, call: WireCall, answered: bool) -> None:
+        """An engine's sentinel has done its job once the integration continued it, or once it sends new weights to
+        an engine it did not pause (SGLang's update then waits for every request in flight, the sentinel too)."""
+        if call.origin != "integration" or call.engine >= len(self.rids):
+            return
+        continued = call.path == "/continue_generation" and answered and call.ok
+        unpaused_transfer = call.path in TRANSFER_PATHS and not answered and call.engine not in self._paused
+        if call.path == "/pause_generation" and not answered:
+            self._paused.add(call.engine)
+        if continued or unpaused_transfer:
             task = asyncio.ensure_future(self._release_one(call.engine))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)

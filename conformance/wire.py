@@ -59,11 +59,11 @@ class WireLog:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._refusals: dict[tuple[int, str], _Refusal] = {}
-        self._listeners: list[Callable[[WireCall], None]] = []
+        self._listeners: list[Callable[[WireCall, bool], None]] = []
 
-    def listen(self, listener: Callable[[WireCall], None]) -> Callable[[], None]:
-        """Call ``listener(call)`` (from the recorder's thread) each time a call gets its answer; returns the
-        function that stops listening."""
+    def listen(self, listener: Callable[[WireCall, bool], None]) -> Callable[[], None]:
+        """Call ``listener(call, answered)`` (from the recorder's thread) when a call is sent (``answered`` False)
+        and when it gets its answer (True); returns the function that stops listening."""
         with self._lock:
             self._listeners.append(listener)
 
@@ -101,14 +101,19 @@ class WireLog:
         with self._lock:
             call = WireCall(next(self._seq), engine, method, path, payload, time.monotonic(), origin=origin)
             self.calls.append(call)
-            return call
+        self._notify(call, False)
+        return call
 
     def close(self, call: WireCall, status: int | None, response: Any) -> None:
         with self._lock:
             call.t_end, call.status, call.response = time.monotonic(), status, response
+        self._notify(call, True)
+
+    def _notify(self, call: WireCall, answered: bool) -> None:
+        with self._lock:
             listeners = list(self._listeners)
         for listener in listeners:
-            listener(call)
+            listener(call, answered)
 
     def in_flight(self, path: str = "/generate", min_age_s: float = 0.0) -> dict[int, int]:
         """The integration's open calls per engine (opened at least ``min_age_s`` ago)."""

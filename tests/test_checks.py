@@ -120,7 +120,43 @@ def test_an_injected_abort_does_not_excuse_a_request_that_ended_before_it():
     assert check("I1-I2", h).status == "fail"
 
 
+def test_a_transfer_that_aborts_every_request_fails_i1():
+    transfer = call(1, "/update_weights_from_disk", {"model_path": "/c/v1", "abort_all_requests": True}, t0=1.3,
+                    t1=1.4)
+    h = history(wire=[gen("r1", 0.5, 2.5), pause(0, 1.2), transfer, bump(2, "1", 1.5)], cycles=[cycle()])
+    v = check("I1-I2", h)
+    assert v.status == "fail" and "POST /update_weights_from_disk call(s) abort every request" in v.witness[0] and \
+        "abort_all_requests: True sent" in v.witness[0], v.explain()
+
+
+def test_the_string_false_is_read_as_false_like_sglang_does():
+    """SGLang's handler validates the body leniently (pydantic): ``"false"`` relabels without aborting."""
+    quoted = call(1, "/update_weight_version", {"new_version": "1", "abort_all_requests": "false"}, t0=1.5, t1=1.51)
+    h = history(wire=[gen("r1", 0.5, 2.5), quoted], cycles=[cycle()])
+    assert check("I1-I2", h).passed, check("I1-I2", h).explain()
+
+
+def test_a_continued_abort_still_fails_i2_but_is_not_a_lost_sample():
+    wire = [gen("a1", 0.5, 1.3, finish="abort"), pause(0, 1.25, mode="abort"), gen("a2", 2.1, 2.5, seq=101),
+            gen("b", 0.6, 2.5, seq=102), bump(2, "1", 1.5)]
+    turn = Turn("a2", "1", "length", 4, continues=["a1"])
+    h = history(wire=wire, cycles=[cycle()], batches=[BatchRecord(0, 3, Batch([Group(0, [Sample(0, [turn])], 1, 0)],
+                                                                              1), 1)])
+    v = check("I1-I2", h)
+    assert v.status == "fail"
+    assert "it was continued by request a2 (partial rollout: no sample lost" in "\n".join(v.witness), v.explain()
+    assert (v.metrics["aborted_requests"], v.metrics["continued_requests"], v.metrics["aborted_sample_rate"]) == \
+        (1, 1, 0.0)
+    assert v.metrics["aborted_request_rate"] == 1 / 3 and v.metrics["recompute_tokens"] == 4
+
+
 # -- I4 --------------------------------------------------------------------------------------------------
+
+def test_a_sample_trained_on_the_call_that_continued_an_abort_passes_i4():
+    wire = [gen("a1", 0, 1, finish="abort"), gen("a2", 1, 2, seq=101)]
+    turn = Turn("a2", "1", "length", 4, continues=["a1"])
+    v = check("I4", history(wire=wire, batches=[BatchRecord(0, 3, Batch([Group(0, [Sample(0, [turn])], 1, None)], 1), 1)]))
+    assert v.passed and v.metrics["continued_requests"] == 1, v.explain()
 
 def test_aborted_group_reaching_training_fails():
     h = history(wire=[gen("r1", 0, 1, finish="abort")],
@@ -386,6 +422,14 @@ def test_staleness_bound_at_consumption():
     fresh = BatchRecord(0, 5, Batch([group(0, ["a"], 1, staleness=1)], 2), 2)
     assert check("S3", history(wire=wire, batches=[fresh], max_staleness=1)).passed
     assert check("S3", history(wire=wire, batches=[fresh])).status == "unknown"
+
+
+def test_a_run_that_trains_nothing_at_the_bound_proves_nothing_about_s3():
+    """A filter off by one the strict way (rejects at the bound) trains only fresher groups."""
+    wire = [gen("a", 0, 1, version="2")]
+    fresh = BatchRecord(0, 5, Batch([group(0, ["a"], 2, staleness=0)], 2), 2)
+    v = check("S3", history(wire=wire, batches=[fresh], max_staleness=1))
+    assert v.status == "unknown" and "no group was trained at exactly the bound (1; trained: [0])" in v.witness[0]
 
 
 # -- F3 --------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from .labels import output_versions
 from .verdict import Verdict, verdict
 
 
-def _call_versions(h: History, call: WireCall, output: dict) -> list[int]:
+def call_versions(h: History, call: WireCall, output: dict) -> list[int]:
     """The versions that produced an output's tokens. With engine stamps: what the engine reported (every span on
     0.5.23, else the output-time label). With client-side versions: the version published when the call was sent
     (the dispatch rule of V6), read off the cycle timeline."""
@@ -29,7 +29,7 @@ def _true_oldest(h: History, group: Group, outputs: dict) -> tuple[int | None, l
                 if found is None:
                     missing.append(rid)
                     continue
-                versions.extend(_call_versions(h, *found))
+                versions.extend(call_versions(h, *found))
     return (min(versions) if versions else None), missing
 
 

@@ -195,10 +195,11 @@ class ReferenceManager:
         text = prompt.text
         for t in range(self.config.turns):
             rid = f"p{prompt.index}.s{i}.t{t}.{uuid.uuid4().hex[:12]}"
-            adapter = self._adapter
+            adapter, sent_under = self._adapter, self._version
             with self.adapter_users.using(adapter):
                 response = await engine.generate(self.request_payload(text, rid, adapter))
             turn = self.turn_record(engine, rid, response)
+            turn.policy_version = sent_under  # the published version when it was sent (client-side records)
             sample.turns.append(turn)
             if turn.finish_reason == "abort":
                 sample.aborted = True

@@ -1,0 +1,114 @@
+"""What an integration declares decides how the suite runs it, never whether it looks green: an abort-only
+integration runs and fails I2/I3 with its cost measured, one that never pauses has the pause checks skipped with
+that reason, one without multi-turn runs single-turn samples, and one that keeps versions on the client side is
+judged against the cycle timeline (and told plainly that its engines were never stamped)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from conformance.cases import fake_backend_factory, run_one
+from conformance.interface import Capabilities, Sample
+from conformance.reference import ReferenceIntegration, ReferenceManager, ReferenceUpdater
+from conformance.scenarios import Deadlines
+
+pytestmark = pytest.mark.cpu
+FAST = Deadlines(update_s=5.0, drain_s=5.0, wait_s=5.0, script_s=20.0)
+
+
+def _integration(name: str, caps: Capabilities, **pieces: Any) -> ReferenceIntegration:
+    return ReferenceIntegration(name=name, capabilities=caps, **pieces)
+
+
+class AbortPauseUpdater(ReferenceUpdater):
+    """Pauses in abort mode, as a framework whose engines may drop what was in flight."""
+
+    def __init__(self, *args: Any, pause_mode: str = "abort", **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.pause_mode = "abort"
+
+
+def test_an_abort_only_integration_runs_and_fails_with_its_cost_measured() -> None:
+    caps = Capabilities(pause_modes=frozenset({"abort"}))
+    result = run_one("steady-tensor-in_place", _integration("abort-only", caps, updater_cls=AbortPauseUpdater),
+                     fake_backend_factory(), deadlines=FAST)
+    assert not result.skipped and result.history is not None and result.history.pause_mode == "abort"
+    i2, i3 = result.verdicts["I1-I2"], result.verdicts["I3"]
+    assert (i2.checker_status, i3.checker_status) == ("fail", "fail"), (i2.explain(), i3.explain())
+    assert "pauses in abort mode (mode: 'abort' sent)" in i3.witness[0]
+    assert any("the suite's long-lived request" in w and "it was paused" in w for w in i2.witness), i2.explain()
+    assert i2.metrics["aborted_requests"] >= 2 and i2.metrics["aborted_request_rate"] > 0
+
+
+class NeverPausingUpdater(ReferenceUpdater):
+    """Updates without pausing: SGLang's update then waits for every request in flight (writer lock)."""
+
+    async def pause_all(self) -> None:
+        return None
+
+    async def resume_all(self) -> None:
+        return None
+
+    def flush_needed(self) -> bool:
+        return False
+
+
+def test_an_integration_that_never_pauses_has_the_pause_checks_skipped_with_the_reason() -> None:
+    caps = Capabilities(pause_modes=frozenset())
+    result = run_one("steady-tensor-retract", _integration("never-pauses", caps, updater_cls=NeverPausingUpdater),
+                     fake_backend_factory(), deadlines=FAST)
+    assert {c: result.skip_reason(c) for c in ("I3", "I6")} == \
+        {c: "the integration never pauses (declares no pause mode)" for c in ("I3", "I6")}
+    bad = {c: v.explain() for c, v in result.verdicts.items() if not v.passed}
+    assert not bad and {"I1-I2", "V1", "V2", "P6"} <= set(result.verdicts), bad
+    assert result.verdicts["I1-I2"].metrics["overlap_at_pause"] == 1.0
+
+
+def test_without_multi_turn_the_samples_are_single_turn() -> None:
+    caps = Capabilities(multi_turn=False)
+    integration = _integration("single-turn", caps)
+    result = run_one("steady-tensor-retract", integration, fake_backend_factory(), deadlines=FAST)
+    assert all(v.passed for v in result.verdicts.values()), [v.explain() for v in result.verdicts.values()]
+    samples = [s for b in result.history.batches for g in b.batch.groups for s in g.samples]
+    assert samples and all(len(s.turns) == 1 for s in samples)
+    assert run_one("mixed-versions", integration, fake_backend_factory()).skipped == \
+        "integration does not declare capability 'multi_turn'"
+
+
+class UnstampedUpdater(ReferenceUpdater):
+    async def stamp(self, new: int) -> None:
+        return None  # versions live on the client side
+
+
+class ClientSideManager(ReferenceManager):
+    def oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
+        sent = [t.policy_version for s in samples for t in s.turns]
+        known = [v for v in sent if v is not None]
+        return (min(known) if known else None), len(sent) - len(known)
+
+
+@pytest.mark.parametrize("scenario", ["staleness", "mixed-versions"])
+def test_client_side_versions_are_judged_against_the_cycle_timeline(scenario: str) -> None:
+    caps = Capabilities(stamps_engines=False)
+    integration = _integration("client-side", caps, updater_cls=UnstampedUpdater, manager_cls=ClientSideManager)
+    result = run_one(scenario, integration, fake_backend_factory(), deadlines=FAST)
+    for check in ("S2", "S3"):
+        if check in result.verdicts:
+            assert result.verdicts[check].passed, result.verdicts[check].explain()
+    if "V1" in result.verdicts:
+        assert result.verdicts["V1"].witness[0].startswith("the engines were never stamped")
+
+
+def test_client_side_records_that_ignore_earlier_turns_fail_s2() -> None:
+    class LastTurnOnly(ClientSideManager):
+        def oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
+            return super().oldest_version([replace(s, turns=s.turns[-1:]) for s in samples])
+
+    integration = _integration("client-side-last-turn", Capabilities(stamps_engines=False),
+                               updater_cls=UnstampedUpdater, manager_cls=LastTurnOnly)
+    result = run_one("mixed-versions", integration, fake_backend_factory(), deadlines=FAST)
+    assert result.verdicts["S2"].checker_status == "fail", result.verdicts["S2"].explain()
+    assert "was sent under versions as old as" in result.verdicts["S2"].witness[0]

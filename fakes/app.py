@@ -27,9 +27,9 @@ from .asgi import (
     request_from_scope,
     send_reply,
 )
-from .engine import EngineClosed, EngineCrashed, _flush_fault, flush_fault_scope
+from .failures import EngineClosed, EngineCrashed, _flush_fault, flush_fault_scope
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers only: the engine imports this module to build its app
     from .engine import FakeEngine
 
 EngineHandler = Callable[["FakeEngine", HTTPRequest, Any], Awaitable[Reply]]
@@ -65,8 +65,8 @@ IGNORED_FIELDS: dict[str, frozenset[str]] = {
         "audio_data", "image_data", "video_data", "input_embeds", "modalities", "use_audio_in_video",
         "video_config", "images_config", "mm_hashes", "mm_content_hashes", "mm_processor_kwargs",
         "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",
-        "need_wait_for_mm_inputs", "num_items_assigned", "mm_data_mooncake", "encoder_urls", "multi_item_delimiter_indices",
-        "token_indices_to_pool", "positional_embed_overrides",
+        "need_wait_for_mm_inputs", "num_items_assigned", "mm_data_mooncake", "encoder_urls",
+        "multi_item_delimiter_indices", "token_indices_to_pool", "positional_embed_overrides",
         # PD disaggregation, data parallelism, routing
         "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
         "data_parallel_rank", "routed_dp_rank", "disagg_prefill_dp_rank", "routing_key",

@@ -116,7 +116,8 @@ class LocalSerializedTensor:
 
 class FlattenedTensorMetadata:
     """Stand-in for SGLang's ``weight_sync.tensor_bucket.FlattenedTensorMetadata`` (``load_format="flattened_bucket"``):
-    where one tensor lies in the bucket's flat uint8 tensor (``start_idx:end_idx``), its ``name``, ``shape``, ``dtype``."""
+    where one tensor lies in the bucket's flat uint8 tensor (``start_idx:end_idx``), its ``name``, ``shape`` and
+    ``dtype``."""
 
     name: str
     shape: Any
@@ -128,7 +129,8 @@ class FlattenedTensorMetadata:
 
 # SafeUnpickler.ALLOWED_GLOBALS (utils/common.py, 0.5.23) admits these SGLang data containers in weight payloads.
 _SGLANG_CLASSES = {
-    ("sglang.srt.model_executor.model_runner_components.weight_updater", "LocalSerializedTensor"): LocalSerializedTensor,
+    ("sglang.srt.model_executor.model_runner_components.weight_updater",
+     "LocalSerializedTensor"): LocalSerializedTensor,
     ("sglang.srt.model_executor.model_runner", "LocalSerializedTensor"): LocalSerializedTensor,
     ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
 }

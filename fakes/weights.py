@@ -6,7 +6,8 @@ Spec: ``../shared/docs/sglang-api.md`` §3 (weight-update endpoints). Vendorable
 * ``weight_errors`` -- ``WeightError``, ``CheckpointError`` (with the ``stage`` that picks SGLang's message);
 * ``dtypes`` -- torch dtypes without torch: names, sizes, exact element codecs, vectorised float casts;
 * ``tensors`` -- ``TensorBlob``, ``WeightStore``, ``weights_digest``, ``values_preview`` (``/get_weights_by_name``);
-* ``tiny_model`` -- the built-in tiny Llama (``tiny_model``, ``TINY_SPEC``, ``TINY_CONFIG``), ``perturbed``, ``tiny_lora``;
+* ``tiny_model`` -- the built-in tiny Llama (``tiny_model``, ``TINY_SPEC``, ``TINY_CONFIG``), ``perturbed``,
+  ``tiny_lora``;
 * ``safetensors_format`` -- ``encode_safetensors`` / ``decode_safetensors`` (stdlib, validated like the library);
 * ``checkpoints`` -- ``save_checkpoint`` / ``load_checkpoint`` (``/update_weights_from_disk``), LoRA adapter dirs;
 * ``tensor_payloads`` -- ``/update_weights_from_tensor`` payloads (torch, pickle, safetensors, SGLang's weight_sync

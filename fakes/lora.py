@@ -1,0 +1,129 @@
+"""LoRA adapters of a fake engine (SGLang's ``LoRAManager`` + ``lora_registry``): load from a directory or from
+tensors, the memory-pool checks, LRU eviction of unpinned adapters, refcounts held by running requests, unload
+waiting for its users.
+
+``LoraMixin`` is mixed into ``FakeEngine``; the state it uses is set up by ``FakeEngine.__init__``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+from . import weights as W
+from .asgi import Reply
+from .failures import success_reply
+
+LORA_NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
+
+
+@dataclass(eq=False)
+class _Adapter:
+    name: str
+    path: str
+    pinned: bool
+    users: int = 0
+
+
+class LoraMixin:
+    """LoRA adapter loading, unloading and lookup of a ``FakeEngine``."""
+
+    def _lora_body(self, ok: bool, error: str | None, with_adapters: bool = True) -> Reply:
+        loaded = {a.name: a.path for a in self._loras.values()} if with_adapters else None
+        return success_reply(ok, {"success": ok, "error_message": error, "loaded_adapters": loaded})
+
+    async def load_lora_adapter(self, obj: Mapping[str, Any]) -> Reply:
+        """``/load_lora_adapter``: no abort, no model-update lock, no version stamp (spec §4)."""
+
+        async def read() -> None:
+            adapter = await asyncio.to_thread(W.load_lora_adapter, obj["lora_path"])
+            self._check_lora_fits(obj["lora_name"], adapter["config"])
+
+        return await self._load_lora(obj["lora_name"], obj["lora_path"], bool(obj.get("pinned")), read)
+
+    def _check_lora_fits(self, name: str, config: Mapping[str, Any]) -> None:
+        """``LoRAManager.validate_new_adapter``: the adapter must fit the memory pool ``--max-lora-rank`` and
+        ``--lora-target-modules`` set up (ValueError with SGLang's message)."""
+        rank = int(config.get("r") or 0)
+        modules = config.get("target_modules") or []
+        modules = [modules] if isinstance(modules, str) else list(modules)
+        allowed = self.lora_target_modules
+        too_big = self.max_lora_rank is not None and rank > self.max_lora_rank
+        outside = allowed is not None and "all" not in allowed and not set(modules) <= set(allowed)
+        if too_big or outside:
+            raise ValueError(
+                f"LoRA adapter {name} with rank {rank} is incompatible with the current LoRA memory pool "
+                "configuration. Please ensure that the LoRA adapter's rank is within the configured "
+                "`--max-lora-rank` and that the target modules are included in `--lora-target-modules`.")
+
+    async def load_lora_adapter_from_tensors(self, obj: Mapping[str, Any]) -> Reply:
+        """0.5.10+: one ``serialized_tensors`` str (≤0.5.16) or ``serialized_named_tensors`` list (0.5.23)."""
+
+        async def read() -> None:
+            payload = obj["serialized_tensors"] if "serialized_tensors" in obj else obj["serialized_named_tensors"]
+            W.decode_tensor_payload(payload[0] if isinstance(payload, list) else payload)
+
+        return await self._load_lora(obj["lora_name"], "__tensor__", bool(obj.get("pinned")), read)
+
+    async def _load_lora(self, name: str, path: str, pinned: bool, read: Callable[[], Awaitable[None]]) -> Reply:
+        if not self.enable_lora:
+            return self._lora_body(False, LORA_NOT_ENABLED, with_adapters=False)
+        self._bind()
+        assert self._lora_update_lock is not None
+        async with self._lora_update_lock:
+            if name in self._loras:
+                return self._lora_body(False, f"Failed to load LoRA adapter {name} because it is already loaded")
+            try:
+                await read()
+            except W.WeightError as e:
+                return self._lora_body(False, f"Failed to load LoRA adapter {name}: {e}")
+            except ValueError as e:  # validate_new_adapter
+                return self._lora_body(False, str(e))
+            self._loras[name] = _Adapter(name, path, pinned)
+            self._event("lora.load", name=name, path=path, pinned=pinned)
+            while len(self._loras) > self.max_loras:  # max_loaded_loras: unload the LRU unpinned adapter
+                victim = next((a for a in self._loras.values() if not a.pinned), None)
+                if victim is None:
+                    message = "Didn't find any LoRA adapters when trying to evict LRU LoRA adapter."
+                    return self._lora_body(False, message)
+                await self._unload_locked(victim.name)
+            return self._lora_body(True, None)
+
+    async def unload_lora_adapter(self, obj: Mapping[str, Any]) -> Reply:
+        """``/unload_lora_adapter``: unregister first (new requests then get 400), then wait for its users."""
+        if not self.enable_lora:
+            return self._lora_body(False, LORA_NOT_ENABLED, with_adapters=False)
+        self._bind()
+        assert self._lora_update_lock is not None
+        name = obj["lora_name"]
+        async with self._lora_update_lock:
+            if name not in self._loras:
+                message = f"LoRA with name {name} does not exist. Loaded LoRAs: {_odict_keys(self._loras)}"
+                return self._lora_body(False, message, with_adapters=False)
+            await self._unload_locked(name)
+            return self._lora_body(True, None)
+
+    async def _unload_locked(self, name: str) -> None:
+        adapter = self._loras.pop(name)
+        self._touch()
+        await self._wait_for(lambda: adapter.users == 0)  # lora_registry.wait_for_unload
+        self._event("lora.unload", name=name, path=adapter.path)
+
+    def _lookup_adapter(self, name: str | None) -> _Adapter | None:
+        if name is None:
+            return None
+        if not self.enable_lora:
+            raise ValueError(LORA_NOT_ENABLED)
+        adapter = self._loras.get(name)
+        if adapter is None:  # lora_registry.acquire
+            raise ValueError(
+                f"The following requested LoRA adapters are not loaded: {name}\n"
+                f"Loaded adapters: {_odict_keys(self._loras)}."
+            )
+        return adapter
+
+
+def _odict_keys(d: Mapping[str, Any]) -> str:
+    """How ``OrderedDict.keys()`` prints in SGLang's messages."""
+    return f"odict_keys({list(d)!r})"

@@ -283,7 +283,7 @@ font-family:ui-monospace,Menlo,monospace;font-size:12px}.show{font-size:12px;mar
 .legend{font-size:12px;color:#445}.legend>span{margin-right:12px;white-space:nowrap}
 .key{display:inline-block;width:14px;height:9px;margin-right:4px;vertical-align:middle;border:1px solid #889}
 svg text{font-size:10px;fill:#334}.tick{text-anchor:middle;fill:#667}.grid{stroke:#eef;stroke-width:1}
-.lane-label{font-weight:600;font-size:11px}.lane-bg{fill:none}.lane.hl .lane-bg,.lane.focus .lane-bg{fill:#fff0f0;
+.lane-label{font-weight:600;font-size:11px}.node-label{font-size:9px;fill:#667}.lane-bg{fill:none}.lane.hl .lane-bg,.lane.focus .lane-bg{fill:#fff0f0;
 stroke:#d64545;stroke-width:1}.lane.hl .lane-label{fill:#b42318}
 .o-finished{fill:#4c9a6a;background:#4c9a6a}.o-spanning{fill:#3b7dd8;background:#3b7dd8}
 .o-aborted{fill:#d64545;background:#d64545}.o-injected{fill:#a57cc9;background:#a57cc9}

@@ -38,7 +38,7 @@ def timeline_svg(t: Timeline, named: Named, dom_id: str) -> str:
     def x(time: float | None) -> float:
         return LABEL_W + plot_w * (min(time if time is not None else t_end, t_end) / t_end)
 
-    rows = {e: max(3, 1 + max([r.row for r in t.requests if r.engine == e], default=-1)) for e in range(t.engines)}
+    rows = {e: max(4 if t.node_of(e) else 3, 1 + max([r.row for r in t.requests if r.engine == e], default=-1)) for e in range(t.engines)}
     row_h = {e: max(2.0, min(9.0, _MAX_ROWS_H / n)) for e, n in rows.items()}
     lane_y: dict[int, float] = {}
     y = _TOP + _TRAINER_H
@@ -92,10 +92,12 @@ def timeline_svg(t: Timeline, named: Named, dom_id: str) -> str:
 
 def _lane(t: Timeline, e: int, y0: float, rh: float, rows: int, x, named: Named) -> str:
     lane_h = _MARK_H + max(1, rows) * rh + 4
-    label = t.group_of(e) + (f" · engine {e}" if t.group_of(e) != f"engine {e}" else "")
+    node = t.node_of(e)
     hl = " hl" if e in named.engines else ""
     out = [f'<g class="lane{hl}" data-e="{e}"><rect class="lane-bg" x="0" y="{y0 - 2:.1f}" width="{WIDTH}" '
-           f'height="{lane_h + 2:.1f}"/><text class="lane-label" x="4" y="{y0 + 10:.1f}">{escape(label)}</text>']
+           f'height="{lane_h + 2:.1f}"/><text class="lane-label" x="4" y="{y0 + 10:.1f}">engine {e}</text>'
+           + (f'<text class="node-label" x="4" y="{y0 + 21:.1f}">node {escape(node)}<title>node '
+              f'{escape(str(t.nodes[e]))}</title></text>' if node is not None else "")]
     for p in (p for p in t.pauses if p.engine == e):
         resident = ", ".join(f"{n} {origin}" for origin, n in p.resident.items()) or "none"
         end = "never continued" if p.t1 is None else f"continued at t={_fmt_t(p.t1)} s"

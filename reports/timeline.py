@@ -107,9 +107,14 @@ class Timeline:
     group_rids: dict[tuple[int, int], list[str]]
     """(batch, prompt) → the rids of that consumed group's turns (to resolve witnesses that name a group)."""
 
+    def node_of(self, engine: int) -> str | None:
+        """The node an engine ran on, shortened (Ray's node ids are 56 hex digits), when the backend reports it."""
+        node = self.nodes[engine] if engine < len(self.nodes) else None
+        return None if node is None else str(node) if len(str(node)) <= 12 else f"{str(node)[:10]}…"
+
     def group_of(self, engine: int) -> str:
         """The lane group an engine belongs to: its node when the backend reports nodes, else itself."""
-        node = self.nodes[engine] if engine < len(self.nodes) else None
+        node = self.node_of(engine)
         return f"node {node}" if node is not None else f"engine {engine}"
 
     @property

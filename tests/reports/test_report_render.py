@@ -184,6 +184,8 @@ def test_timeline_outcomes_pauses_versions_costs_and_staleness() -> None:
         (1, "abort", False, 1.81, {"integration": 1})]
     assert [(m.kind, m.label) for m in t.marks] == [("transfer", ""), ("version", "v1")]
     assert t.groups == ["node node-a", "node node-b"]
+    ray = build_timeline(hand_written_history(nodes=["a1" * 28, "b2" * 28]))
+    assert ray.groups == ["node a1a1a1a1a1…", "node b2b2b2b2b2…"], "Ray's 56-digit node ids, shortened"
     (cost,) = t.costs
     assert cost.in_flight == {"node node-a": 1, "node node-b": 1}
     assert cost.aborted == {"node node-a": 0, "node node-b": 1}
@@ -246,3 +248,11 @@ def test_a_broken_run_shows_what_it_was_stuck_on(tmp_path: Path) -> None:
     assert "<b>hang</b>: Updater.update did not return within 20s<br>open call: engine 0 POST /unload_lora_adapter " \
            "since t=1.500s (integration)" in html
     assert re.search(r'<g class="break"><line x1="[\d.]+"[^>]*/><text[^>]*>hang</text>', html)
+
+
+def test_lanes_and_charts_per_node_when_the_backend_reports_nodes(tmp_path: Path) -> None:
+    path = _result_with(hand_written_history(), tmp_path)
+    html = render_html(json.loads(path.read_text()), path)
+    assert '>engine 1</text><text class="node-label" x="4" y=' in html and ">node node-b<title>" in html
+    assert "node node-a (integration)" in html and "node node-b (integration)" in html  # resident at the pause
+    assert "node node-b · c0: 1/1" in html  # aborted requests per update, per node

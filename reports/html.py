@@ -33,6 +33,8 @@ class ScenarioRun:
     named: Named
     href: str = ""
     """The history file, linked from the page."""
+    problem: str = ""
+    """Why there is no timeline (the file is gone, or it could not be read)."""
 
 
 def case_anchor(case: dict[str, Any]) -> str:
@@ -48,12 +50,17 @@ def _runs(result: dict[str, Any], result_path: Path | None) -> list[ScenarioRun]
     failing_first = sorted(by_ref.items(), key=lambda kv: (all(c["status"] not in _NOT_PASSED for c in kv[1]), kv[0]))
     for i, (ref, cases) in enumerate(failing_first):
         history = load_history(result_path, ref) if result_path is not None else None
-        timeline = build_timeline(history) if history is not None else None
+        try:
+            timeline = build_timeline(history) if history is not None else None
+        except Exception as exc:  # a history this renderer cannot read must not cost the rest of the report
+            timeline, problem = None, f"{type(exc).__name__}: {exc}"
+        else:
+            problem = "" if history is not None else "not available"
         named = Named()
         for c in cases:
             if c["status"] in _NOT_PASSED:
                 named.update(named_in(c.get("witness") or [], c.get("details") or {}, timeline))
-        runs.append(ScenarioRun(ref, f"tl{i}", cases, timeline, named, ref))
+        runs.append(ScenarioRun(ref, f"tl{i}", cases, timeline, named, ref, problem))
     return runs
 
 
@@ -173,9 +180,7 @@ def _costs(runs: list[ScenarioRun]) -> str:
         mine = [q for q in t.requests if q.origin == "integration"]
         counts = {o: sum(q.outcome == o for q in mine) for o in OUTCOMES}
         continued = sum(q.outcome == "aborted" and q.continued_by is not None for q in mine)
-        resident = [sum(p.resident.get("integration", 0) for p in t.pauses if p.cycle == c.index and p.engine == e)
-                    for c in t.costs for e in range(t.engines) if any(p.cycle == c.index and p.engine == e
-                                                                      for p in t.pauses)]
+        resident = [p.resident.get("integration", 0) for p in t.pauses if p.cycle is not None]
         stale = t.staleness
         rows.append(f'<tr><td><a href="#{r.dom_id}">{escape(t.scenario)}</a>{_worker(r)}</td><td>{len(mine)}</td>'
                     f'<td class="{"bad" if counts["aborted"] else ""}">{_rate(counts["aborted"], len(mine))}'
@@ -238,7 +243,7 @@ def _charts(t: Timeline) -> str:
 def _scenario_section(r: ScenarioRun) -> str:
     head = f'<section class="scenario" id="sec-{r.dom_id}"><h2>{escape(r.cases[0]["scenario"])}{_worker(r)}</h2>'
     if r.timeline is None:
-        return head + f'<p class="note">history {escape(r.ref)} is not available.</p>{_case_table(r.cases)}</section>'
+        return head + f'<p class="note">history {escape(r.ref)}: {escape(r.problem)}</p>{_case_table(r.cases)}</section>'
     t = r.timeline
     breaks = "".join(f'<div class="break-note"><b>{escape(str(b.get("kind")))}</b>: {escape(str(b.get("message")))}'
                      + "".join(f'<br>open call: engine {c.get("engine")} {escape(str(c.get("method")))} '

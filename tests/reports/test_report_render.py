@@ -236,7 +236,15 @@ def test_a_missing_history_is_said_not_fatal(tmp_path: Path) -> None:
     path = _result_with(hand_written_history(), tmp_path)
     shutil.rmtree(histories_dir(path))
     html = render_html(json.loads(path.read_text()), path)
-    assert "hand.fake.json.gz is not available" in html and 'id="case-fake-I1-I2-hand"' in html
+    assert "hand.fake.json.gz: not available" in html and 'id="case-fake-I1-I2-hand"' in html
+
+
+def test_a_history_that_cannot_be_drawn_costs_only_its_timeline(tmp_path: Path) -> None:
+    history = hand_written_history()
+    history["cycles"][0].pop("t_start")
+    path = _result_with(history, tmp_path)
+    html = render_html(json.loads(path.read_text()), path)
+    assert "hand.fake.json.gz: KeyError: &#x27;t_start&#x27;" in html and 'id="case-fake-I1-I2-hand"' in html
 
 
 def test_a_broken_run_shows_what_it_was_stuck_on(tmp_path: Path) -> None:

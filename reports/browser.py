@@ -247,7 +247,8 @@ class Browser:
                                                                         for a in p.get("args", [])))
             elif e["method"] == "Runtime.exceptionThrown":
                 details = p.get("exceptionDetails", {})
-                page.problems.append(f"uncaught: {details.get('exception', {}).get('description') or details.get('text')}")
+                thrown = details.get("exception", {}).get("description") or details.get("text")
+                page.problems.append(f"uncaught: {thrown}")
             elif e["method"] == "Log.entryAdded" and p.get("entry", {}).get("level") in ("error", "warning"):
                 page.problems.append(f"log {p['entry']['level']}: {p['entry'].get('text')}")
             elif e["method"] == "Network.requestWillBeSent":

@@ -46,7 +46,8 @@ def diff(base: dict[str, Any], new: dict[str, Any], thresholds: dict[str, float]
         b = old_cases.get(key)
         if c["status"] in _BAD and (b is None or b["status"] not in _BAD):
             was = "not in the baseline" if b is None else f"was {b['status']}"
-            out.regressions.append(f"{key}: {c['status']} ({was}): " + "; ".join(map(str, (c.get("witness") or [])[:2])))
+            evidence = "; ".join(map(str, (c.get("witness") or [])[:2]))
+            out.regressions.append(f"{key}: {c['status']} ({was}): {evidence}")
         elif b is not None and b["status"] in _BAD and c["status"] == "pass":
             out.fixed.append(f"{key}: {b['status']} → pass")
         elif b is not None and b["status"] == "pass" and c["status"] == "skipped":

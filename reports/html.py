@@ -243,11 +243,13 @@ def _charts(t: Timeline) -> str:
 def _scenario_section(r: ScenarioRun) -> str:
     head = f'<section class="scenario" id="sec-{r.dom_id}"><h2>{escape(r.cases[0]["scenario"])}{_worker(r)}</h2>'
     if r.timeline is None:
-        return head + f'<p class="note">history {escape(r.ref)}: {escape(r.problem)}</p>{_case_table(r.cases)}</section>'
+        return (head + f'<p class="note">history {escape(r.ref)}: {escape(r.problem)}</p>'
+                + _case_table(r.cases) + "</section>")
     t = r.timeline
     breaks = "".join(f'<div class="break-note"><b>{escape(str(b.get("kind")))}</b>: {escape(str(b.get("message")))}'
                      + "".join(f'<br>open call: engine {c.get("engine")} {escape(str(c.get("method")))} '
-                               f'{escape(str(c.get("path")))} since t={c.get("since", 0):.3f}s ({escape(str(c.get("origin")))})'
+                               f'{escape(str(c.get("path")))} since t={c.get("since", 0):.3f}s '
+                               f'({escape(str(c.get("origin")))})'
                                for c in (b.get("open_calls") or [])[:8] if isinstance(c, dict))
                      + "</div>" for b in t.breaks)
     return (head + breaks + _legend() + f'<div class="scroll">{timeline_svg(t, r.named, r.dom_id)}</div>'
@@ -276,45 +278,49 @@ h3{font-size:14px;margin:8px 0}.sub{color:#556;margin:0 0 6px}.note{color:#667;f
 .st-pass{background:#d9f2e0}.st-fail{background:#f8d4d4}.st-unknown{background:#fbefc9}.st-skipped{background:#ececec}
 .st-error{background:#f3c0e6}table{border-collapse:collapse}td,th{padding:2px 6px}
 .kv th{text-align:left;color:#556;font-weight:normal}.scroll{overflow-x:auto}
-.matrix td{text-align:center;border:1px solid #fff;min-width:22px}.matrix td a{text-decoration:none;color:#1d2330;
-display:block}.matrix th{text-align:left;font-weight:600}.matrix th.rot{height:120px;vertical-align:bottom;
-padding:0}.matrix th.rot div{writing-mode:vertical-rl;transform:rotate(180deg);font-weight:normal;font-size:12px;
-padding:2px}.cost td,.cost th,.cases td,.cases th{border-bottom:1px solid #eef;text-align:left;vertical-align:top}
-.cost{font-size:12px}.cost th{font-weight:600}.cost td:first-child{white-space:nowrap}td.bad{color:#b42318;font-weight:600}.cases{width:100%;font-size:13px}.cases td:first-child{white-space:nowrap}
+.matrix td{text-align:center;border:1px solid #fff;min-width:22px}
+.matrix td a{text-decoration:none;color:#1d2330;display:block}.matrix th{text-align:left;font-weight:600}
+.matrix th.rot{height:120px;vertical-align:bottom;padding:0}
+.matrix th.rot div{writing-mode:vertical-rl;transform:rotate(180deg);font-weight:normal;font-size:12px;padding:2px}
+.cost td,.cost th,.cases td,.cases th{border-bottom:1px solid #eef;text-align:left;vertical-align:top}
+.cost{font-size:12px}.cost th{font-weight:600}.cost td:first-child{white-space:nowrap}
+td.bad{color:#b42318;font-weight:600}.cases{width:100%;font-size:13px}.cases td:first-child{white-space:nowrap}
 .top{display:flex;flex-wrap:wrap;gap:0 32px;align-items:flex-start}.top>section{flex:0 1 auto;min-width:0}
-#failures{flex:1 1 520px}#failures .list{max-height:640px;overflow-y:auto}.case-bad{padding:6px 10px;margin:6px 0;border-radius:6px}.witness{margin:4px 0 0;padding-left:20px;
-font-family:ui-monospace,Menlo,monospace;font-size:12px}.show{font-size:12px;margin-left:8px}
+#failures{flex:1 1 520px}#failures .list{max-height:640px;overflow-y:auto}
+.case-bad{padding:6px 10px;margin:6px 0;border-radius:6px}
+.witness{margin:4px 0 0;padding-left:20px;font-family:ui-monospace,Menlo,monospace;font-size:12px}
+.show{font-size:12px;margin-left:8px}
 .break-note{background:#f8d4d4;padding:4px 8px;border-radius:4px;margin:4px 0;font-size:13px}
 .legend{font-size:12px;color:#445}.legend>span{margin-right:12px;white-space:nowrap}
 .key{display:inline-block;width:14px;height:9px;margin-right:4px;vertical-align:middle;border:1px solid #889}
 svg text{font-size:10px;fill:#334}.tick{text-anchor:middle;fill:#667}.grid{stroke:#eef;stroke-width:1}
-.lane-label{font-weight:600;font-size:11px}.node-label{font-size:9px;fill:#667}.lane-bg{fill:none}.lane.hl .lane-bg,.lane.focus .lane-bg{fill:#fff0f0;
-stroke:#d64545;stroke-width:1}.lane.hl .lane-label{fill:#b42318}
+.lane-label{font-weight:600;font-size:11px}.node-label{font-size:9px;fill:#667}.lane-bg{fill:none}
+.lane.hl .lane-bg,.lane.focus .lane-bg{fill:#fff0f0;stroke:#d64545;stroke-width:1}.lane.hl .lane-label{fill:#b42318}
 .o-finished{fill:#4c9a6a;background:#4c9a6a}.o-spanning{fill:#3b7dd8;background:#3b7dd8}
 .o-aborted{fill:#d64545;background:#d64545}.o-injected{fill:#a57cc9;background:#a57cc9}
-.o-failed{fill:#e08a1e;background:#e08a1e}.o-dropped{fill:#b8bcc8;background:#b8bcc8}.o-open{fill:#222;background:#222}
-.rq.s{fill-opacity:.35;stroke:#556;stroke-width:.6;stroke-dasharray:2 1}.rq.continued{fill-opacity:.5}.key.s{opacity:.45}
+.o-failed{fill:#e08a1e;background:#e08a1e}.o-dropped{fill:#b8bcc8;background:#b8bcc8}
+.o-open{fill:#222;background:#222}.rq.s{fill-opacity:.35;stroke:#556;stroke-width:.6;stroke-dasharray:2 1}
+.rq.continued{fill-opacity:.5}.key.s{opacity:.45}
 .m-abort{fill:#d64545;fill-opacity:.16;background:rgba(214,69,69,.16)}
 .m-retract{fill:#e6a028;fill-opacity:.2;background:rgba(230,160,40,.2)}
 .m-in_place{fill:#3b7dd8;fill-opacity:.14;background:rgba(59,125,216,.14)}
-.pause.open{stroke:#d64545;stroke-dasharray:4 2}
-.cy{fill:#000;fill-opacity:.045;stroke:#99a;stroke-width:.6}.key.cy{background:rgba(0,0,0,.08)}
-.cy.failed{stroke:#d64545;stroke-dasharray:4 2;stroke-width:1}.cylabel{fill:#556;font-size:9px}
-.k-version line{stroke:#7b3fb5;stroke-width:1.4}.k-version text{fill:#7b3fb5;font-weight:600}
-.key.k-version{background:#7b3fb5}.k-transfer{fill:#1d2330}.key.k-transfer{background:#1d2330}
-.k-flush{fill:#e6a028}.k-session{fill:#99a}.k-abort{fill:#d64545}.k-other{fill:#bbb}.mk.bad{fill:#d64545}
-.mk.bad line{stroke:#d64545;stroke-dasharray:3 2}
-.batch{fill:#1d2330}.injected{fill:#a57cc9;stroke:#5b2c83}.break line{stroke:#b42318;stroke-width:2}
-.break text{fill:#b42318;font-weight:700}
-.rq.hl{stroke:#111;stroke-width:1.6;fill-opacity:1}.key.hl{background:#fff;border:2px solid #111}.cy.hl{stroke:#b42318;stroke-width:2;fill:#d64545;fill-opacity:.07}
+.pause.open{stroke:#d64545;stroke-dasharray:4 2}.cy{fill:#000;fill-opacity:.045;stroke:#99a;stroke-width:.6}
+.key.cy{background:rgba(0,0,0,.08)}.cy.failed{stroke:#d64545;stroke-dasharray:4 2;stroke-width:1}
+.cylabel{fill:#556;font-size:9px}.k-version line{stroke:#7b3fb5;stroke-width:1.4}
+.k-version text{fill:#7b3fb5;font-weight:600}.key.k-version{background:#7b3fb5}.k-transfer{fill:#1d2330}
+.key.k-transfer{background:#1d2330}.k-flush{fill:#e6a028}.k-session{fill:#99a}.k-abort{fill:#d64545}
+.k-other{fill:#bbb}.mk.bad{fill:#d64545}.mk.bad line{stroke:#d64545;stroke-dasharray:3 2}.batch{fill:#1d2330}
+.injected{fill:#a57cc9;stroke:#5b2c83}.break line{stroke:#b42318;stroke-width:2}
+.break text{fill:#b42318;font-weight:700}.rq.hl{stroke:#111;stroke-width:1.6;fill-opacity:1}
+.key.hl{background:#fff;border:2px solid #111}.cy.hl{stroke:#b42318;stroke-width:2;fill:#d64545;fill-opacity:.07}
 .focus{stroke:#ff00aa!important;stroke-width:2.6!important}.named-t{stroke:#b42318;stroke-dasharray:2 2}
-.charts{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0}.chart{border:1px solid #eef;border-radius:4px;margin:0;
-padding:2px}.chart-keys{font-size:11px;max-width:372px}.chart-keys>span{margin-right:10px;white-space:nowrap}
-.key.bar{border:none}.key.bar.g0{background:#3b7dd8}.key.bar.g1{background:#e6a028}.key.bar.g2{background:#4c9a6a}
-.key.bar.g3{background:#7b3fb5}.key.bar.s{opacity:.4}
+.charts{display:flex;flex-wrap:wrap;gap:10px;margin:6px 0}
+.chart{border:1px solid #eef;border-radius:4px;margin:0;padding:2px}.chart-keys{font-size:11px;max-width:372px}
+.chart-keys>span{margin-right:10px;white-space:nowrap}.key.bar{border:none}.key.bar.g0{background:#3b7dd8}
+.key.bar.g1{background:#e6a028}.key.bar.g2{background:#4c9a6a}.key.bar.g3{background:#7b3fb5}.key.bar.s{opacity:.4}
 .chart-title{font-weight:600;font-size:11px}.axis{stroke:#99a}.bound{stroke:#b42318;stroke-dasharray:3 2}
-.empty{text-anchor:middle;fill:#99a}.val{text-anchor:middle;font-size:9px}
-.bar.g0{fill:#3b7dd8}.bar.g1{fill:#e6a028}.bar.g2{fill:#4c9a6a}.bar.g3{fill:#7b3fb5}.bar.s{fill-opacity:.35}
+.empty{text-anchor:middle;fill:#99a}.val{text-anchor:middle;font-size:9px}.bar.g0{fill:#3b7dd8}.bar.g1{fill:#e6a028}
+.bar.g2{fill:#4c9a6a}.bar.g3{fill:#7b3fb5}.bar.s{fill-opacity:.35}
 """
 
 _JS = """

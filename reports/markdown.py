@@ -13,7 +13,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     run, cases = result["run"], result["cases"]
     integration = run["integration"]
     backends = sorted({c["backend"] for c in cases})
-    lines = [f"# Conformance: {integration.get('name') or integration['spec']} on {', '.join(backends) or 'no backend'} "
+    name = integration.get("name") or integration["spec"]
+    lines = [f"# Conformance: {name} on {', '.join(backends) or 'no backend'} "
              f"(SGLang {run['sglang_profile']}, seed {run['seed']}, {run['nodes']} node(s))", "",
              " · ".join(f"{_CELL[s]} {s} {n}" for s, n in result["summary"].items())]
     for backend in backends:

@@ -38,7 +38,8 @@ def timeline_svg(t: Timeline, named: Named, dom_id: str) -> str:
     def x(time: float | None) -> float:
         return LABEL_W + plot_w * (min(time if time is not None else t_end, t_end) / t_end)
 
-    rows = {e: max(4 if t.node_of(e) else 3, 1 + max([r.row for r in t.requests if r.engine == e], default=-1)) for e in range(t.engines)}
+    rows = {e: max(4 if t.node_of(e) else 3, 1 + max([r.row for r in t.requests if r.engine == e], default=-1))
+            for e in range(t.engines)}
     row_h = {e: max(2.0, min(9.0, _MAX_ROWS_H / n)) for e, n in rows.items()}
     lane_y: dict[int, float] = {}
     y = _TOP + _TRAINER_H
@@ -59,7 +60,8 @@ def timeline_svg(t: Timeline, named: Named, dom_id: str) -> str:
         cls = "cy" + ("" if c.get("ok", True) else " failed") + (" hl" if i in named.cycles else "")
         ver = f" → v{c.get('returned')}" if c.get("returned") is not None else ""
         title = (f"update cycle {i}: {c.get('transport', '?')}{' LoRA' if c.get('lora') else ''}, pause "
-                 f"{c.get('pause_mode', '?')}, cell {c.get('cell', '?')}, {_fmt_t(c['t_start'])}–{_fmt_t(c['t_end'])} s, "
+                 f"{c.get('pause_mode', '?')}, cell {c.get('cell', '?')}, "
+                 f"{_fmt_t(c['t_start'])}–{_fmt_t(c['t_end'])} s, "
                  + ("ok" + ver if c.get("ok", True) else f"failed: {c.get('error')}")
                  + (" (failure expected)" if c.get("expect_failure") else ""))
         out.append(f'<rect class="{cls}" data-c="{i}" x="{x(c["t_start"]):.1f}" y="{_TOP}" '
@@ -103,7 +105,8 @@ def _lane(t: Timeline, e: int, y0: float, rh: float, rows: int, x, named: Named)
         end = "never continued" if p.t1 is None else f"continued at t={_fmt_t(p.t1)} s"
         out.append(f'<rect class="pause m-{escape(p.mode)}{"" if p.t1 is not None else " open"}" '
                    f'x="{x(p.t0):.1f}" y="{y0:.1f}" width="{max(1.0, x(p.t1) - x(p.t0)):.1f}" height="{lane_h:.1f}">'
-                   f'<title>engine {e} paused ({escape(p.mode)}{"" if p.mode_sent else ": SGLang default, no mode sent"}) '
+                   f'<title>engine {e} paused ({escape(p.mode)}'
+                   f'{"" if p.mode_sent else ": SGLang default, no mode sent"}) '
                    f'at t={_fmt_t(p.t0)} s, {end}; requests resident: {escape(resident)}</title></rect>')
     for r in (r for r in t.requests if r.engine == e):
         rid = " ".join(r.rids)
@@ -113,7 +116,8 @@ def _lane(t: Timeline, e: int, y0: float, rh: float, rows: int, x, named: Named)
         span = f"{_fmt_t(r.t0)}–{_fmt_t(r.t1)} s" if r.t1 is not None else f"{_fmt_t(r.t0)} s – no answer"
         cycles = f", in flight during cycle {', '.join(map(str, r.cycles))}" if r.cycles else ""
         cycles += f", continued by {r.continued_by}" if r.continued_by else ""
-        out.append(f'<rect class="{cls}" data-rid="{escape(rid)}" x="{x(r.t0):.1f}" y="{y0 + _MARK_H + r.row * rh:.1f}" '
+        out.append(f'<rect class="{cls}" data-rid="{escape(rid)}" x="{x(r.t0):.1f}" '
+                   f'y="{y0 + _MARK_H + r.row * rh:.1f}" '
                    f'width="{max(1.0, x(r.t1) - x(r.t0)):.1f}" height="{max(1.0, rh - 1):.1f}">'
                    f'<title>{escape(rid or f"#{r.seq}")} ({r.origin}) engine {e}: {span}, {r.outcome}, versions '
                    f'{escape(versions)}, {r.tokens} tokens{cycles}</title></rect>')
@@ -171,6 +175,6 @@ def bar_chart(title: str, categories: Sequence[str], series: Sequence[tuple[str,
                    f'<text class="tick" x="{mx - 3:.1f}" y="{top + 8}" text-anchor="end">{escape(marker[1])}</text>')
     out.append("</svg>")
     if len(series) > 1:
-        out.append('<div class="chart-keys">' + "".join(f'<span><span class="key bar {cls}"></span>{escape(name)}</span>'
-                                                        for name, _, cls in series) + "</div>")
+        keys = "".join(f'<span><span class="key bar {cls}"></span>{escape(name)}</span>' for name, _, cls in series)
+        out.append(f'<div class="chart-keys">{keys}</div>')
     return '<figure class="chart">' + "".join(out) + "</figure>"

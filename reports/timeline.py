@@ -148,8 +148,9 @@ def build_timeline(history: dict[str, Any]) -> Timeline:
         batches=[b for b in history.get("batches") or [] if isinstance(b, dict)], injected=injected, breaks=breaks,
         staleness=[], max_staleness=history.get("max_staleness"), costs=[], group_rids={})
     timeline.staleness, timeline.group_rids = _consumed_groups(timeline.batches, calls)
-    continued = {rid: str(turn.get("rid")) for b in timeline.batches for g in (b.get("batch") or {}).get("groups") or []
-                 for s in g.get("samples") or [] for turn in s.get("turns") or [] for rid in turn.get("continues") or []}
+    continued = {rid: str(turn.get("rid")) for b in timeline.batches
+                 for g in (b.get("batch") or {}).get("groups") or [] for s in g.get("samples") or []
+                 for turn in s.get("turns") or [] for rid in turn.get("continues") or []}
     for r in requests:
         r.continued_by = next((continued[rid] for rid in r.rids if rid in continued), None)
     timeline.costs = [_cycle_cost(timeline, c, i) for i, c in enumerate(cycles)]

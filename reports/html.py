@@ -325,19 +325,16 @@ svg text{font-size:10px;fill:#334}.tick{text-anchor:middle;fill:#667}.grid{strok
 
 _JS = """
 (function () {
+  function mark(root, selector) {
+    root.querySelectorAll(selector).forEach(function (el) { el.classList.add('focus'); });
+  }
   function focus(id, hl) {
     document.querySelectorAll('.focus').forEach(function (el) { el.classList.remove('focus'); });
     var svg = document.getElementById(id);
     if (!svg) { return; }
-    hl.r.forEach(function (rid) {
-      svg.querySelectorAll('[data-rid~="' + CSS.escape(rid) + '"]').forEach(function (el) { el.classList.add('focus'); });
-    });
-    hl.e.forEach(function (e) {
-      svg.querySelectorAll('.lane[data-e="' + e + '"]').forEach(function (el) { el.classList.add('focus'); });
-    });
-    hl.c.forEach(function (c) {
-      svg.querySelectorAll('.cy[data-c="' + c + '"]').forEach(function (el) { el.classList.add('focus'); });
-    });
+    hl.r.forEach(function (rid) { mark(svg, '[data-rid~="' + CSS.escape(rid) + '"]'); });
+    hl.e.forEach(function (e) { mark(svg, '.lane[data-e="' + e + '"]'); });
+    hl.c.forEach(function (c) { mark(svg, '.cy[data-c="' + c + '"]'); });
   }
   document.addEventListener('click', function (ev) {
     var a = ev.target.closest ? ev.target.closest('a[data-hl]') : null;

@@ -138,8 +138,8 @@ def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: p
     """)
     result_path = pytester.path / "out" / "r.json"
     plugin = [] if plugin_installed() else ["-p", "conformance.plugin"]
-    run = pytester.runpytest(SUITE, "test_broken.py", "-p", "no:cacheprovider", "-p", "no:xdist", *plugin,
-                             "-m", "cpu", "-k", SCENARIO, f"--conformance-report={result_path}")
+    run = pytester.runpytest(SUITE, "test_broken.py", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark",
+                             *plugin, "-m", "cpu", "-k", SCENARIO, f"--conformance-report={result_path}")
     run.assert_outcomes(passed=2, errors=1)
     result = json.loads(result_path.read_text())
     validate(result)

@@ -1,7 +1,7 @@
 """Loopback round trips per second: the fake's POST /generate vs a bare hello-world ASGI app on the same stack.
 
 Concurrency 64 (64 workers, one keep-alive connection each). Both apps run on the same server stack
-(``fakes.server.uvicorn_config``: uvloop + httptools, no access log, no proxy-headers middleware) in the same
+(``fakes.serving.uvicorn_config``: uvloop + httptools, no access log, no proxy-headers middleware) in the same
 placement:
 
 * ``process`` — ``LoopbackServer(mode="process")``, i.e. ``python -m fakes`` in its own process (the hello-world

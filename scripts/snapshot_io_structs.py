@@ -27,7 +27,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
@@ -401,8 +401,11 @@ def snapshot(version: str, wheel: Path, label: str | None = None) -> dict[str, A
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def snapshot_main(argv: list[str] | None, description: str, kind: str,
+                  make: Callable[[str, str, Path], dict[str, Any]], summary: Callable[[dict[str, Any]], str]) -> int:
+    """The command line both snapshot scripts share: `make(label, version, wheel)` for every `--versions` entry,
+    written to `<out>/<kind>-<label>.json`, one `summary(data)` line each."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--versions", nargs="+", default=list(DEFAULT_VERSIONS),
                         help="releases, as VERSION or LABEL=VERSION (e.g. 0.5.15=0.5.15.post1)")
     parser.add_argument("--wheel-dir", type=Path, default=None, help="where wheels are (or are downloaded to)")
@@ -413,13 +416,18 @@ def main(argv: list[str] | None = None) -> int:
         wheel_dir = args.wheel_dir or Path(tmp)
         wheel_dir.mkdir(parents=True, exist_ok=True)
         for label, version in parse_versions(args.versions):
-            wheel = download_wheel(version, wheel_dir)
-            data = snapshot(version, wheel, label)
-            path = args.out / f"io_struct-{label}.json"
+            data = make(label, version, download_wheel(version, wheel_dir))
+            path = args.out / f"{kind}-{label}.json"
             path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-            print(f"{path}: {len(data['structs'])} structs, {len(data['endpoints'])} routes, "
-                  f"missing {data['missing_structs']}")
+            print(f"{path}: {summary(data)}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return snapshot_main(argv, __doc__.split("\n\n")[0], "io_struct",
+                         lambda label, version, wheel: snapshot(version, wheel, label),
+                         lambda data: f"{len(data['structs'])} structs, {len(data['endpoints'])} routes, "
+                                      f"missing {data['missing_structs']}")
 
 
 if __name__ == "__main__":

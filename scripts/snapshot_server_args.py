@@ -18,17 +18,14 @@ How (the same way as `snapshot_io_structs.py`: the wheel is a zip, read with `as
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from snapshot_io_structs import _json_literal, download_wheel, parse_versions  # noqa: E402
+from snapshot_io_structs import _json_literal, snapshot_main  # noqa: E402
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 FIELDS_DIR = "sglang/srt/arg_groups/fields/"
@@ -240,22 +237,8 @@ def snapshot(label: str, version: str, wheel: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", nargs="+", default=list(DEFAULT_VERSIONS),
-                        help="releases, as VERSION or LABEL=VERSION (e.g. 0.5.15=0.5.15.post1)")
-    parser.add_argument("--wheel-dir", type=Path, default=None, help="where wheels are (or are downloaded to)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "fakes" / "snapshots")
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        wheel_dir = args.wheel_dir or Path(tmp)
-        wheel_dir.mkdir(parents=True, exist_ok=True)
-        for label, version in parse_versions(args.versions):
-            data = snapshot(label, version, download_wheel(version, wheel_dir))
-            path = args.out / f"server_args-{label}.json"
-            path.write_text(json.dumps(data, indent=1) + "\n")
-            print(f"{path}: {len(data['options'])} options from {data['wheel']}")
-    return 0
+    return snapshot_main(argv, __doc__.split("\n\n")[0], "server_args", snapshot,
+                         lambda data: f"{len(data['options'])} options from {data['wheel']}")
 
 
 if __name__ == "__main__":

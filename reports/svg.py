@@ -105,8 +105,7 @@ def _lane(t: Timeline, e: int, y0: float, rh: float, rows: int, x, named: Named)
         end = "never continued" if p.t1 is None else f"continued at t={_fmt_t(p.t1)} s"
         out.append(f'<rect class="pause m-{escape(p.mode)}{"" if p.t1 is not None else " open"}" '
                    f'x="{x(p.t0):.1f}" y="{y0:.1f}" width="{max(1.0, x(p.t1) - x(p.t0)):.1f}" height="{lane_h:.1f}">'
-                   f'<title>engine {e} paused ({escape(p.mode)}'
-                   f'{"" if p.mode_sent else ": SGLang default, no mode sent"}) '
+                   f'<title>engine {e} paused ({escape(p.mode)}; {escape(p.how)}) '
                    f'at t={_fmt_t(p.t0)} s, {end}; requests resident: {escape(resident)}</title></rect>')
     for r in (r for r in t.requests if r.engine == e):
         rid = " ".join(r.rids)

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.checks.effective import effective, sent_as
 from conformance.checks.labels import finish_type, output_versions
 from conformance.history import TRANSFER_PATHS, WireCall
 
@@ -19,8 +20,6 @@ OUTCOMES = ("finished", "spanning", "aborted", "injected", "failed", "dropped", 
 """A request's outcome: finished outside any update; finished while an update cycle ran (spanning it); aborted by
 the engine; aborted by a fault the suite injected; answered with an error status; closed without an answer (the
 client gave up); still open when the run ended."""
-DEFAULT_PAUSE_MODE = "abort"
-"""SGLang's ``PauseGenerationReqInput.mode`` default (0.5.6+; ≤0.5.4 ignores the body: abort semantics)."""
 _WIRE_FIELDS = {f.name for f in dataclasses.fields(WireCall)}
 
 
@@ -54,8 +53,10 @@ class Pause:
     t0: float
     t1: float | None
     mode: str
-    mode_sent: bool
-    """False when the body left ``mode`` out and SGLang's default applied."""
+    """The mode SGLang acts on (``conformance.checks.effective``: defaults and the release's handler applied);
+    ``rejected`` when SGLang refuses the body."""
+    how: str
+    """How the mode came about: sent, SGLang's default, or a handler that takes none."""
     resident: dict[str, int]
     """``/generate`` calls open on the engine when the pause arrived, by origin (integration, sentinel)."""
     cycle: int | None
@@ -140,7 +141,7 @@ def build_timeline(history: dict[str, Any]) -> Timeline:
     nodes = history.get("nodes") or (history.get("engine_truth") or {}).get("nodes") or []
     requests = [_request(c, cycles, injected) for c in calls if c.path == "/generate"]
     _pack_rows(requests)
-    pauses = _pauses(calls, cycles)
+    pauses = _pauses(calls, cycles, str(history.get("profile", "")))
     timeline = Timeline(
         scenario=str(history.get("scenario", "?")), backend=str(history.get("backend", "?")), t_end=t_end,
         engines=engines, nodes=list(nodes), requests=requests, pauses=pauses,
@@ -200,12 +201,22 @@ def _pack_rows(requests: list[Request]) -> None:
             rows[free], r.row = end, free
 
 
-def _pauses(calls: list[WireCall], cycles: list[dict[str, Any]]) -> list[Pause]:
+def _pause_mode(call: WireCall, profile: str) -> tuple[str, str]:
+    """The mode SGLang ``profile`` pauses in for ``call``, and how it came about; the mode as sent (else SGLang's
+    default, abort) for a profile this suite does not know (a real engine's version string)."""
+    try:
+        mode = effective(call, "mode", profile)
+        return ("rejected" if mode is None else str(mode)), sent_as(call, "mode", profile)
+    except KeyError:
+        payload = call.payload if isinstance(call.payload, dict) else {}
+        return str(payload.get("mode", "abort")), "sent" if "mode" in payload else "no 'mode' sent"
+
+
+def _pauses(calls: list[WireCall], cycles: list[dict[str, Any]], profile: str) -> list[Pause]:
     pauses: list[Pause] = []
     open_by_engine: dict[int, Pause] = {}
     for call in calls:
         if call.path == "/pause_generation" and call.origin == "integration":
-            payload = call.payload if isinstance(call.payload, dict) else {}
             cycle = next((int(c.get("index", i)) for i, c in enumerate(cycles)
                           if c["t_start"] <= call.t_start <= c["t_end"]), None)
             resident: dict[str, int] = {}
@@ -213,8 +224,7 @@ def _pauses(calls: list[WireCall], cycles: list[dict[str, Any]]) -> list[Pause]:
                 if w.engine == call.engine and w.path == "/generate" and w.t_start < call.t_start \
                         and (w.t_end is None or w.t_end > call.t_start):
                     resident[w.origin] = resident.get(w.origin, 0) + 1
-            pause = Pause(call.engine, call.t_start, None, str(payload.get("mode") or DEFAULT_PAUSE_MODE),
-                          "mode" in payload, resident, cycle)
+            pause = Pause(call.engine, call.t_start, None, *_pause_mode(call, profile), resident, cycle)
             pauses.append(pause)
             open_by_engine[call.engine] = pause
         elif call.path == "/continue_generation" and call.engine in open_by_engine:

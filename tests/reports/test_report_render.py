@@ -179,9 +179,13 @@ def test_timeline_outcomes_pauses_versions_costs_and_staleness() -> None:
     assert [(r.rids, r.continued_by) for r in t.requests if r.continued_by] == [(["r-aborted"], "r-injected")]
     span = next(r for r in t.requests if r.rids == ["r-span"])
     assert (span.versions, span.cycles) == (["default", "1"], [0])
-    assert [(p.engine, p.mode, p.mode_sent, p.t1, p.resident) for p in t.pauses] == [
-        (0, "in_place", True, 1.81, {"integration": 1, "sentinel": 1}),
-        (1, "abort", False, 1.81, {"integration": 1})]
+    assert [(p.engine, p.mode, p.how, p.t1, p.resident) for p in t.pauses] == [
+        (0, "in_place", "mode: 'in_place' sent", 1.81, {"integration": 1, "sentinel": 1}),
+        (1, "abort", "no 'mode' sent: SGLang's default", 1.81, {"integration": 1})]
+    old = build_timeline(hand_written_history(profile="0.5.4"))
+    assert [(p.mode, p.how) for p in old.pauses] == [("abort", "SGLang 0.5.4's handler takes no 'mode'")] * 2
+    real = build_timeline(hand_written_history(profile="0.5.99rc1"))
+    assert [(p.mode, p.how) for p in real.pauses] == [("in_place", "sent"), ("abort", "no 'mode' sent")]
     assert [(m.kind, m.label) for m in t.marks] == [("transfer", ""), ("version", "v1")]
     assert t.groups == ["node node-a", "node node-b"]
     ray = build_timeline(hand_written_history(nodes=["a1" * 28, "b2" * 28]))

@@ -58,7 +58,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         tokens_per_second: float | None = None,
         max_running_requests: int = 64,
         enable_lora: bool = False,
-        max_loras: int = 8,
+        max_loras: int | None = 8,
         seed: int = 0,
         weights: W.WeightStore | Mapping[str, Any] | None = None,
         model_path: str | None = None,

@@ -43,8 +43,7 @@ HONOURED: dict[str, str] = {
     "port": "the port to bind (0: the OS picks; the log line names it)",
     "enable_lora": "accept LoRA adapter loads",
     "lora_paths": "adapters loaded at startup (<PATH> | <NAME>=<PATH> | JSON with lora_name, lora_path, pinned)",
-    "max_loaded_loras": "LoRA adapters held at once (LRU eviction of unpinned ones)",
-    "max_loras_per_batch": "LoRA adapters held at once when --max-loaded-loras is not given",
+    "max_loaded_loras": "LoRA adapters held at once (LRU eviction of unpinned ones; default: no limit)",
     "max_lora_rank": "adapters of a larger rank are refused",
     "lora_target_modules": "adapters targeting other modules are refused",
     "weight_version": "the initial weight version label",
@@ -195,14 +194,13 @@ def make_engine(args: argparse.Namespace, faults: Any = None) -> Any:
 
     seed = args.fake_seed if args.fake_seed is not None else (args.random_seed or 0)
     model = load_served_model(args.model_path, args.dtype or "auto", args.load_format, seed)
-    max_loras = args.max_loaded_loras or args.max_loras_per_batch or 8
     server_args = {k: v for k, v in vars(args).items() if not k.startswith("fake_")}
     return FakeEngine(
         profile=args.fake_profile,
         tokens_per_second=args.fake_tokens_per_second,
         max_running_requests=args.max_running_requests or 64,
         enable_lora=bool(args.enable_lora or args.lora_paths),
-        max_loras=max_loras,
+        max_loras=args.max_loaded_loras,  # None: SGLang keeps every loaded adapter
         seed=seed,
         faults=faults(seed) if faults else None,
         weight_version=args.weight_version or "default",

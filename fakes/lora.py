@@ -82,7 +82,7 @@ class LoraMixin:
                 return self._lora_body(False, str(e))
             self._loras[name] = _Adapter(name, path, pinned)
             self._event("lora.load", name=name, path=path, pinned=pinned)
-            while len(self._loras) > self.max_loras:  # max_loaded_loras: unload the LRU unpinned adapter
+            while self.max_loras is not None and len(self._loras) > self.max_loras:  # max_loaded_loras: LRU out
                 victim = next((a for a in self._loras.values() if not a.pinned), None)
                 if victim is None:
                     message = "Didn't find any LoRA adapters when trying to evict LRU LoRA adapter."

@@ -18,7 +18,7 @@ import requests
 from fakes import launch_server
 from fakes.engine import FakeEngine
 from fakes.served_model import BUILTIN_MODEL_PATH
-from fakes.weights import TensorBlob, save_checkpoint
+from fakes.weights import TensorBlob, save_checkpoint, save_lora_adapter, tiny_lora
 
 pytestmark = pytest.mark.cpu
 
@@ -86,13 +86,15 @@ def test_launch_serves_the_model_dir_then_sigterm_exits_zero(tmp_path: Path) -> 
     """A framework's launcher: start with SGLang flags, wait for the readiness line, use it, SIGTERM."""
     model = {"model.embed_tokens.weight": TensorBlob.from_values("bfloat16", (8, 4), [0.5] * 32),
              "lm_head.weight": TensorBlob.from_values("bfloat16", (8, 4), [0.25] * 32)}
+    save_lora_adapter(str(tmp_path / "lora"), tiny_lora(0))
     save_checkpoint(str(tmp_path), model, config={"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                                                   "torch_dtype": "bfloat16"})
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen(
         [sys.executable, "-m", "fakes.launch_server", "--model-path", str(tmp_path), "--port", "0", "--host",
          "127.0.0.1", "--tp-size", "1", "--mem-fraction-static", "0.8", "--weight-version", "v0",
-         "--served-model-name", "policy", "--fake-tokens-per-second", "2000"],
+         "--served-model-name", "policy", "--fake-tokens-per-second", "2000", "--max-lora-rank", "8",
+         "--lora-paths", f"sql={tmp_path / 'lora'}"],
         cwd=REPO, env=env, text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: queue.Queue[str | None] = queue.Queue()
 
@@ -117,6 +119,8 @@ def test_launch_serves_the_model_dir_then_sigterm_exits_zero(tmp_path: Path) -> 
         assert (info["model_path"], info["weight_version"], info["architectures"]) == (
             str(tmp_path), "v0", ["Qwen2ForCausalLM"])
         assert info["served_model_name"] == "policy"
+        models = requests.get(url + "/v1/models", timeout=10).json()["data"]  # --lora-paths loaded at startup
+        assert [(m["id"], m["parent"]) for m in models] == [("policy", None), ("sql", "policy")]
         server_info = requests.get(url + "/get_server_info", timeout=10).json()
         assert server_info["mem_fraction_static"] == 0.8 and server_info["tp_size"] == 1
         weights = requests.post(url + "/get_weights_by_name", json={"name": "lm_head.weight"}, timeout=10).json()

@@ -170,9 +170,8 @@ def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[s
     elif not 200 <= call.status < 300:
         outcome = "failed"
     elif "abort" in finishes:
-        injected_abort = any(i.get("kind") == "abort" and call.t_start <= i.get("t", -1) <= call.t_end
-                             and i.get("engine") in (None, call.engine) and i.get("rid") in (None, *rids)
-                             for i in injected)
+        injected_abort = any(i.get("kind") == "abort" and _during(i, call) and i.get("engine") in (None, call.engine)
+                             and i.get("rid") in (None, *rids) for i in injected)
         outcome = "injected" if injected_abort else "aborted"
     else:
         outcome = "spanning" if spanned else "finished"
@@ -185,6 +184,14 @@ def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[s
     tokens = [o["meta_info"].get("completion_tokens") for o in outputs]
     return Request(call.seq, call.engine, call.t_start, call.t_end, outcome, call.origin, rids, versions,
                    sum(t for t in tokens if isinstance(t, int)) if outputs else None, spanned)
+
+
+def _during(fault: dict[str, Any], call: WireCall) -> bool:
+    """Whether ``call`` was open while the fault was being injected: from ``t`` (taken before the injection was
+    sent) to ``t_end`` when the history records when it was answered, else at ``t``."""
+    t0 = fault.get("t", float("-inf"))
+    t1 = fault.get("t_end") if isinstance(fault.get("t_end"), (int, float)) else t0
+    return call.t_start <= t1 and (call.t_end is None or t0 <= call.t_end)
 
 
 def _pack_rows(requests: list[Request]) -> None:

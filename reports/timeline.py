@@ -139,7 +139,8 @@ def build_timeline(history: dict[str, Any]) -> Timeline:
     t_end = max(times) or 1.0
     engines = max([c.engine + 1 for c in calls] + [len(history.get("final_labels") or [])] + [1])
     nodes = history.get("nodes") or (history.get("engine_truth") or {}).get("nodes") or []
-    requests = [_request(c, cycles, injected) for c in calls if c.path == "/generate"]
+    aborts = _injected_aborts(injected, calls)
+    requests = [_request(c, cycles, aborts) for c in calls if c.path == "/generate"]
     _pack_rows(requests)
     pauses = _pauses(calls, cycles, str(history.get("profile", "")))
     timeline = Timeline(
@@ -159,6 +160,7 @@ def build_timeline(history: dict[str, Any]) -> Timeline:
 
 
 def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[str, Any]]) -> Request:
+    """One ``/generate`` call as a bar; ``injected`` are the injected aborts with their windows."""
     outputs = call.generate_outputs()
     spanned = [int(c.get("index", i)) for i, c in enumerate(cycles) if call.overlaps(c["t_start"], c["t_end"])]
     finishes = {finish_type(o) for o in outputs}
@@ -170,8 +172,9 @@ def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[s
     elif not 200 <= call.status < 300:
         outcome = "failed"
     elif "abort" in finishes:
-        injected_abort = any(i.get("kind") == "abort" and _during(i, call) and i.get("engine") in (None, call.engine)
-                             and i.get("rid") in (None, *rids) for i in injected)
+        injected_abort = any(call.t_start <= i["t_end"] and i["t"] <= call.t_end
+                             and i.get("engine") in (None, call.engine) and i.get("rid") in (None, *rids)
+                             for i in injected)
         outcome = "injected" if injected_abort else "aborted"
     else:
         outcome = "spanning" if spanned else "finished"
@@ -186,12 +189,20 @@ def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[s
                    sum(t for t in tokens if isinstance(t, int)) if outputs else None, spanned)
 
 
-def _during(fault: dict[str, Any], call: WireCall) -> bool:
-    """Whether ``call`` was open while the fault was being injected: from ``t`` (taken before the injection was
-    sent) to ``t_end`` when the history records when it was answered, else at ``t``."""
-    t0 = fault.get("t", float("-inf"))
-    t1 = fault.get("t_end") if isinstance(fault.get("t_end"), (int, float)) else t0
-    return call.t_start <= t1 and (call.t_end is None or t0 <= call.t_end)
+def _injected_aborts(injected: list[dict[str, Any]], calls: list[WireCall]) -> list[dict[str, Any]]:
+    """The injected aborts, each with the window it was in effect: from ``t`` (taken before the suite sent it) to
+    when it was answered (``t_end``) when the history records that, else to when it landed, read off the wire: the
+    first abort answer of a request that was open on that engine at ``t`` (else ``t`` itself)."""
+    out = []
+    for fault in (i for i in injected if i.get("kind") == "abort" and isinstance(i.get("t"), (int, float))):
+        t0, t1 = fault["t"], fault.get("t_end")
+        if not isinstance(t1, (int, float)):
+            hit = [c.t_end for c in calls if c.path == "/generate" and c.t_end is not None
+                   and c.t_start <= t0 <= c.t_end and fault.get("engine") in (None, c.engine)
+                   and any(finish_type(o) == "abort" for o in c.generate_outputs())]
+            t1 = min(hit, default=t0)
+        out.append({**fault, "t_end": t1})
+    return out
 
 
 def _pack_rows(requests: list[Request]) -> None:

@@ -177,13 +177,14 @@ def test_timeline_outcomes_pauses_versions_costs_and_staleness() -> None:
     assert outcome == {"r-done": "finished", "r-span": "spanning", "r-aborted": "aborted", "r-injected": "injected",
                        4: "failed", 5: "dropped", 6: "open", "sentinel-0": "aborted"}
     assert [(r.rids, r.continued_by) for r in t.requests if r.continued_by] == [(["r-aborted"], "r-injected")]
-    windowed = hand_written_history()
-    windowed["wire"].append(_generate(14, 1, 2.66, 2.75, "r-late", finish="abort"))  # sent after the fault's t
-    outcome = {r.rids[0]: r.outcome for r in build_timeline(windowed).requests if r.rids}
-    assert outcome["r-late"] == "aborted", "the history says the fault was injected at 2.65, before it was sent"
-    windowed["injected"][0]["t_end"] = 2.7  # when the injected /abort_request was answered
-    outcome = {r.rids[0]: r.outcome for r in build_timeline(windowed).requests if r.rids}
-    assert (outcome["r-late"], outcome["r-aborted"]) == ("injected", "aborted")
+    late = hand_written_history()  # the fault's t is taken before it is sent; it lands at r-injected's answer
+    late["wire"] += [_generate(14, 1, 2.66, 2.9, "r-late", finish="abort"),  # open when it landed (2.9)
+                     _generate(15, 1, 2.95, 2.99, "r-after", finish="abort")]  # sent after it landed
+    outcome = {r.rids[0]: r.outcome for r in build_timeline(late).requests if r.rids}
+    assert (outcome["r-late"], outcome["r-after"]) == ("injected", "aborted")
+    late["injected"][0]["t_end"] = 2.97  # when the history records the injection's answer, that is the window
+    outcome = {r.rids[0]: r.outcome for r in build_timeline(late).requests if r.rids}
+    assert (outcome["r-after"], outcome["r-aborted"]) == ("injected", "aborted")
     span = next(r for r in t.requests if r.rids == ["r-span"])
     assert (span.versions, span.cycles) == (["default", "1"], [0])
     assert [(p.engine, p.mode, p.how, p.t1, p.resident) for p in t.pauses] == [

@@ -94,7 +94,7 @@ class ResultCollector:
 def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
     """What was run, where, and with which versions (the result's ``run``)."""
     from conformance import __version__
-    from conformance.cases import IntegrationError, load_integration
+    from conformance.cases import load_integration
     from conformance.plugin import conformance_seed, integration_spec
 
     spec = integration_spec(config)
@@ -102,7 +102,7 @@ def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
         integration = load_integration(spec)
         name, caps = integration.name, {k: sorted(v) if isinstance(v, frozenset) else v
                                         for k, v in asdict(integration.capabilities).items()}
-    except IntegrationError:
+    except Exception:  # best effort: the run's metadata must never cost the result (the cases said what broke)
         name, caps = None, None
     options = config.getoption("--integration-option", default=None) or {}
     if isinstance(options, list):

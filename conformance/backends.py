@@ -75,10 +75,10 @@ async def probe_labels(urls: list[str], timeout_s: float = 5.0) -> list[str | No
         return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
-async def inject_abort_all(url: str, timeout_s: float = 5.0) -> None:
-    """A fault the suite injects itself: abort every request on one engine (``/abort_request``)."""
+async def probe_post(url: str, path: str, body: Any, timeout_s: float = 5.0) -> None:
+    """A call the suite makes itself (an injected fault: pause, abort), not recorded on the wire."""
     async with probe_client(timeout_s) as client:
-        r = await client.post(url + "/abort_request", json={"abort_all": True})
+        r = await client.post(url + path, json=body)
         r.raise_for_status()
 
 

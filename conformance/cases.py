@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from concurrent.futures import ThreadPoolExecutor
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from . import DEFAULT_INTEGRATION
 from .backends import Backend, FakeBackend, FakeBackendConfig
@@ -43,8 +45,24 @@ class IntegrationError(Exception):
     """The integration could not be loaded; the message says what to fix."""
 
 
-def load_integration(spec: str) -> Integration:
-    """Import ``module:attribute`` and return the Integration it names (a zero-argument callable is called)."""
+def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["k=v", ...]`` (``--integration-option``) → keyword arguments; a value is read as JSON when it parses
+    (``3``, ``true``, ``"x"``, ``[1, 2]``), else kept as the string."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise IntegrationError(f"integration option {pair!r} must be KEY=VALUE with KEY a Python identifier")
+        try:
+            options[key] = json.loads(raw)
+        except ValueError:
+            options[key] = raw
+    return options
+
+
+def load_integration(spec: str, options: Mapping[str, Any] | None = None) -> Integration:
+    """Import ``module:attribute`` and return the Integration it names. A callable that is not an Integration
+    (a factory) is called, with ``options`` as keyword arguments (``--integration-option``)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise IntegrationError(f"integration {spec!r} must be 'module:attribute', e.g. {DEFAULT_INTEGRATION!r}")
@@ -57,8 +75,18 @@ def load_integration(spec: str) -> Integration:
         obj = getattr(module, attr)
     except AttributeError:
         raise IntegrationError(f"module {module_name!r} has no attribute {attr!r} (integration {spec!r})") from None
+    options = dict(options or {})
     if callable(obj) and not hasattr(obj, "build"):
-        obj = obj()
+        try:
+            obj = obj(**options)
+        except TypeError as exc:
+            raise IntegrationError(f"integration factory {spec!r} does not take the options {sorted(options)} "
+                                   f"({exc})") from None
+        except Exception as exc:
+            raise IntegrationError(f"integration factory {spec!r} raised {type(exc).__name__}: {exc}") from None
+    elif options:
+        raise IntegrationError(f"{spec!r} is an Integration, not a factory: it takes no options "
+                               f"(got {sorted(options)}); point --integration at a callable that builds one")
     missing = [name for name in ("name", "capabilities", "build") if not hasattr(obj, name)]
     if missing:
         raise IntegrationError(f"{spec!r} is not an Integration: it lacks {missing} "
@@ -96,8 +124,8 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
         s.resolve(integration)
     except Unsupported as exc:
         return ScenarioResult(skipped=str(exc))
-    skipped_checks = s.skipped_checks(integration)
     backend = backend_factory()
+    skipped_checks = s.skipped_checks(integration, backend.profile)
     backend.start()
     bound = deadlines.script_s + TEARDOWN_MARGIN_S
     try:
@@ -111,6 +139,20 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
         backend.stop()
     return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks
                                              if check not in skipped_checks}, skipped_checks=skipped_checks)
+
+
+def run_isolated(scenario: str, spec: str, options: Mapping[str, Any], profile: str = "0.5.23", seed: int = 0,
+                 deadlines: Deadlines = DEADLINES) -> ScenarioResult:
+    """:func:`run_one` on the fake backend in a fresh (spawned) process that loads the integration from its spec:
+    for adapters with process-global state that must not meet another scenario's."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_run_in_child, scenario, spec, dict(options), profile, seed, deadlines).result()
+
+
+def _run_in_child(scenario: str, spec: str, options: dict[str, Any], profile: str, seed: int,
+                  deadlines: Deadlines) -> ScenarioResult:
+    return run_one(scenario, load_integration(spec, options), fake_backend_factory(profile, seed), seed, deadlines)
 
 
 def evaluate(check: str, history: History) -> Verdict:

@@ -224,6 +224,10 @@ class WeightSyncClient(EngineClient, Protocol):
     over their own client. Each raises on an engine-reported failure (non-200 or ``success: false``, P5).
     Field names and defaults are SGLang's (``docs/sglang-api.md`` §3, §4)."""
 
+    async def server_info(self) -> Mapping[str, Any]:
+        """``/get_server_info``: the server's arguments and its SGLang ``version``; the reference cycle adapts to the
+        release (a client without this method gets the newest behaviour, 0.5.23)."""
+
     async def update_weights_from_disk(self, path: str | Path, weight_version: str | None = None,
                                        flush_cache: bool = False) -> None:
         """``/update_weights_from_disk``: load a checkpoint directory the engine can read."""

@@ -23,6 +23,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--integration", default=None, metavar="MODULE:ATTR",
                     help="integration under test (default: ini conformance_integration, env WEIGHTSYNC_INTEGRATION, "
                          f"else {DEFAULT_INTEGRATION})")
+    group.addoption("--integration-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="keyword argument for an integration factory (repeatable; VALUE is read as JSON when it "
+                         "parses, else as a string)")
+    group.addoption("--isolate-scenarios", action="store_true",
+                    help="run each scenario in its own fresh process (fake backend), for adapters with "
+                         "process-global state")
     group.addoption("--sglang-profile", default=None, metavar="VERSION",
                     help="SGLang version the fake engines behave as: 0.5.4, 0.5.10 or 0.5.23 (default)")
     group.addoption("--conformance-seed", type=int, default=None, metavar="N",
@@ -83,26 +89,29 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("conformance_run" in getattr(item, "fixturenames", ()) for item in items):
-        from .cases import IntegrationError, load_integration
+        from .cases import IntegrationError, load_integration, parse_options
 
         try:
-            config.stash[_RESULTS]["integration"] = load_integration(integration_spec(config))
+            options = parse_options(config.getoption("--integration-option"))
+            config.stash[_RESULTS]["integration"] = load_integration(integration_spec(config), options)
         except IntegrationError as exc:
             raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
+        config.stash[_RESULTS]["options"] = options
 
 
 @pytest.fixture(scope="session")
 def conformance_integration(pytestconfig: pytest.Config) -> Any:
     """The Integration under test."""
-    from .cases import load_integration
+    from .cases import load_integration, parse_options
 
-    return pytestconfig.stash[_RESULTS].get("integration") or load_integration(integration_spec(pytestconfig))
+    return pytestconfig.stash[_RESULTS].get("integration") or load_integration(
+        integration_spec(pytestconfig), parse_options(pytestconfig.getoption("--integration-option")))
 
 
 @pytest.fixture(scope="session")
 def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -> Callable[[str, str], Any]:
     """``run(scenario, backend)`` → ScenarioResult, each scenario run once per session and backend."""
-    from .cases import fake_backend_factory, run_one
+    from .cases import fake_backend_factory, parse_options, run_isolated, run_one
 
     cache: dict[tuple[str, str], Any] = {}
     profile = pytestconfig.getoption("--sglang-profile") or "0.5.23"
@@ -133,6 +142,10 @@ def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -
                 cache[(scenario, backend)] = run_one(scenario, conformance_integration, gpu_factory(), seed)
             except Exception as exc:  # the backend broke (an engine lost, never healthy): every case of it fails
                 cache[(scenario, backend)] = exc
+        elif pytestconfig.getoption("--isolate-scenarios"):
+            cache[(scenario, backend)] = run_isolated(scenario, integration_spec(pytestconfig),
+                                                      parse_options(pytestconfig.getoption("--integration-option")),
+                                                      profile, seed)
         else:
             cache[(scenario, backend)] = run_one(scenario, conformance_integration,
                                                  fake_backend_factory(profile, seed), seed)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
-from .backends import Backend, digest_of, inject_abort_all, probe_labels
+from .backends import Backend, digest_of, probe_labels, probe_post
+from .checks.effective import pause_takes_mode
 from .checks.labels import finish_type
 from .checks.staleness import call_versions
 from .fswatch import DirectoryWatch
@@ -303,25 +304,31 @@ class Run:
         await wait_for_condition(blocked, self.deadlines.wait_s, "the producer to fill its buffer (no /generate in flight)")
 
     async def abort_in_flight(self) -> None:
-        """Abort requests on every engine, as an operator or a crash would (not the integration's doing), until
-        at least one abort shows on the wire: ``abort_all`` only reaches requests the scheduler already holds."""
-        wire = self.backend.wire
+        """Abort the requests every engine holds, as an operator or a crash would (not the integration's doing).
+        So that some are held, the suite freezes the engines first (``pause`` in place, its own call; on ≤0.5.4
+        that pause already aborts everything), checks on the wire that each held an integration request sent
+        before, aborts everything (SGLang answers frozen requests once they continue) and continues the engines;
+        it retries while an engine held nothing."""
+        wire, urls = self.backend.wire, self.backend.urls
         deadline = time.monotonic() + self.deadlines.wait_s
         while True:
             await self.until_in_flight(1)
             mark = time.monotonic()
-            for engine, url in enumerate(self.backend.urls):
-                self.history.injected.append(Injected(time.monotonic(), "abort", engine, "POST /abort_request abort_all"))
-                await inject_abort_all(url)
-            try:
-                await wait_for_condition(lambda: any(c.t_start < mark and c.t_end is not None and any(
-                    finish_type(o) == "abort" for o in c.generate_outputs()) for c in wire.snapshot()), 0.5,
-                    "an aborted request")
+            for engine in range(len(urls)):
+                self.history.injected.append(Injected(mark, "abort", engine, "the suite froze the engine (pause "
+                                                      "in_place) and aborted every request it held (abort_all)"))
+            await asyncio.gather(*(probe_post(url, "/pause_generation", {"mode": "in_place"}) for url in urls))
+            held = {e for e in range(len(urls)) if any(
+                c.engine == e and c.path == "/generate" and c.origin == "integration" and c.t_start < mark
+                and (c.t_end is None or any(finish_type(o) == "abort" for o in c.generate_outputs()))
+                for c in wire.snapshot())}
+            await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}) for url in urls))
+            await asyncio.gather(*(probe_post(url, "/continue_generation", {}) for url in urls))
+            if len(held) == len(urls):
                 return
-            except ScenarioTimeout:
-                if time.monotonic() > deadline:
-                    raise ScenarioTimeout("no in-flight request could be aborted within "
-                                          f"{self.deadlines.wait_s:.0f}s") from None
+            if time.monotonic() > deadline:
+                raise ScenarioTimeout(f"no request was held by every engine to abort within "
+                                      f"{self.deadlines.wait_s:.0f}s (engines holding one: {sorted(held)})")
 
 
 Script = Callable[[Run], Awaitable[None]]
@@ -371,11 +378,16 @@ class Scenario:
         turns = self.rollout.turns if caps.multi_turn else 1
         return replace(self, pause_mode=mode, rollout=replace(self.rollout, turns=turns))
 
-    def skipped_checks(self, integration: Integration) -> dict[str, str]:
-        """Checks of this scenario that cannot apply to ``integration``, with the reason."""
-        if integration.capabilities.pause_modes:
+    def skipped_checks(self, integration: Integration, profile: str) -> dict[str, str]:
+        """Checks of this scenario that cannot apply to ``integration`` on SGLang ``profile``, with the reason."""
+        if not integration.capabilities.pause_modes:
+            reason = "the integration never pauses (declares no pause mode)"
+        elif not pause_takes_mode(profile):
+            reason = (f"SGLang {profile} has no pause modes (every pause aborts), so a fully-async integration does "
+                      f"not pause there; I1-I2 judges what its cycles do to the requests in flight")
+        else:
             return {}
-        return {c: "the integration never pauses (declares no pause mode)" for c in self.checks if c in PAUSE_CHECKS}
+        return {c: reason for c in self.checks if c in PAUSE_CHECKS}
 
 
 def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve the task and explain.") \

@@ -115,9 +115,9 @@ class WireLog:
         for listener in listeners:
             listener(call, answered)
 
-    def in_flight(self, path: str = "/generate", min_age_s: float = 0.0) -> dict[int, int]:
-        """The integration's open calls per engine (opened at least ``min_age_s`` ago)."""
-        newest = time.monotonic() - min_age_s
+    def in_flight(self, path: str = "/generate", min_age_s: float = 0.0, before: float | None = None) -> dict[int, int]:
+        """The integration's open calls per engine (opened at least ``min_age_s`` ago, and before ``before``)."""
+        newest = time.monotonic() - min_age_s if before is None else min(before, time.monotonic() - min_age_s)
         with self._lock:
             counts: dict[int, int] = {}
             for c in self.calls:

@@ -16,7 +16,7 @@ from conformance.cases import fake_backend_factory, run_cases
 from conformance.mutants import MUTANTS
 from conformance.scenarios import SCENARIOS, Deadlines
 
-DEADLINES = Deadlines(update_s=3.0, drain_s=5.0)
+DEADLINES = Deadlines(update_s=5.0, drain_s=10.0)
 """Shorter than a user's defaults: a mutant that deadlocks (``lora_reload_in_place``) hangs for this long."""
 
 pytestmark = pytest.mark.cpu

@@ -4,12 +4,13 @@ with their reason, and a mutant failing through the real pytest path."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from conformance.cases import IntegrationError, fake_backend_factory, load_integration, run_cases
+from conformance.cases import IntegrationError, fake_backend_factory, load_integration, parse_options, run_cases, run_one
 from conformance.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.cpu
@@ -40,6 +41,36 @@ def test_a_broken_integration_spec_names_the_fix(spec: str, fix: str) -> None:
         load_integration(spec)
 
 
+@pytest.mark.parametrize(("options", "fix"), [
+    (["flush"], "integration option 'flush' must be KEY=VALUE"),
+    (["colour=red"], "does not take the options ['colour']"),
+    (["flush=sideways"], "raised ValueError: flush must be one of ['after_load', 'before_load']"),
+])
+def test_bad_integration_options_name_the_fix(options: list[str], fix: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    with pytest.raises(IntegrationError, match=re.escape(fix)):
+        load_integration("examples.override_one_step:integration", parse_options(options))
+
+
+def test_options_reach_the_factory_and_an_integration_takes_none() -> None:
+    sys.path.insert(0, str(ROOT))
+    built = load_integration("examples.override_one_step:integration", parse_options(["flush=before_load"]))
+    assert built.name == "override-one-step[flush=before_load]"
+    with pytest.raises(IntegrationError, match="is an Integration, not a factory"):
+        load_integration("conformance.reference:integration", {"flush": "x"})
+
+
+def test_an_adapter_with_process_global_state_runs_with_isolated_scenarios(run_suite) -> None:
+    sys.path.insert(0, str(ROOT))
+    shared = load_integration("examples.process_global_adapter:integration")
+    first, second = (run_one(name, shared, fake_backend_factory()) for name in ("first-drain", "aborted-groups"))
+    assert not any(v.run_broke for v in first.verdicts.values())
+    assert "already initialised in this process" in second.verdicts["I4"].witness[1]
+    result = run_suite("-m", "cpu", "--integration", "examples.process_global_adapter:integration",
+                       "--isolate-scenarios", "-k", "V3-first-drain or I4-aborted-groups")
+    result.assert_outcomes(passed=2)
+
+
 def test_a_broken_integration_is_a_usage_error(run_suite) -> None:
     result = run_suite("-m", "cpu", "--integration", "no_such_module_xyz:integration")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -65,7 +96,8 @@ def test_missing_capabilities_skip_with_the_reason(run_suite) -> None:
     result.stdout.fnmatch_lines(["*integration does not declare capability 'lora'*"])
 
 
-@pytest.mark.parametrize("example", ["examples.requests_adapter:integration", "examples.httpx_adapter:integration"])
+@pytest.mark.parametrize("example", ["examples.requests_adapter:integration", "examples.httpx_adapter:integration",
+                                     "examples.override_one_step:integration"])
 def test_example_adapters_pass_every_case_they_can_run(example: str) -> None:
     sys.path.insert(0, str(ROOT))
     results = run_cases(load_integration(example), fake_backend_factory())

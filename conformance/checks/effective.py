@@ -31,6 +31,12 @@ def _routes(profile: str) -> dict[str, Any]:
     return endpoints(profile)
 
 
+def pause_takes_mode(profile: str) -> bool:
+    """Whether SGLang ``profile``'s ``/pause_generation`` takes a mode (≥0.5.6); before, every pause aborts."""
+    route = _routes(profile).get("/pause_generation") or {}
+    return route.get("struct") is not None
+
+
 def effective_body(call: WireCall, profile: str) -> dict[str, Any] | None:
     """The body SGLang ``profile`` acts on: defaults filled, values coerced; ``{}`` for a handler that takes no
     body; None when SGLang rejects it (400) or has no such route."""

@@ -15,6 +15,8 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
+from .releases import Release
+
 
 class EngineError(RuntimeError):
     """An engine refused a call or could not be reached."""
@@ -42,6 +44,7 @@ class HttpEngineClient:
         self.flush_deadline_s = flush_deadline_s
         self.has_sessions: bool | None = None
         """Whether the engine has ``/begin_weight_update`` (0.5.23+); None until the first try."""
+        self._release: Release | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------------
 
@@ -98,6 +101,21 @@ class HttpEngineClient:
                 return
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)
+
+    # -- what the engine is -------------------------------------------------------------------------------
+
+    async def server_info(self) -> Mapping[str, Any]:
+        """``/get_server_info``: the server's arguments and its SGLang ``version``."""
+        body = await self._call("/get_server_info", method="GET")
+        if not isinstance(body, dict):
+            raise EngineError(self.url, "/get_server_info", 200, body)
+        return body
+
+    async def release(self) -> Release:
+        """The engine's SGLang release (asked once)."""
+        if self._release is None:
+            self._release = Release.from_server_info(await self.server_info())
+        return self._release
 
     # -- versions --------------------------------------------------------------------------------------
 
@@ -185,10 +203,17 @@ class HttpEngineClient:
 
     async def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: Mapping[str, Any],
                                              serialized_named_tensors: Sequence[str]) -> None:
-        """Load an adapter from tensors in the body (0.5.23 field names)."""
+        """Load an adapter from tensors in the body (the tensor field is named per release, see
+        :attr:`Release.lora_tensor_field`)."""
+        field = (await self.release()).lora_tensor_field
+        if field is None:
+            raise EngineError(self.url, "/load_lora_adapter_from_tensors", None,
+                              "this SGLang release has no /load_lora_adapter_from_tensors (load from disk)")
+        tensors: Any = list(serialized_named_tensors)
+        if field == "serialized_tensors":  # one string before 0.5.23 (no per-TP-rank list)
+            tensors = tensors[0]
         await self._call("/load_lora_adapter_from_tensors", {
-            "lora_name": lora_name, "config_dict": dict(config_dict),
-            "serialized_named_tensors": list(serialized_named_tensors)})
+            "lora_name": lora_name, "config_dict": dict(config_dict), field: tensors})
 
     async def load_lora_adapter(self, lora_name: str, lora_path: str | Path) -> None:
         await self._call("/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)})

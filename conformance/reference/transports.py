@@ -26,6 +26,7 @@ import torch.distributed as dist
 from safetensors.torch import save, save_file
 
 from ..interface import LoraAdapter, WeightSyncClient
+from .releases import Release, release_of
 from .concurrency import gather_all, gather_or_cancel, run_in_daemon_thread, settle_all
 
 log = logging.getLogger(__name__)
@@ -67,15 +68,17 @@ def _fsync(path: Path) -> None:
 
 
 def write_checkpoint_atomic(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
-                            config: Mapping[str, Any]) -> Path:
+                            config: Mapping[str, Any], *, weights_file: str = "model.safetensors",
+                            config_file: str = "config.json") -> Path:
     """Default :data:`CheckpointWriter` (F3, seed 004): write into a temp dir beside the target, fsync, then
-    ``os.rename`` it to ``root / name``, so a reader sees either no checkpoint or a complete one."""
+    ``os.rename`` it to ``root / name``, so a reader sees either no checkpoint or a complete one. (A PEFT adapter
+    is the same with ``adapter_model.safetensors`` and ``adapter_config.json``.)"""
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
     try:
-        save_file({n: host_copy(t) for n, t in tensors.items()}, staging / "model.safetensors")
-        (staging / "config.json").write_text(json.dumps(dict(config)))
-        for path in (staging / "model.safetensors", staging / "config.json", staging):
+        save_file({n: host_copy(t) for n, t in tensors.items()}, staging / weights_file)
+        (staging / config_file).write_text(json.dumps(dict(config)))
+        for path in (staging / weights_file, staging / config_file, staging):
             _fsync(path)
         final = root / name
         if final.exists():  # left by a failed attempt at this version: move it aside, never overwrite in place
@@ -274,14 +277,23 @@ class DistributedTransport:
 
 class LoraTransport:
     """``/load_lora_adapter_from_tensors`` under a versioned name ``f"{name}-v{version}"``: requests in flight
-    keep the adapter they named, so nothing unloads an adapter a paused request still uses (P7)."""
+    keep the adapter they named, so nothing unloads an adapter a paused request still uses (P7). On a release
+    without that route (≤0.5.4) the adapter is written, atomically, as a PEFT directory under ``root`` and loaded
+    with ``/load_lora_adapter``."""
 
-    def __init__(self, encoder: TensorEncoder = encode_safetensors_b64) -> None:
+    def __init__(self, encoder: TensorEncoder = encode_safetensors_b64, root: Path | None = None) -> None:
         self.encoder = encoder
+        self.root = root
+        self._releases: dict[str, Release] = {}
 
     @staticmethod
     def versioned_name(adapter: LoraAdapter, version: int) -> str:
         return f"{adapter.name}-v{version}"
+
+    async def _release(self, engine: WeightSyncClient) -> Release:
+        if engine.url not in self._releases:
+            self._releases[engine.url] = await release_of(engine)
+        return self._releases[engine.url]
 
     async def load(self, engines: Sequence[WeightSyncClient], adapter: LoraAdapter, version: int) -> str:
         """Load the adapter on every engine; its versioned name. On failure nothing stays loaded."""
@@ -289,9 +301,22 @@ class LoraTransport:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no tensors (P5)")
         name = self.versioned_name(adapter, version)
         payload = [self.encoder(list(adapter.tensors.items()))]
+        from_disk = [(await self._release(e)).lora_tensor_field is None for e in engines]
+        path: Path | None = None
+        if any(from_disk):
+            if self.root is None:
+                raise ValueError("LoraTransport needs a root directory for engines that load adapters from disk")
+            path = await asyncio.to_thread(write_checkpoint_atomic, self.root, name, adapter.tensors, adapter.config,
+                                           weights_file="adapter_model.safetensors", config_file="adapter_config.json")
+
+        async def load_one(engine: WeightSyncClient, disk: bool) -> None:
+            if disk:
+                await engine.load_lora_adapter(name, path)
+            else:
+                await engine.load_lora_adapter_from_tensors(name, adapter.config, payload)
+
         try:
-            await gather_all(*(engine.load_lora_adapter_from_tensors(name, adapter.config, payload)
-                               for engine in engines))
+            await gather_all(*(load_one(engine, disk) for engine, disk in zip(engines, from_disk)))
         except BaseException:
             await settle_all(engine.unload_lora_adapter(name) for engine in engines)
             raise
@@ -299,5 +324,7 @@ class LoraTransport:
 
     async def unload(self, engines: Sequence[WeightSyncClient], name: str) -> None:
         errors = await settle_all(engine.unload_lora_adapter(name) for engine in engines)
+        if self.root is not None:
+            shutil.rmtree(self.root / name, ignore_errors=True)
         if errors:
             raise errors[0]

@@ -18,6 +18,7 @@ import asyncio
 from typing import Any, Mapping, Sequence
 
 from ..interface import LoraAdapter, WeightSyncClient
+from .releases import Release, release_of
 from .concurrency import gather_all, settle_all
 from .manager import ReferenceManager
 from .transports import LoraTransport, WeightTransport
@@ -43,8 +44,11 @@ class ReferenceUpdater:
         self.pause_mode = pause_mode
         self._version = start_version
         self._open_sessions: list[WeightSyncClient] = []
+        self._paused: list[WeightSyncClient] = []
         self._retiring: asyncio.Task[None] | None = None
         self._cycle_lock = asyncio.Lock()
+        self.releases: list[Release] = []
+        """Each engine's SGLang release, learnt at the first cycle (the steps adapt to it)."""
 
     @property
     def version(self) -> int:
@@ -58,6 +62,8 @@ class ReferenceUpdater:
         mover = None if lora is not None else self.transport_for(transport)
         async with self._cycle_lock:
             await self._await_retirement()
+            if not self.releases:
+                self.releases = list(await gather_all(*(release_of(e) for e in self.engines)))
             new = self._version + 1
             if mover is not None:
                 await mover.prepare(self.engines, weights, new)  # while the engines still generate
@@ -85,12 +91,19 @@ class ReferenceUpdater:
     # -- the steps of a cycle (override points) ------------------------------------------------------------
 
     async def pause_all(self) -> None:
-        await gather_all(*(e.pause(self.pause_mode) for e in self.engines))
+        """Pause every engine in the cycle's mode. Not on a release whose every pause aborts (≤0.5.4): there the
+        update itself waits for the requests in flight (SGLang's update lock), which the cycle then relies on."""
+        if all(r.pause_modes for r in self.releases):
+            await gather_all(*(e.pause(self.pause_mode) for e in self.engines))
+            self._paused = list(self.engines)
 
     def flush_needed(self) -> bool:
-        """C2: retract flushes (the radix cache holds old-weight KV); in_place never does (its resident
-        requests make SGLang refuse, and their KV must survive)."""
-        return self.pause_mode != "in_place"
+        """C2: retract flushes (the radix cache holds old-weight KV); in_place never does (its resident requests
+        make SGLang refuse, and their KV must survive); nor does an engine that was not paused, or one whose release
+        cannot flush while paused in retract mode (0.5.10–0.5.22: its idle check counts the retracted requests,
+        so the flush fails until the engine continues; the reference then keeps the prefix cache)."""
+        return (self.pause_mode != "in_place" and bool(self._paused)
+                and all(r.flush_while_retracted for r in self.releases))
 
     async def begin_sessions(self) -> None:
         async def begin(engine: WeightSyncClient) -> None:
@@ -117,7 +130,9 @@ class ReferenceUpdater:
         await gather_all(*(e.end_weight_update() for e in sessions))
 
     async def resume_all(self) -> None:
-        errors = await settle_all(e.resume() for e in self.engines)
+        """Continue every engine this cycle paused."""
+        paused, self._paused = self._paused, []
+        errors = await settle_all(e.resume() for e in paused)
         if errors:
             raise errors[0]
 
@@ -125,7 +140,8 @@ class ReferenceUpdater:
         """I6: close every open session, then continue every engine; cleanup errors become notes on ``exc``."""
         sessions, self._open_sessions = self._open_sessions, []
         errors = await settle_all(e.end_weight_update() for e in sessions)
-        errors += await settle_all(e.resume() for e in self.engines)
+        paused, self._paused = self._paused or list(self.engines), []  # a pause that failed halfway: all of them
+        errors += await settle_all(e.resume() for e in paused)
         for error in errors:
             exc.add_note(f"cleanup after the failed update also failed: {error}")
 

@@ -51,7 +51,9 @@ def finish_reasons(engines: list[FakeEngine]) -> list[str]:
 
 
 def control_endpoints(engine: FakeEngine) -> list[str]:
-    return [e.fields["endpoint"] for e in engine.events.of_kind("control")]
+    """The control calls an engine received, queries about the server (its release) left out."""
+    return [e.fields["endpoint"] for e in engine.events.of_kind("control")
+            if e.fields["endpoint"] not in ("/get_server_info", "/server_info")]
 
 
 @dataclass

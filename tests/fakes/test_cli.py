@@ -139,7 +139,8 @@ def test_help_documents_every_option() -> None:
                          timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert out.returncode == 0
     for option in ("--engines", "--router", "--profile", "--tokens-per-second", "--max-running-requests",
-                   "--enable-lora", "--port", "--seed", "--host", "--faults", "--router-flavor", "--weight-version"):
+                   "--enable-lora", "--port", "--seed", "--host", "--faults", "--router-flavor", "--weight-version",
+                   "--model-path", "--dtype", "--strict-weights"):
         assert option in out.stdout, option
 
 

@@ -103,6 +103,14 @@ class AlwaysFlushUpdater(ReferenceUpdater):
         return True  # flushes even under in_place
 
 
+class UnconvertedNamesUpdater(ReferenceUpdater):
+    async def update(self, weights: Mapping[str, Any] | None = None, *, transport: str = "distributed",
+                     lora: LoraAdapter | None = None) -> int:
+        if weights is not None:  # the trainer's FSDP-wrapped names, never converted to the engine's
+            weights = {f"_fsdp_wrapped_module.{name}": tensor for name, tensor in weights.items()}
+        return await super().update(weights, transport=transport, lora=lora)
+
+
 class PublishFirstUpdater(ReferenceUpdater):
     async def transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
                         lora: LoraAdapter | None) -> str | None:
@@ -263,6 +271,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "rl-frameworks S3", ("S3",), manager_cls=BoundPlusOneManager),
     _mutant("refusal_ignored_after_retry", "a refused disk load is retried once, then logged and ignored",
             "rl-frameworks P5; miles #684", ("P5",), client_cls=RetryThenIgnoreClient),
+    _mutant("unconverted_names", "full updates send the trainer's FSDP-wrapped parameter names; SGLang skips names "
+            "its model does not have (with a warning) and answers success, so the engines keep their old weights",
+            "SGLang 0.5.23 load_weights (llama.py); rl-frameworks P6", ("P6",), updater_cls=UnconvertedNamesUpdater),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",), updater_cls=PublishFirstUpdater),
 ]}

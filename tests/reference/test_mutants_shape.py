@@ -39,6 +39,7 @@ INTENDED = {
     "bucket_stamped": (set(), {"make_transports"}),
     "filter_admits_bound_plus_one": ({"manager_cls"}, {"too_stale"}),
     "refusal_ignored_after_retry": ({"client_cls"}, {"update_weights_from_disk"}),
+    "unconverted_names": ({"updater_cls"}, {"update"}),
 }
 BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration, LoraTransport)
 

@@ -94,19 +94,19 @@ class ResultCollector:
 def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
     """What was run, where, and with which versions (the result's ``run``)."""
     from conformance import __version__
-    from conformance.cases import load_integration
+    from conformance.cases import load_integration, parse_options
     from conformance.plugin import conformance_seed, integration_spec
 
-    spec = integration_spec(config)
-    try:
-        integration = load_integration(spec)
+    spec, pairs = integration_spec(config), config.getoption("--integration-option") or []
+    options: dict[str, Any] = {"raw": pairs}
+    name = caps = None
+    try:  # best effort: the run's metadata must never cost the result (the cases said what broke)
+        options = parse_options(pairs)
+        integration = load_integration(spec, options)
         name, caps = integration.name, {k: sorted(v) if isinstance(v, frozenset) else v
                                         for k, v in asdict(integration.capabilities).items()}
-    except Exception:  # best effort: the run's metadata must never cost the result (the cases said what broke)
-        name, caps = None, None
-    options = config.getoption("--integration-option", default=None) or {}
-    if isinstance(options, list):
-        options = dict(o.partition("=")[::2] for o in options)
+    except Exception:
+        pass
     return {"integration": {"spec": spec, "name": name, "options": options, "capabilities": caps},
             "sglang_profile": config.getoption("--sglang-profile") or "0.5.23", "nodes": config.getoption("--nodes"),
             "seed": conformance_seed(config), "markers": config.getoption("-m") or None,

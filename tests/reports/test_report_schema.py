@@ -119,8 +119,9 @@ def test_the_main_job_under_xdist_writes_a_complete_valid_result(tmp_path: Path)
 
 
 def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: pytest.Pytester) -> None:
-    """In one process: the suite's own cases (first-drain) carry their verdict and history, and a conformance test
-    whose setup fails before ``record_verdict`` still gets its case (``error``, with what went wrong)."""
+    """In one process: the suite's own cases (first-drain) carry their verdict and history, a conformance test
+    whose setup fails before ``record_verdict`` still gets its case (``error``, with what went wrong), and the run
+    names the integration as loaded, with its options."""
     pytester.makepyfile(test_broken="""
         import pytest
         from conformance.cases import Case
@@ -136,10 +137,19 @@ def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: p
         def test_invariant(case, backend, engines):
             pass
     """)
+    pytester.makepyfile(my_adapter="""
+        from conformance.reference import integration
+
+        def make(flavour, retries=0):
+            return integration
+    """)
+    pytester.syspathinsert()
     result_path = pytester.path / "out" / "r.json"
     plugin = [] if plugin_installed() else ["-p", "conformance.plugin"]
     run = pytester.runpytest(SUITE, "test_broken.py", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark",
-                             *plugin, "-m", "cpu", "-k", SCENARIO, f"--conformance-report={result_path}")
+                             *plugin, "-m", "cpu", "-k", SCENARIO, f"--conformance-report={result_path}",
+                             "--integration=my_adapter:make", "--integration-option=flavour=mild",
+                             "--integration-option=retries=2")
     run.assert_outcomes(passed=2, errors=1)
     result = json.loads(result_path.read_text())
     validate(result)
@@ -153,3 +163,7 @@ def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: p
     assert {c["history"] for c in real} == {"r-histories/first-drain.fake.json.gz"}
     validate_history(json.loads(gzip.decompress((result_path.parent / real[0]["history"]).read_bytes())))
     assert result["summary"] == {"pass": 2, "fail": 0, "unknown": 0, "skipped": 0, "error": 1}
+    assert result["run"]["integration"] | {"capabilities": None} == {
+        "spec": "my_adapter:make", "name": "reference", "options": {"flavour": "mild", "retries": 2},
+        "capabilities": None}
+    assert result["run"]["integration"]["capabilities"]["transports"] == ["disk", "distributed", "tensor"]

@@ -83,6 +83,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         enable_memory_saver: bool = False,
         enable_weights_cpu_backup: bool = False,
         context_length: int | None = None,
+        tp_size: int = 1,
     ) -> None:
         if tokens_per_second is not None and tokens_per_second <= 0:
             raise ValueError(f"tokens_per_second must be > 0 or None (manual clock), got {tokens_per_second}")
@@ -98,6 +99,9 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         self.engine_id = engine_id
         self.health_check_timeout_s = health_check_timeout_s
         self.group_timeout_s = group_timeout_s
+        if tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+        self.tp_size = tp_size  # TP ranks: each joins weight-update groups and takes its tensor payload item
         self.events = EventLog()
         self.scheduler = Scheduler(
             self.profile,
@@ -141,7 +145,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         self.session_open = False
         self._parked: list[str] = []
         self._loras: OrderedDict[str, _Adapter] = OrderedDict()
-        self._groups: dict[str, Any] = {}
+        self._groups: dict[str, list[Any]] = {}  # group name -> one DistributedGroup per TP rank
         self._sinks: dict[Request, _Sink] = {}
         self._sink_rids: dict[str, int] = {}  # rid -> how many of ``_sinks`` carry it (O(1) rid lookups)
         self._calls: set[_Call] = set()

@@ -82,7 +82,7 @@ class InfoMixin:
             "max_running_requests": self.scheduler.max_running_requests,
             "enable_lora": self.enable_lora,
             "max_loaded_loras": self.max_loras,
-            "tp_size": 1,
+            "tp_size": self.tp_size,
             "dp_size": 1,
             "load_format": self.load_format,
             "internal_states": [{"paused": self.scheduler.paused, "num_running_reqs": len(self.scheduler.running)}],

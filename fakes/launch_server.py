@@ -56,6 +56,8 @@ HONOURED: dict[str, str] = {
                            "resumed (a forward pass meanwhile crashes)",
     "enable_weights_cpu_backup": "resumed weights are the released ones (else zeros: push weights again)",
     "context_length": "max_model_len of /v1/models (default: config.json max_position_embeddings)",
+    "tp_size": "TP ranks: each joins a weight-update group as rank_offset + tp_rank, one tensor payload item each",
+    "tensor_parallel_size": "as --tp-size (the dest before 0.5.15)",
 }
 
 
@@ -215,6 +217,7 @@ def make_engine(args: argparse.Namespace, faults: Any = None) -> Any:
         enable_memory_saver=bool(args.enable_memory_saver),
         enable_weights_cpu_backup=bool(args.enable_weights_cpu_backup),
         context_length=args.context_length,
+        tp_size=getattr(args, "tp_size", None) or getattr(args, "tensor_parallel_size", None) or 1,
         server_args=server_args,
         starting=True,
     )

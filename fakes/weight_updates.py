@@ -142,10 +142,15 @@ class WeightUpdatesMixin:
         async def load() -> W.WeightStore | str:
             try:
                 load_format = obj.get("load_format")
-                # tp_worker.deserialize_own_rank: this rank's item; a LocalSerializedTensor inside is unwrapped
-                # for it too (weight_updater._unwrap_tensor). One TP rank here: rank 0.
-                blobs = W.decode_tensor_payload(obj["serialized_named_tensors"][0], tp_rank=0,
-                                                load_format=load_format)
+                items = obj["serialized_named_tensors"]
+                # tp_worker.deserialize_own_rank: each TP rank takes items[tp_rank] (a LocalSerializedTensor inside
+                # is unwrapped for that rank, weight_updater._unwrap_tensor). Rank 0's item is decoded; the other
+                # ranks' items must be there (IndexError otherwise) but are not opened: a CPU shared-memory handle
+                # opens once, where CUDA IPC handles open on every rank.
+                blobs = W.decode_tensor_payload(items[0], tp_rank=0, load_format=load_format)
+                if len(items) < self.tp_size:
+                    raise IndexError(f"list index out of range: {len(items)} serialized_named_tensors item(s) "
+                                     f"for tp_size {self.tp_size}")
                 # load_format "direct" copies into params_dict[name] (_model_load_weights_direct): no skipping
                 return self._merged(blobs, "update_weights_from_tensor", strict=load_format == "direct")
             except (W.WeightError, IndexError) as e:
@@ -166,16 +171,17 @@ class WeightUpdatesMixin:
         hits an ``assert`` outside the model runner's try (spec §3.3.7): the fake crashes."""
 
         async def load() -> W.WeightStore | str:
-            group = self._groups.get(obj["group_name"])
-            if group is None:
+            groups = self._groups.get(obj["group_name"])
+            if groups is None:
                 self.crash(
                     f"AssertionError: Group {obj['group_name']} not in {list(self._groups)}. "
                     "Please call `init_weights_update_group` first."
                 )
                 raise EngineCrashed(self.crash_reason)
             try:
-                blobs = await asyncio.to_thread(group.receive, obj["names"], obj["dtypes"], obj["shapes"])
-                return self._merged(blobs, "update_weights_from_distributed")
+                received = await asyncio.gather(*(  # every TP rank receives every broadcast
+                    asyncio.to_thread(g.receive, obj["names"], obj["dtypes"], obj["shapes"]) for g in groups))
+                return self._merged(received[0], "update_weights_from_distributed")
             except Exception as e:  # noqa: BLE001 - model_runner catches Exception here
                 return (
                     f"Failed to update parameter online: {e}. The full weights of the ModelRunner are "
@@ -192,28 +198,29 @@ class WeightUpdatesMixin:
         )
 
     async def init_weights_update_group(self, obj: Mapping[str, Any]) -> Reply:
-        """``/init_weights_update_group``: join the trainer's group (blocks until it joins; no lock)."""
-        try:
-            group = await asyncio.to_thread(
-                W.DistributedGroup.join,
-                obj["master_address"],
-                obj["master_port"],
-                obj["rank_offset"],  # rank = rank_offset + tp_rank (tp_size 1)
-                obj["world_size"],
-                obj["group_name"],
-                obj["backend"],
-                self.group_timeout_s,
-            )
-        except Exception as e:  # noqa: BLE001
-            return Reply(400, {"success": False, "message": f"Failed to initialize custom process group: {e}."})
-        self._groups[obj["group_name"]] = group
+        """``/init_weights_update_group``: every TP rank joins the trainer's group as ``rank_offset + tp_rank``
+        (blocks until all join; no lock)."""
+        joins = [asyncio.to_thread(W.DistributedGroup.join, obj["master_address"], obj["master_port"],
+                                   obj["rank_offset"] + tp_rank, obj["world_size"], obj["group_name"], obj["backend"],
+                                   self.group_timeout_s)
+                 for tp_rank in range(self.tp_size)]
+        groups = await asyncio.gather(*joins, return_exceptions=True)
+        failed = [g for g in groups if isinstance(g, BaseException)]
+        if failed:
+            for group in groups:
+                if not isinstance(group, BaseException):
+                    await asyncio.to_thread(group.destroy)
+            message = f"Failed to initialize custom process group: {failed[0]}."
+            return Reply(400, {"success": False, "message": message})
+        self._groups[obj["group_name"]] = groups
         return Reply(200, {"success": True, "message": "Succeeded to initialize custom process group."})
 
     async def destroy_weights_update_group(self, obj: Mapping[str, Any]) -> Reply:
-        group = self._groups.pop(obj["group_name"], None)
-        if group is None:
+        groups = self._groups.pop(obj["group_name"], None)
+        if groups is None:
             return Reply(400, {"success": False, "message": "The group to be destroyed does not exist."})
-        await asyncio.to_thread(group.destroy)
+        for group in groups:
+            await asyncio.to_thread(group.destroy)
         return Reply(200, {"success": True, "message": "Succeeded to destroy custom process group."})
 
     async def begin_weight_update(self, obj: Mapping[str, Any]) -> Reply:

@@ -183,3 +183,51 @@ async def test_lora_adapter_must_fit_max_rank_and_target_modules(connect, tmp_pa
     if not fits:
         assert body["error_message"].startswith("LoRA adapter a with rank 4 is incompatible with the current LoRA "
                                                 "memory pool configuration.")
+
+
+# -- tensor parallelism (--tp-size): every TP rank takes part in the weight sync -----------------------------
+
+
+@pytest.mark.asyncio
+async def test_tp_ranks_each_need_their_tensor_payload_item(connect) -> None:
+    new = perturbed(tiny_model(0), step=7)
+    wire = await connect(FakeEngine("0.5.10", tp_size=2))
+    body = {"serialized_named_tensors": encode_weight_sync_payload(new, tp_size=2, fmt="pickle")}
+    assert (await wire.post("/update_weights_from_tensor", json=body)).status_code == 200
+    assert wire.engine.weights.digest() == weights_digest(new)
+    one_item = {"serialized_named_tensors": [encode_tensor_payload(new)]}  # tp rank 1 has no item: IndexError
+    assert (await wire.post("/update_weights_from_tensor", json=one_item)).status_code == 500
+    assert wire.engine.crash_reason.startswith("IndexError")
+
+
+@pytest.mark.asyncio
+async def test_tp_ranks_each_join_the_weight_update_group(connect) -> None:
+    import socket
+    import threading
+
+    from fakes.weights import distributed_metadata, trainer_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    wire = await connect(FakeEngine("0.5.10", tp_size=2, group_timeout_s=10.0))
+    trainer: dict = {}
+    joining = threading.Thread(target=lambda: trainer.setdefault("g", trainer_group("127.0.0.1", port, 3, "g", 10.0)))
+    joining.start()
+    init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 3,
+            "group_name": "g", "backend": "nccl"}  # world = trainer + 2 TP ranks of this engine
+    resp = await wire.post("/init_weights_update_group", json=init, timeout=15.0)
+    joining.join(15.0)
+    assert resp.status_code == 200 and "g" in trainer, resp.text
+    try:
+        new = perturbed(tiny_model(0), step=8)
+        sending = threading.Thread(target=trainer["g"].send, args=(new,))
+        sending.start()
+        body = {**distributed_metadata(new), "group_name": "g"}
+        resp = await wire.post("/update_weights_from_distributed", json=body, timeout=15.0)
+        sending.join(15.0)
+        assert resp.status_code == 200 and not sending.is_alive(), resp.text
+        assert wire.engine.weights.digest() == weights_digest(new)
+        assert (await wire.post("/destroy_weights_update_group", json={"group_name": "g"})).status_code == 200
+    finally:
+        trainer["g"].destroy()

@@ -22,6 +22,7 @@ from .interface import BuildEnv, Integration, LoraAdapter, Sample, WeightSyncCli
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
 from .reference.manager import FinishedGroup, numeric_label
 from .reference.transports import DistributedTransport, LoraTransport, WeightTransport, host_copy
+from .scenarios import SCENARIOS
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,26 @@ class Mutant:
     kills: tuple[str, ...]
     """Invariant ids expected to catch it."""
     integration: Integration
+
+    def scenarios(self) -> list[str]:
+        """The scenarios checked for an invariant this mutant breaks (the others cannot kill it as expected)."""
+        return [s.name for s in SCENARIOS.values() if any(invariants(c) & set(self.kills) for c in s.checks)]
+
+    def killers(self, results: Mapping[str, Any]) -> dict[str, list[str]]:
+        """Expected invariant → the cases whose checker itself failed on it (``run_cases`` results). A case that
+        fails only because the run broke does not count: the checker must see the bug."""
+        found: dict[str, list[str]] = {}
+        for scenario, result in results.items():
+            for check, v in result.verdicts.items():
+                if v.checker_status == "fail":
+                    for inv in invariants(check) & set(self.kills):
+                        found.setdefault(inv, []).append(f"{check}-{scenario}")
+        return found
+
+
+def invariants(check: str) -> set[str]:
+    """The invariant ids a check covers (``"V4-S1"`` checks V4 and S1)."""
+    return set(check.split("-"))
 
 
 # -- engine client -----------------------------------------------------------------------------------------

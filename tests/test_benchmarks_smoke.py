@@ -29,6 +29,10 @@ EXPECTED = {
         r"\| process\s*\|\s*aiohttp\s*\|",
         rf"fake /generate \(process \+ aiohttp\): {NUMBER} round trips/s, ratio to hello-world {NUMBER}",
     ],
+    "verdict_determinism": [
+        r"\| version_bump_aborts\s*\|",
+        rf"mutants killed in every run: {NUMBER}/{NUMBER} mutant-runs; reference passed {NUMBER}/{NUMBER} runs",
+    ],
     "memory_per_request": [
         r"\| baseline: empty engine",
         rf"bytes/request: parked {NUMBER}, decoding {NUMBER} \(~{NUMBER} B/token\)",

@@ -14,7 +14,7 @@ import pytest
 
 from conformance.cases import fake_backend_factory, run_cases
 from conformance.mutants import MUTANTS
-from conformance.scenarios import SCENARIOS, Deadlines
+from conformance.scenarios import Deadlines
 
 DEADLINES = Deadlines(update_s=5.0, drain_s=10.0)
 """Shorter than a user's defaults: a mutant that deadlocks (``lora_reload_in_place``) hangs for this long."""
@@ -22,26 +22,18 @@ DEADLINES = Deadlines(update_s=5.0, drain_s=10.0)
 pytestmark = pytest.mark.cpu
 
 
-def _invariants(check: str) -> set[str]:
-    return set(check.split("-"))  # "V4-S1" checks V4 and S1
-
-
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_is_killed(name: str, record_property) -> None:
     mutant = MUTANTS[name]
-    # Only the scenarios checked for an invariant the mutant should break: the others cannot kill it as expected.
-    scenarios = [s.name for s in SCENARIOS.values() if any(_invariants(c) & set(mutant.kills) for c in s.checks)]
+    scenarios = mutant.scenarios()
     assert scenarios, f"no scenario checks any of {mutant.kills}"
     results = run_cases(mutant.integration, fake_backend_factory(seed=0), scenarios=scenarios, deadlines=DEADLINES)
-    # Killed by the checker itself: a case that fails only because the run broke does not count here.
-    killers = {(check, scenario): v for scenario, r in results.items() for check, v in r.verdicts.items()
-               if v.checker_status == "fail"}
+    killers = mutant.killers(results)
     record_property("mutation", json.dumps({"mutant": name, "bug": mutant.bug,
-                                            "killed_by": sorted(f"{c}-{s}" for c, s in killers)}))
-    failed_invariants = {inv for check, _ in killers for inv in _invariants(check)}
-    expected = set(mutant.kills)
-    assert expected & failed_invariants, (
-        f"mutant {name} ({mutant.bug}; {mutant.source}) survived: expected one of {sorted(expected)} to fail; "
-        f"failed cases: {sorted(f'{c}-{s}' for c, s in killers) or 'none'}")
-    for (check, scenario), v in killers.items():
-        assert v.witness, f"{check}-{scenario} failed on {name} without a witness"
+                                            "killed_by": sorted({c for cases in killers.values() for c in cases})}))
+    failed = sorted(f"{c}-{s}" for s, r in results.items() for c, v in r.verdicts.items() if v.status == "fail")
+    assert killers, (f"mutant {name} ({mutant.bug}; {mutant.source}) survived: expected one of {sorted(mutant.kills)} "
+                     f"to fail on its own; failed cases: {failed or 'none'}")
+    for scenario, r in results.items():
+        for check, v in r.verdicts.items():
+            assert v.status != "fail" or v.witness, f"{check}-{scenario} failed on {name} without a witness"

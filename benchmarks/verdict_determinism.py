@@ -1,0 +1,62 @@
+"""Verdict determinism: every mutant, N times, through the scenarios checked for the invariants it breaks; the
+reference, N times, through every scenario. A suite whose verdicts rest on timing kills a mutant in some runs
+only; here every mutant must be killed by its own checker in every run and the reference must pass every run.
+
+    python benchmarks/verdict_determinism.py [--runs 10] [--quick]
+
+Prints, per mutant, the kill rate of each invariant it breaks (killed runs / runs; a case that failed only because
+the run broke does not count as a kill), then the reference's pass rate, then the totals.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from _bench import emit, machine, parser, table
+
+from conformance import DEFAULT_INTEGRATION
+from conformance.cases import fake_backend_factory, load_integration, run_cases
+from conformance.mutants import MUTANTS
+from conformance.scenarios import Deadlines
+
+DEADLINES = Deadlines(update_s=5.0, drain_s=10.0)
+QUICK_MUTANTS = ("version_bump_aborts", "filter_admits_bound_plus_one")
+
+
+def main() -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=10, help="runs per mutant and of the reference (default 10)")
+    args = p.parse_args()
+    runs = 1 if args.quick else args.runs
+    names = QUICK_MUTANTS if args.quick else sorted(MUTANTS)
+    emit(f"# verdict determinism ({runs} run(s) each; {machine()})")
+    started = time.perf_counter()
+    rows, survived = [], 0
+    for name in names:
+        mutant = MUTANTS[name]
+        kills = {inv: 0 for inv in mutant.kills}
+        t0 = time.perf_counter()
+        for seed in range(runs):
+            killers = mutant.killers(run_cases(mutant.integration, fake_backend_factory(seed=seed), seed,
+                                               mutant.scenarios(), deadlines=DEADLINES))
+            for inv in killers:
+                kills[inv] += 1
+            survived += not killers
+        rows.append([name, ", ".join(f"{inv} {n}/{runs}" for inv, n in kills.items()),
+                     f"{max(kills.values())}/{runs}", (time.perf_counter() - t0) / runs])
+    emit(table("mutants: kill rate per invariant it breaks", ["mutant", "per invariant", "killed", "s/run"], rows))
+    reference, passed, t0 = load_integration(DEFAULT_INTEGRATION), 0, time.perf_counter()
+    for seed in range(runs):
+        results = run_cases(reference, fake_backend_factory(seed=seed), seed)
+        passed += all(v.passed for r in results.values() for v in r.verdicts.values())
+    emit(table("reference: every case of every scenario", ["integration", "runs passed", "s/run"],
+               [["reference", f"{passed}/{runs}", (time.perf_counter() - t0) / runs]]))
+    emit(f"\nmutants killed in every run: {len(names) * runs - survived}/{len(names) * runs} mutant-runs; "
+         f"reference passed {passed}/{runs} runs")
+    emit(f"total time: {time.perf_counter() - started:.1f} s")
+    return 0 if survived == 0 and passed == runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -291,6 +292,9 @@ class FakeSGLangApp:
             raise RuntimeError(f"fake SGLang serves HTTP only, got scope type {scope['type']!r}")
         body = await read_body(receive)
         req = request_from_scope(scope, body, receive)
+        if self.engine.api_key is not None and not _authorized(scope, req.method, req.path, self.engine.api_key):
+            await send_reply(send, Reply(401, {"error": "Unauthorized"}))
+            return
         route = self.router.match(req.method, req.path)
         if isinstance(route, Reply):
             await send_reply(send, route)
@@ -303,6 +307,19 @@ class FakeSGLangApp:
     @staticmethod
     async def _serve(route: Route, req: HTTPRequest, send: Send) -> None:
         await send_reply(send, await route.handler(req))
+
+
+_OPEN_PREFIXES = ("/health", "/ready", "/metrics", "/_fake/")  # probes, scraping, the fake's own debug routes
+
+
+def _authorized(scope: Scope, method: str, path: str, api_key: str) -> bool:
+    """``--api-key`` (``utils/auth.py`` ``decide_request_auth``, an ``api_key`` alone): every route needs
+    ``Authorization: Bearer <api_key>``, except OPTIONS and the health, readiness and metrics probes."""
+    if method == "OPTIONS" or path.startswith(_OPEN_PREFIXES):
+        return True
+    header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"").decode("latin-1")
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token, api_key)
 
 
 async def _until_disconnect(serving: Awaitable[None], receive: Receive) -> None:

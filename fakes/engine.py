@@ -84,6 +84,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         enable_weights_cpu_backup: bool = False,
         context_length: int | None = None,
         tp_size: int = 1,
+        api_key: str | None = None,
     ) -> None:
         if tokens_per_second is not None and tokens_per_second <= 0:
             raise ValueError(f"tokens_per_second must be > 0 or None (manual clock), got {tokens_per_second}")
@@ -102,6 +103,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         if tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {tp_size}")
         self.tp_size = tp_size  # TP ranks: each joins weight-update groups and takes its tensor payload item
+        self.api_key = api_key  # --api-key: every route but the probes needs "Authorization: Bearer <api_key>"
         self.events = EventLog()
         self.scheduler = Scheduler(
             self.profile,

@@ -58,6 +58,7 @@ HONOURED: dict[str, str] = {
     "context_length": "max_model_len of /v1/models (default: config.json max_position_embeddings)",
     "tp_size": "TP ranks: each joins a weight-update group as rank_offset + tp_rank, one tensor payload item each",
     "tensor_parallel_size": "as --tp-size (the dest before 0.5.15)",
+    "api_key": "every route but /health*, /ready and /metrics needs Authorization: Bearer <key> (401 otherwise)",
 }
 
 
@@ -218,6 +219,7 @@ def make_engine(args: argparse.Namespace, faults: Any = None) -> Any:
         enable_weights_cpu_backup=bool(args.enable_weights_cpu_backup),
         context_length=args.context_length,
         tp_size=getattr(args, "tp_size", None) or getattr(args, "tensor_parallel_size", None) or 1,
+        api_key=args.api_key,
         server_args=server_args,
         starting=True,
     )
@@ -244,8 +246,10 @@ async def serve(args: argparse.Namespace, engine: Any, sock: Any) -> int:
             body["input_ids"] = [10, 11, 12]
         else:
             body["text"] = "The capital city of France is"
-        request = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if args.api_key:  # _execute_server_warmup sends the key
+            headers["Authorization"] = f"Bearer {args.api_key}"
+        request = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), headers=headers)
 
         def post() -> int:
             with urllib.request.urlopen(request, timeout=60) as resp:

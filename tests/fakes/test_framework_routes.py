@@ -231,3 +231,18 @@ async def test_tp_ranks_each_join_the_weight_update_group(connect) -> None:
         assert (await wire.post("/destroy_weights_update_group", json={"group_name": "g"})).status_code == 200
     finally:
         trainer["g"].destroy()
+
+
+@pytest.mark.asyncio
+async def test_api_key_guards_every_route_but_the_probes(connect) -> None:
+    wire = await connect(FakeEngine("0.5.23", api_key="s3cret"))
+    for path, method in (("/model_info", "GET"), ("/pause_generation", "POST"), ("/no/such/route", "GET")):
+        resp = await wire.call(method, path, json={"mode": "abort"} if method == "POST" else None)
+        assert (resp.status_code, resp.json()) == (401, {"error": "Unauthorized"}), path
+        wrong = await wire.call(method, path, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401, path
+    ok = await wire.get("/model_info", headers={"Authorization": "bearer s3cret"})
+    assert ok.status_code == 200
+    assert (await wire.get("/ready")).status_code == 200  # probes need no key
+    (health,) = await wire.step_until_done([wire.spawn("GET", "/health")])
+    assert health.status_code == 200

@@ -23,6 +23,7 @@ from fakes.weights import TensorBlob, save_checkpoint, save_lora_adapter, tiny_l
 pytestmark = pytest.mark.cpu
 
 REPO = Path(__file__).resolve().parents[2]
+KEY = {"Authorization": "Bearer k"}
 START_TIMEOUT = 20.0
 
 
@@ -94,7 +95,7 @@ def test_launch_serves_the_model_dir_then_sigterm_exits_zero(tmp_path: Path) -> 
         [sys.executable, "-m", "fakes.launch_server", "--model-path", str(tmp_path), "--port", "0", "--host",
          "127.0.0.1", "--tp-size", "1", "--mem-fraction-static", "0.8", "--weight-version", "v0",
          "--served-model-name", "policy", "--fake-tokens-per-second", "2000", "--max-lora-rank", "8",
-         "--lora-paths", f"sql={tmp_path / 'lora'}"],
+         "--lora-paths", f"sql={tmp_path / 'lora'}", "--api-key", "k"],
         cwd=REPO, env=env, text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: queue.Queue[str | None] = queue.Queue()
 
@@ -114,18 +115,19 @@ def test_launch_serves_the_model_dir_then_sigterm_exits_zero(tmp_path: Path) -> 
         assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] The server is fired up and ready to roll!$", text,
                          re.M), text
         url = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", text).group(1)
-        assert requests.get(url + "/health", timeout=10).status_code == 200
-        info = requests.get(url + "/get_model_info", timeout=10).json()
+        assert requests.get(url + "/health", timeout=10).status_code == 200  # probes need no --api-key
+        assert requests.get(url + "/get_model_info", timeout=10).status_code == 401
+        info = requests.get(url + "/get_model_info", timeout=10, headers=KEY).json()
         assert (info["model_path"], info["weight_version"], info["architectures"]) == (
             str(tmp_path), "v0", ["Qwen2ForCausalLM"])
         assert info["served_model_name"] == "policy"
-        models = requests.get(url + "/v1/models", timeout=10).json()["data"]  # --lora-paths loaded at startup
+        models = requests.get(url + "/v1/models", timeout=10, headers=KEY).json()["data"]  # --lora-paths loaded at startup
         assert [(m["id"], m["parent"]) for m in models] == [("policy", None), ("sql", "policy")]
-        server_info = requests.get(url + "/get_server_info", timeout=10).json()
+        server_info = requests.get(url + "/get_server_info", timeout=10, headers=KEY).json()
         assert server_info["mem_fraction_static"] == 0.8 and server_info["tp_size"] == 1
-        weights = requests.post(url + "/get_weights_by_name", json={"name": "lm_head.weight"}, timeout=10).json()
+        weights = requests.post(url + "/get_weights_by_name", json={"name": "lm_head.weight"}, timeout=10, headers=KEY).json()
         assert weights[0] == [0.25] * 4
-        resp = requests.post(url + "/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=10)
+        resp = requests.post(url + "/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=10, headers=KEY)
         assert resp.status_code == 200 and resp.json()["success"] is True, resp.text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0

@@ -117,6 +117,7 @@ def _matrix(spec: str, rows: list[tuple[str, int, Path | None]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         args, extra = _parser().parse_known_args(argv)
+        extra = extra[1:] if extra[:1] == ["--"] else extra  # "-- PYTEST ARGS": pytest's own, not paths
         profiles = _profiles(args.profiles, args.sglang_profile)
         spec = _check_integration(args)
     except UsageError as exc:

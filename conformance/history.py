@@ -118,11 +118,16 @@ class Injected:
     detail: str = ""
     rid: str | None = None
     """The one request an injected abort targets; None: every request on ``engine``."""
+    t_end: float | None = None
+    """When the fault had landed (the engine answered the suite's call); None: at ``t``."""
 
     def excuses(self, call: WireCall) -> bool:
-        """Whether this injected abort can explain an abort answer of ``call`` (sent to it while it was open)."""
+        """Whether this injected abort can explain an abort answer of ``call``: the call was open at some moment
+        between the injection and its landing."""
         ended = call.t_end if call.t_end is not None else float("inf")
-        return (self.kind == "abort" and call.t_start <= self.t <= ended and self.engine in (None, call.engine)
+        landed = self.t if self.t_end is None else self.t_end
+        return (self.kind == "abort" and call.t_start <= landed and ended >= self.t
+                and self.engine in (None, call.engine)
                 and self.rid in (None, *(str(o["meta_info"].get("id")) for o in call.generate_outputs())))
 
 
@@ -262,6 +267,8 @@ class History:
             c.t_start, c.t_end = c.t_start - t0, c.t_end - t0
         for item in [*self.batches, *(self.fs or []), *self.injected, *self.breaks]:
             item.t -= t0
+        for injected in self.injected:
+            injected.t_end = None if injected.t_end is None else injected.t_end - t0
         for b in self.breaks:
             for c in b.open_calls:
                 c.since -= t0

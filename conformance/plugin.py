@@ -51,7 +51,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     for marker in ("cpu: runs on CPU only (fake engines); every CI",
-                   "gpu: needs real SGLang engines on GPUs (Ray cluster)"):
+                   "gpu: needs real SGLang engines on GPUs (Ray cluster)",
+                   "xdist_group(name): under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"):
         config.addinivalue_line("markers", marker)
     from fakes.profiles import PROFILES  # light: plain data
 

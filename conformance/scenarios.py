@@ -314,15 +314,17 @@ class Run:
         while True:
             await self.until_in_flight(1)
             mark = time.monotonic()
-            for engine in range(len(urls)):
-                self.history.injected.append(Injected(mark, "abort", engine, "the suite froze the engine (pause "
-                                                      "in_place) and aborted every request it held (abort_all)"))
+            injected = [Injected(mark, "abort", engine, "the suite froze the engine (pause in_place) and aborted "
+                                 "every request it held (abort_all)") for engine in range(len(urls))]
+            self.history.injected += injected
             await asyncio.gather(*(probe_post(url, "/pause_generation", {"mode": "in_place"}) for url in urls))
             held = {e for e in range(len(urls)) if any(
                 c.engine == e and c.path == "/generate" and c.origin == "integration" and c.t_start < mark
                 and (c.t_end is None or any(finish_type(o) == "abort" for o in c.generate_outputs()))
                 for c in wire.snapshot())}
             await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}) for url in urls))
+            for item in injected:
+                item.t_end = time.monotonic()
             await asyncio.gather(*(probe_post(url, "/continue_generation", {}) for url in urls))
             if len(held) == len(urls):
                 return

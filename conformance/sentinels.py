@@ -124,14 +124,15 @@ class Sentinels:
         if engine in self._released or self._tasks[engine].done():
             return
         self._released.add(engine)
+        injected = Injected(time.monotonic(), "abort", engine, "the suite's sentinel", rid=self.rids[engine])
         if self.history is not None:
-            self.history.injected.append(Injected(time.monotonic(), "abort", engine, "the suite's sentinel",
-                                                  rid=self.rids[engine]))
+            self.history.injected.append(injected)
         try:
             async with probe_client() as probe:
                 await probe.post(self.urls[engine] + "/abort_request", json={"rid": self.rids[engine]})
         except httpx.HTTPError:
             pass  # the engine is gone: its sentinel's call shows how it ended
+        injected.t_end = time.monotonic()
 
     async def release(self) -> None:
         """Abort every sentinel still open and wait (boundedly) for their answers."""

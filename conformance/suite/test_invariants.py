@@ -17,7 +17,7 @@ BACKENDS = [pytest.param("fake", marks=pytest.mark.cpu), pytest.param("gpu", mar
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xdist_group(c.scenario), id=c.id) for c in CASES])
 def test_invariant(case: Case, backend: str, conformance_run, request: pytest.FixtureRequest) -> None:
     result = conformance_run(case.scenario, backend)
     record_verdict(request.config, request.node.nodeid, case, backend, result)

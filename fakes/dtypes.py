@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import warnings
 from typing import Any
 
 from .weight_errors import WeightError
@@ -142,8 +143,10 @@ def _cast_floats(data: bytes, src: str, dst: str) -> bytes | None:
         except ImportError:
             pass
         else:
-            converted = torch.frombuffer(bytearray(data), dtype=getattr(torch, src)).to(getattr(torch, dst))
-            return converted.view(torch.uint8).numpy().tobytes()
+            with warnings.catch_warnings():  # read-only source: .to() copies, nothing writes to it
+                warnings.simplefilter("ignore", UserWarning)
+                source = torch.frombuffer(data, dtype=getattr(torch, src))
+            return source.to(getattr(torch, dst)).view(torch.uint8).numpy().tobytes()
     try:
         import numpy as np  # lazy, optional
     except ImportError:

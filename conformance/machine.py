@@ -26,7 +26,7 @@ from .interface import BuildEnv, Integration, RolloutConfig
 from .scenarios import Run, Scenario, Trainer, prompt_source
 
 STEP_TIMEOUT_S = 30.0
-ALWAYS_CHECKED = ("I1-I2", "I6", "V1", "V2", "V4-S1", "P1", "P5", "P6", "S2", "S3")
+ALWAYS_CHECKED = ("I1-I2", "I3", "I6", "C2", "V1", "V2", "V4-S1", "P1", "P5", "P6", "P7", "S2", "S3")
 
 
 class LoopThread:

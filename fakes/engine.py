@@ -135,6 +135,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         self.enable_memory_saver = enable_memory_saver
         self.enable_weights_cpu_backup = enable_weights_cpu_backup
         self.offload_tags: set[str] = set()  # released GPU memory types (release/resume_memory_occupation)
+        self.memory_gone = False  # weights or KV cache released by the memory saver: a forward pass crashes
         self.context_length = context_length or model.config.get("max_position_embeddings")
         self.weight_version = weight_version  # tokenizer-side label (/model_info, ≤0.5.16 meta_info)
         self.startup_weight_version = weight_version

@@ -195,7 +195,7 @@ class EngineLoop:
             for _ in range(n):
                 if self.dead:
                     break
-                if self._memory_gone() and self.scheduler.has_work() and not self.scheduler.paused:
+                if self.memory_gone and self.scheduler.has_work() and not self.scheduler.paused:
                     self.crash("CUDA error: an illegal memory access was encountered (a forward pass while "
                                f"GPU memory {sorted(self.offload_tags)} is released by the memory saver)")
                     break

@@ -267,10 +267,10 @@ class WeightUpdatesMixin:
             return Reply(400, FLUSH_OK_TEXT)  # ≤0.5.6: same text, status 400
         return Reply(400, message or "Flush cache failed.\n")
 
-    def _memory_gone(self) -> bool:
-        """Weights or KV cache released by torch_memory_saver (``--enable-memory-saver``; without it the adapter is
-        a no-op and release/resume change nothing on the GPU)."""
-        return self.enable_memory_saver and bool(self.offload_tags & {"weights", "kv_cache"})
+    def _note_memory(self) -> None:
+        """``memory_gone``: weights or KV cache released by torch_memory_saver (``--enable-memory-saver``; without
+        it the adapter is a no-op and release/resume change nothing on the GPU). Read once per decode step."""
+        self.memory_gone = self.enable_memory_saver and bool(self.offload_tags & {"weights", "kv_cache"})
 
     def _memory_tags(self, obj: Mapping[str, Any] | None) -> list[str]:
         tags = (obj or {}).get("tags")
@@ -286,6 +286,7 @@ class WeightUpdatesMixin:
             return self.dead_reply("/release_memory_occupation")
         tags = self._memory_tags(obj)
         self.offload_tags.update(tags)
+        self._note_memory()
         self._event("memory.release", tags=tags, memory_saver=self.enable_memory_saver)
         return Reply(200, JSON_NULL)
 
@@ -299,6 +300,7 @@ class WeightUpdatesMixin:
             self.crash(f"KeyError: {missing[0]!r} (resume_memory_occupation of memory that is not released)")
             return self.dead_reply("/resume_memory_occupation")
         self.offload_tags.difference_update(tags)
+        self._note_memory()
         if "weights" in tags and self.enable_memory_saver and not self.enable_weights_cpu_backup:
             zeros = {name: W.TensorBlob.zeros(b.dtype, b.shape) for name, b in self.weights.items()}
             self.weights = W.WeightStore(zeros)

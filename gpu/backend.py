@@ -94,6 +94,7 @@ class _Engine:
     info: dict[str, Any] = field(default_factory=dict)
     proxy: Any = None
     last_status: dict[str, Any] = field(default_factory=dict)
+    last_status_t: float | None = None
     unanswered: int = 0
     failure: str | None = None
     unreachable: str | None = None
@@ -146,6 +147,7 @@ class RayBackend:
             for engine, ref in zip(self._engines, starts):
                 try:
                     engine.info = ray.get(ref, timeout=c.health_timeout_s + 60.0)
+                    engine.last_status, engine.last_status_t = {"log_tail": engine.info["log_tail"]}, self._since()
                 except Exception as exc:  # the actor's EngineStartError, or its death
                     errors.append(f"engine {engine.index} did not start: {_cause(exc)}")
             if errors:
@@ -215,26 +217,30 @@ class RayBackend:
                 self._fail(e, f"its actor died ({type(exc).__name__}): the node was lost or the actor was killed "
                               f"({_first_line(exc)})")
                 continue
-            e.unanswered, e.last_status = 0, status
+            e.unanswered, e.last_status, e.last_status_t = 0, status, self._since()
             if status["returncode"] is not None:
                 self._fail(e, f"its server process exited with code {status['returncode']}")
+
+    def _since(self) -> float:
+        """Seconds since the backend started."""
+        return time.monotonic() - self._t0
 
     def _unreachable(self, e: _Engine, error: str) -> None:
         with self._lock:
             if e.unreachable is None:
-                e.unreachable = (f"It stopped answering at t={time.monotonic() - self._t0:.2f}s ({error}), while the "
+                e.unreachable = (f"It stopped answering at t={self._since():.2f}s ({error}), while the "
                                  f"integration was doing: {self._activity(e.index)}\n")
 
     def _fail(self, e: _Engine, what: str) -> None:
         with self._lock:
             if e.failure is not None:
                 return
-            when = time.monotonic() - self._t0
+            when = self._since()
             e.failure = (f"engine {e.index} (node {e.info.get('node_id', '?')} at {e.info.get('node_ip', '?')}, "
                          f"server {e.info.get('url', '?')}, pid {e.info.get('pid', '?')}) failed at "
                          f"t={when:.2f}s: {what}.\n{e.unreachable or ''}"
                          f"At the failure the integration was doing: {self._activity(e.index)}\n"
-                         f"{e.last_status.get('log_tail', '(no log seen: the engine failed before its first status)')}")
+                         f"Engine log as of t={e.last_status_t or 0:.2f}s:\n{e.last_status.get('log_tail', '(none)')}")
         if e.proxy is not None:
             e.proxy.proxy.fail(e.failure.splitlines()[0])
 
@@ -261,6 +267,9 @@ class RayBackend:
             self._monitor.join()
             self._monitor = None
             self._poll(patience=1)  # what happened since the last poll counts too (nothing is stopped yet)
+            for e in self._engines:
+                if e.failure is None and e.unreachable is not None:  # Ray may not know yet; the integration did
+                    self._fail(e, "the proxy could not reach it while the backend ran")
         for e in self._engines:
             if e.proxy is not None:
                 e.proxy.stop()

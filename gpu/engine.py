@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,10 +34,31 @@ class EngineStartError(RuntimeError):
     """The engine did not become healthy; the message carries its command line and the tail of its log."""
 
 
+def ephemeral_ports() -> range:
+    """The ports the OS hands out for port-0 binds and outgoing connections (Linux; 32768-60999 by default)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port(host: str) -> int:
-    """A TCP port free on ``host`` right now (the OS picks it; the engine binds it right after)."""
+    """A TCP port free on ``host`` right now, outside the OS's ephemeral range: between this check and the engine's
+    own bind, no port-0 bind or outgoing connection of another process (a proxy, another engine) can take it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    ephemeral = ephemeral_ports()
+    candidates = range(10000, ephemeral.start) if ephemeral.start > 11000 else range(ephemeral.stop, 65536)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(candidates)
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family, socket.SOCK_STREAM) as sock:  # a crowded machine: let the OS pick
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
@@ -106,7 +128,7 @@ class EngineProcess:
                                        f"({self.describe()})\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2.0) as r:
-                    if r.status == 200:
+                    if r.status == 200 and self.process.poll() is None:
                         return
                     last = f"HTTP {r.status}"
             except urllib.error.HTTPError as exc:
@@ -202,7 +224,7 @@ class EngineActor:
     def start(self, health_timeout_s: float) -> dict[str, Any]:
         url = self.engine.start(health_timeout_s)
         return {"url": url, "node_id": self.node_id, "node_ip": self.node_ip, "pid": self.engine.process.pid,
-                "log": str(self.engine.log_path)}
+                "log": str(self.engine.log_path), "log_tail": self.engine.log_tail(), "actor_pid": os.getpid()}
 
     def status(self) -> dict[str, Any]:
         return self.engine.status()

@@ -122,3 +122,11 @@ def test_the_model_is_written_once_per_node_and_never_half(tmp_path: Path) -> No
     assert materialize(str(tmp_path / "models" / "tiny"), {"config.json": b"other"}) is False
     assert (tmp_path / "models" / "tiny" / "config.json").read_bytes() == b"{}"
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["tiny"], "no staging directory left behind"
+
+
+def test_engine_ports_are_outside_the_range_port_0_binds_draw_from() -> None:
+    from gpu.engine import ephemeral_ports, free_port
+
+    ports = {free_port("127.0.0.1") for _ in range(20)}
+    assert not ports & set(ephemeral_ports()) and all(1024 < p < 65536 for p in ports)
+    assert len(ports) > 10, "drawn at random: concurrent launches do not pick the same port"

@@ -7,6 +7,7 @@ is gone no engine process is left on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -126,25 +127,37 @@ def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> Non
                 backends.append(RayBackend(fake_config(model)))
                 return backends[-1]
 
-            def remove_node_of_engine_1_during_the_first_update() -> None:
+            def remove_node_of_engine_1_once_it_answered_a_generate() -> None:
                 wait_until(lambda: backends and backends[-1].urls and any(
-                    c.path == "/pause_generation" for c in backends[-1].wire.snapshot()), 30, "the first update cycle")
+                    c.engine == 1 and c.path == "/generate" and c.t_end is not None
+                    for c in backends[-1].wire.snapshot()), 30, "engine 1's first answer")
                 node_id = backends[-1].engine_nodes()[1]
                 node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
                 removed.append(node_id)
                 cluster.remove_node(node, allow_graceful=False)
+                # A lost machine loses every process at once; a simulated node's workers only notice their raylet
+                # is gone seconds later, so the actor's worker goes now (its engine dies with it).
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(backends[-1].engine_info()[1]["actor_pid"], signal.SIGKILL)
 
-            killer = threading.Thread(target=remove_node_of_engine_1_during_the_first_update, daemon=True)
+            killer = threading.Thread(target=remove_node_of_engine_1_once_it_answered_a_generate, daemon=True)
             killer.start()
             t = time.monotonic()
-            with pytest.raises(EngineFailure) as info:
-                run_one("steady-disk-retract", integration, factory, seed=0)
+            try:
+                result = run_one("steady-disk-retract", integration, factory, seed=0)
+            except EngineFailure as failure:
+                error = failure
+            else:
+                error = None
             elapsed = time.monotonic() - t
-            killer.join(5)
-            print(f"node loss: the scenario failed {elapsed:.1f}s after it started:\n{info.value}")
-            message = str(info.value)
+            killer.join(30)
+            assert error is not None, (f"no failure reported; node removed: {removed}, after {elapsed:.1f}s; "
+                                       f"breaks: {result.history.breaks if result.history else result.skipped}")
+            print(f"node loss: the scenario failed {elapsed:.1f}s after it started:\n{error}")
+            message = str(error)
             assert removed and f"engine 1 (node {removed[0]}" in message
-            assert "its actor died" in message and "It stopped answering at t=" in message
+            assert "It stopped answering at t=" in message and any(
+                what in message for what in ("its actor died", "answered no status call", "could not reach it"))
             assert "--- engine log tail ---" in message and "ready to roll" in message
             assert elapsed < 40
             wait_until(lambda: not engine_processes(model), 15, "no engine process left after the node loss")

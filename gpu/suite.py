@@ -50,6 +50,7 @@ class GpuSuite:
     _checked: bool = field(default=False, init=False)
     _error: str | None = field(default=None, init=False)
     _built: str | None = field(default=None, init=False)
+    _start_failure: str | None = field(default=None, init=False)
 
     def skip_reason(self) -> str | None:
         """Why ``-m gpu`` cannot run here (one line), or None; checked once. Raises RuntimeError (every time) when
@@ -91,16 +92,39 @@ class GpuSuite:
             self._built = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-tiny-model-")) / "model"))
         return self._built, {p.name: p.read_bytes() for p in Path(self._built).iterdir()}
 
-    def backend_factory(self) -> Any:
-        """A zero-argument factory of fresh backends (one per scenario)."""
-        from .backend import RayBackend, RayBackendConfig
+    def backend_config(self) -> Any:
+        """What each scenario's backend starts: ``max(2, nodes)`` engines over ``nodes`` nodes, one GPU each, or
+        a share of one when a node holds several (the tiny model fits many times on a GPU)."""
+        from .backend import RayBackendConfig
 
         path, files = self.model()
-        config = RayBackendConfig(EngineSpec(model_path=path, enable_lora=True, random_seed=self.seed),
-                                  engines=max(2, self.nodes), nodes=self.nodes, program=SGLANG,
-                                  resources_per_engine={"CPU": 1, "GPU": 1}, health_timeout_s=self.health_timeout_s,
-                                  profile=self.profile, model_files=files)
-        return lambda: RayBackend(config)
+        engines = max(2, self.nodes)
+        per_node = -(-engines // self.nodes)
+        spec = EngineSpec(model_path=path, enable_lora=True, random_seed=self.seed,
+                          mem_fraction_static=round(0.8 / per_node, 2) if per_node > 1 else None)
+        return RayBackendConfig(spec, engines=engines, nodes=self.nodes, program=SGLANG,
+                                resources_per_engine={"CPU": 1, "GPU": round(1 / per_node, 4)},
+                                health_timeout_s=self.health_timeout_s, profile=self.profile, model_files=files)
+
+    def backend_factory(self) -> Any:
+        """A zero-argument factory of fresh backends (one per scenario). Once engines failed to start, later
+        scenarios fail at once with that reason instead of waiting out the health deadline again."""
+        from .backend import EngineFailure, RayBackend
+
+        config = self.backend_config()
+        suite = self
+
+        class SessionBackend(RayBackend):
+            def start(self) -> None:
+                if suite._start_failure:
+                    raise EngineFailure(f"not started: an earlier scenario's engines did not start:\n"
+                                        f"{suite._start_failure}")
+                try:
+                    super().start()
+                except EngineFailure as exc:
+                    suite._start_failure = str(exc)
+                    raise
+        return lambda: SessionBackend(config)
 
     def close(self) -> None:
         if self._built is not None:

@@ -90,3 +90,36 @@ def test_an_unusable_cluster_is_an_error_every_time_not_a_skip(monkeypatch: pyte
     for _ in range(2):
         with pytest.raises(RuntimeError, match="cannot use the Ray cluster: ConnectionError: could not reach 10.9.9.9"):
             suite.skip_reason()
+
+
+@pytest.mark.parametrize(("nodes", "gpu", "memory"), [(1, 0.5, 0.4), (2, 1.0, None), (3, 1.0, None)])
+def test_engines_take_a_gpu_each_or_share_one_on_a_node(nodes: int, gpu: float, memory: float | None) -> None:
+    suite = GpuSuite(nodes=nodes)
+    try:
+        config = suite.backend_config()
+    finally:
+        suite.close()
+    assert (config.engines, config.nodes) == (max(2, nodes), nodes)
+    assert config.resources_per_engine == {"CPU": 1, "GPU": gpu}
+    assert config.spec.mem_fraction_static == memory and config.spec.enable_lora
+    assert set(config.model_files) >= {"config.json", "model.safetensors", "tokenizer.json"}
+
+
+def test_after_engines_failed_to_start_later_scenarios_fail_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu.backend import EngineFailure, RayBackend
+
+    starts: list[int] = []
+
+    def never_healthy(self) -> None:
+        starts.append(1)
+        raise EngineFailure("engine 0 did not start: did not answer 200 on /health within 600s")
+    monkeypatch.setattr(RayBackend, "start", never_healthy)
+    suite = GpuSuite(nodes=2)
+    try:
+        factory = suite.backend_factory()
+        for _ in range(3):
+            with pytest.raises(EngineFailure, match="within 600s"):
+                factory().start()
+    finally:
+        suite.close()
+    assert len(starts) == 1

@@ -40,7 +40,7 @@ def run_suite(pytester: pytest.Pytester):
         pytester._monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(pytester.path),
                                                                     os.environ.get("PYTHONPATH", "")]))
         pytester._monkeypatch.delenv("RAY_ADDRESS", raising=False)
-        return pytester.runpytest_subprocess(SUITE, "-p", "no:cacheprovider", "-p", "no:xdist", *args, timeout=120)
+        return pytester.runpytest_subprocess(SUITE, "-p", "no:cacheprovider", "-n", "0", *args, timeout=120)
     return run
 
 

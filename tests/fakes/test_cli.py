@@ -160,6 +160,7 @@ def test_bad_arguments_fail_fast() -> None:
         (["--engines", "0"], "--engines must be >= 1, got 0"),
         (["--tokens-per-second", "-1"], "--tokens-per-second must be > 0"),
         (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["--model-path", "/nonexistent/model"], "--model-path '/nonexistent/model' is not a local directory"),
     ],
 )
 def test_bad_input_is_a_one_line_usage_error(capsys, argv, message) -> None:

@@ -221,13 +221,16 @@ async def test_tp_ranks_each_join_the_weight_update_group(connect) -> None:
     assert resp.status_code == 200 and "g" in trainer, resp.text
     try:
         new = perturbed(tiny_model(0), step=8)
-        sending = threading.Thread(target=trainer["g"].send, args=(new,))
+        sent = {**new, "model.layers.0.self_attn.q_norm.weight": new["model.norm.weight"]}  # a name it lacks: skipped
+        sending = threading.Thread(target=trainer["g"].send, args=(sent,))
         sending.start()
-        body = {**distributed_metadata(new), "group_name": "g"}
+        body = {**distributed_metadata(sent), "group_name": "g"}
         resp = await wire.post("/update_weights_from_distributed", json=body, timeout=15.0)
         sending.join(15.0)
         assert resp.status_code == 200 and not sending.is_alive(), resp.text
         assert wire.engine.weights.digest() == weights_digest(new)
+        assert [e.fields["name"] for e in wire.engine.events.of_kind("weights.skipped")] == [
+            "model.layers.0.self_attn.q_norm.weight"]
         assert (await wire.post("/destroy_weights_update_group", json={"group_name": "g"})).status_code == 200
     finally:
         trainer["g"].destroy()

@@ -2,8 +2,8 @@
 
 Everything public is re-exported lazily (module `__getattr__`), so importing the package imports nothing heavy
 (no uvicorn, httpx or torch): `FakeEngine`, `FakeRouter`, `LoopbackServer`, `asgi_client`, `mount_respx`,
-`ManualClock`, `RealClock`, `PROFILES`, `FaultPlan`, `Fault`, `WeightStore`, `TensorBlob`, ... The package uses
-relative imports only, so it can be vendored under any name.
+`ManualClock`, `RealClock`, `PROFILES`, `FaultPlan`, `Fault`, `WeightStore`, `TensorBlob`, `load_served_model`, ...
+The package uses relative imports only, so it can be vendored under any name.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ _EXPORTS = {
     "FaultPlan": "faults",
     "Fault": "faults",
     "WeightStore": "weights",
+    "ServedModel": "served_model",
+    "load_served_model": "served_model",
     "TensorBlob": "weights",
     "EventLog": "events",
     "Event": "events",

@@ -6,23 +6,24 @@ configuration only, never the cycle:
 * **tensor and LoRA** payloads: SGLang decodes ``serialized_named_tensors`` with its pickle-based
   ``MultiprocessingSerializer``; CUDA-IPC handles never cross nodes, so the tensors travel inline
   (``encode_pickle_b64``) rather than as the fake's safetensors-b64;
-* **distributed**: the trainer is rank 0 of a gloo group hosted on the driver (``master_address`` must be an
-  address the engines' nodes reach, not 127.0.0.1); SGLang receives the gloo broadcast straight into its CUDA
-  parameters (the device check ran exactly that on an H200: ``gloo_into_cuda``). An NCCL trainer needs a GPU of
-  its own (NCCL refuses two ranks on one device, also seen there): run the driver on a GPU node outside the
-  engines' placement group, and give the transport an NCCL group (``DistributedTransport._new_group`` with
-  ``ProcessGroupNCCL`` and torch's ``"cuda/"`` store prefix) — not built yet;
+* **distributed**: the trainer is rank 0 of a group hosted on the driver (``master_address`` must be an address
+  the engines' nodes reach, not 127.0.0.1). With gloo (``integration``) SGLang receives the broadcast straight into
+  its CUDA parameters (the device check ran exactly that on an H200: ``gloo_into_cuda``). With NCCL
+  (``nccl_integration``, :class:`NcclTransport`) the trainer's rank holds the tensors on a GPU of the driver's
+  own: NCCL refuses two ranks on one device (also seen there), so run the driver on a GPU node with a GPU no
+  engine uses (``CUDA_VISIBLE_DEVICES``);
 * **disk**: checkpoints are written under the scenario's temporary directory, so ``TMPDIR`` must be a filesystem
   every node mounts at the same path.
 
-    pytest -m gpu --nodes 2 --integration gpu.trainer:integration
+    pytest -m gpu --nodes 2 --integration gpu.trainer:integration          # or gpu.trainer:nccl_integration
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from conformance.interface import BuildEnv
 from conformance.reference.integration import ReferenceIntegration
@@ -42,6 +43,35 @@ def reachable_address() -> str:
         return s.getsockname()[0]
 
 
+class NcclTransport(DistributedTransport):
+    """The reference's distributed transport over NCCL: rank 0 on ``device`` (a GPU of the driver), the group keyed
+    in the store as SGLang's ranks key theirs (``init_custom_process_group``: ``PrefixStore(name)``, then torch's
+    ``_new_process_group_helper`` prefixes ``f"{name}/"`` and ``"cuda/"`` for an NCCL backend), and the engines
+    told ``backend="nccl"``. Every tensor is copied to ``device`` and broadcast from it, in the order of the names."""
+
+    def __init__(self, master_address: str, device: str = "cuda:0", timeout_s: float = 120.0) -> None:
+        super().__init__("gloo", master_address, timeout_s)  # the parent builds gloo groups only
+        self.backend, self.device = "nccl", device
+
+    def _new_group(self, store: Any, name: str, world_size: int) -> Any:
+        import torch.distributed as dist
+
+        keyed = dist.PrefixStore("cuda/", dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store)))
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = self.timeout
+        group = dist.ProcessGroupNCCL(keyed, 0, world_size, options)
+        group._set_sequence_number_for_group()
+        return group
+
+    def _broadcast(self, group: Any, tensors: list[Any]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        for tensor in tensors:
+            group.broadcast([tensor.to(self.device)], dist.BroadcastOptions()).wait(self.timeout)
+        torch.cuda.synchronize(self.device)
+
+
 @dataclass(frozen=True, eq=False)
 class ClusterReferenceIntegration(ReferenceIntegration):
     """The reference integration, its distributed group hosted on ``master_address`` (default: this machine's
@@ -50,11 +80,16 @@ class ClusterReferenceIntegration(ReferenceIntegration):
     master_address: str | None = None
 
     def make_transports(self, env: BuildEnv) -> dict[str, WeightTransport]:
-        transports = super().make_transports(env)
-        transports["distributed"] = DistributedTransport(self.backend, self.master_address or reachable_address(),
-                                                         timeout_s=self.timeout_s)
+        gloo = self if self.backend == "gloo" else replace(self, backend="gloo")  # the parent's transport is gloo-only
+        transports = ReferenceIntegration.make_transports(gloo, env)
+        address = self.master_address or reachable_address()
+        transports["distributed"] = (NcclTransport(address, timeout_s=self.timeout_s) if self.backend == "nccl"
+                                     else DistributedTransport(self.backend, address, timeout_s=self.timeout_s))
         return transports
 
 
 integration = ClusterReferenceIntegration(name="reference-sglang", tensor_encoder=encode_pickle_b64)
-"""``--integration gpu.trainer:integration``."""
+"""``--integration gpu.trainer:integration`` (gloo from the driver's CPU)."""
+nccl_integration = ClusterReferenceIntegration(name="reference-sglang-nccl", backend="nccl",
+                                               tensor_encoder=encode_pickle_b64)
+"""``--integration gpu.trainer:nccl_integration`` (NCCL from a GPU of the driver's own)."""

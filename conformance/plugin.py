@@ -63,6 +63,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--nodes must be >= 1")
     if not 0.0 <= config.getoption("--max-aborted-rate") <= 1.0:
         raise pytest.UsageError("--max-aborted-rate must be between 0 and 1")
+    if getattr(config.option, "dist", "no") == "load":
+        # pytest-xdist: every case of one scenario to the same worker (xdist_group), so each scenario runs once
+        # (xdist's plain load spreads them and reruns a scenario in every worker that got one of its cases).
+        config.option.dist = "loadgroup"
     config.stash[_RESULTS] = {}
     report, dump = config.getoption("--conformance-report"), config.getoption("--dump-history")
     if report or dump:

@@ -262,7 +262,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "rl-frameworks c.4; miles test_staleness_filter_off_before_the_first_weight_update", ("V3",),
             manager_cls=NoneAsZeroManager),
     _mutant("oldest_wrong", "a group's oldest version is the last turn's output-time label only",
-            "rl-frameworks S2/V6; rllm #622", ("S2", "V6"), manager_cls=LastTurnLabelManager),
+            "rl-frameworks S2/V6; rllm #622", ("S2",), manager_cls=LastTurnLabelManager),
     _mutant("filter_at_production", "staleness is judged when a group finishes, not when it is consumed",
             "rl-frameworks S3; miles test_buffer_get_skips_groups_stale_at_consumption_time", ("S3",),
             manager_cls=ProductionTimeFilterManager),

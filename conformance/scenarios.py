@@ -292,6 +292,24 @@ class Run:
                 stalled_since = time.monotonic()
             await asyncio.sleep(0.002)
 
+    async def until_next_call(self) -> None:
+        """Wait until every engine finished one more of the integration's ``/generate`` calls and has a call in
+        flight that was sent after it (the next turn of a multi-turn sample, for a producer that keeps its
+        samples on one engine)."""
+        wire, engines = self.backend.wire, len(self.backend.urls)
+        since = time.monotonic()
+
+        def progressed() -> bool:
+            calls = [c for c in wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
+            for engine in range(engines):
+                done = [c.t_end for c in calls if c.engine == engine and c.t_end is not None and c.t_end >= since]
+                if not done or not any(c.engine == engine and c.t_end is None and c.t_start >= min(done)
+                                       for c in calls):
+                    return False
+            return True
+        await wait_for_condition(progressed, self.deadlines.wait_s, "a finished /generate call followed by the next "
+                                 "one in flight on every engine")
+
     async def until_producer_blocked(self, quiet_s: float = 0.1) -> None:
         """Wait until no /generate has been in flight for ``quiet_s``: the producer is blocked on a full buffer."""
         wire = self.backend.wire
@@ -481,11 +499,14 @@ def _consumed_mixed_group(history: History) -> bool:
 
 
 async def _mixed_versions(run: Run) -> None:
-    """Update while multi-turn samples decode, until a consumed group was generated under two versions."""
+    """Update while multi-turn samples decode, until a consumed group was generated under two versions. Each update
+    waits until every engine finished a call and has the next one in flight, so it lands on a later turn of a
+    sample (releases without per-token spans label a whole call with the version current when it ends)."""
     rollout = run.scenario.rollout
     await run.start()
     for _ in range(8):
-        await run.update(in_flight=0.005)
+        await run.until_next_call()
+        await run.update(in_flight=0.0)
         for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 1):
             await run.drain(1)
             run.history.wire = run.backend.wire.snapshot()

@@ -39,8 +39,12 @@ def test_an_abort_only_integration_runs_and_fails_with_its_cost_measured() -> No
     i2, i3 = result.verdicts["I1-I2"], result.verdicts["I3"]
     assert (i2.checker_status, i3.checker_status) == ("fail", "fail"), (i2.explain(), i3.explain())
     assert "pauses in abort mode (mode: 'abort' sent)" in i3.witness[0]
-    assert any("the suite's long-lived request" in w and "it was paused" in w for w in i2.witness), i2.explain()
-    assert i2.metrics["aborted_requests"] >= 2 and i2.metrics["aborted_request_rate"] > 0
+    # every cycle aborted the suite's resident request on every engine (by construction), and the cost of the
+    # integration's own requests is measured (how many were in flight at each pause is up to timing)
+    sentinel_aborts = [w for w in i2.witness if "the suite's long-lived request" in w and "it was paused" in w]
+    assert len(sentinel_aborts) == 2 * len(result.history.cycles), i2.explain()
+    m = i2.metrics
+    assert m["aborted_request_rate"] == m["aborted_requests"] / m["requests"] and m["aborted_sample_rate"] >= 0
 
 
 class NeverPausingUpdater(ReferenceUpdater):

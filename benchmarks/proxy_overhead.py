@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="alternating direct/proxied rounds (default 3)")
     args = p.parse_args()
     seconds, rounds = (0.5, 1) if args.quick else (args.seconds, args.rounds)
+    started = time.perf_counter()
     spec = EngineSpec(model_path="fake-sglang/tiny-llama", fake_args=("--fake-tokens-per-second", "1000"))
     engine = EngineProcess(spec, FAKE, name="benchmark-engine")
     engine.start(health_timeout_s=30)
@@ -84,6 +85,7 @@ def main() -> None:
     print(f"| through the recording proxy | {proxied:,.0f} | {', '.join(f'{r:,.0f}' for r in rates['proxied'])} |")
     print(f"recorded calls: {wire.completed()}")
     print(f"proxied /generate: {proxied:,.0f} round trips/s, ratio to direct {proxied / direct:.2f}")
+    print(f"total time: {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":

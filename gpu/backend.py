@@ -177,7 +177,8 @@ class RayBackend:
         return read_all_digests([e.info["url"] for e in self._engines], params, self.config.digest_timeout_s)
 
     def truth(self) -> dict[str, Any]:
-        return {}
+        """Where each engine ran (the report draws one lane group per node)."""
+        return {"nodes": self.engine_nodes()}
 
     # -- what the backend knows about its engines -------------------------------------------------------------
 

@@ -29,6 +29,10 @@ EXPECTED = {
         r"\| process\s*\|\s*aiohttp\s*\|",
         rf"fake /generate \(process \+ aiohttp\): {NUMBER} round trips/s, ratio to hello-world {NUMBER}",
     ],
+    "proxy_overhead": [
+        r"\| through the recording proxy\s*\|",
+        rf"proxied /generate: {NUMBER} round trips/s, ratio to direct {NUMBER}",
+    ],
     "verdict_determinism": [
         r"\| version_bump_aborts\s*\|",
         rf"mutants killed in every run: {NUMBER}/{NUMBER} mutant-runs; reference passed {NUMBER}/{NUMBER} runs",

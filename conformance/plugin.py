@@ -29,8 +29,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--isolate-scenarios", action="store_true",
                     help="run each scenario in its own fresh process (fake backend), for adapters with "
                          "process-global state")
+    from fakes.profiles import DEFAULT_PROFILE, PROFILES  # light: plain data
+
     group.addoption("--sglang-profile", default=None, metavar="VERSION",
-                    help="SGLang version the fake engines behave as: 0.5.4, 0.5.10 or 0.5.23 (default)")
+                    help=f"SGLang release the fake engines behave as: {', '.join(PROFILES)} "
+                         f"(default {DEFAULT_PROFILE})")
     group.addoption("--conformance-seed", type=int, default=None, metavar="N",
                     help="seed for workloads and fake engines (default: env WEIGHTSYNC_SEED, else 0)")
     group.addoption("--conformance-report", default=None, metavar="PATH",

@@ -39,6 +39,9 @@ class Mutant:
     kills: tuple[str, ...]
     """Invariant ids expected to catch it."""
     integration: Integration
+    shows_in: tuple[str, ...]
+    """The scenarios built to expose this bug: the quick proof CI runs (the determinism benchmark runs every
+    scenario checked for the invariants it breaks)."""
 
     def scenarios(self) -> list[str]:
         """The scenarios checked for an invariant this mutant breaks (the others cannot kill it as expected)."""
@@ -151,7 +154,8 @@ class StampEveryBucket(DistributedTransport):
 
     async def _receive(self, engine: WeightSyncClient, names: Sequence[str], dtypes: Sequence[str],
                        shapes: Sequence[Sequence[int]], version: int) -> None:
-        await engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name, weight_version=str(version))
+        await engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name,
+                                                     weight_version=str(version))
 
 
 class ReloadSameNameLora(LoraTransport):
@@ -245,58 +249,79 @@ def write_checkpoint_in_place(root: Path, name: str, tensors: Mapping[str, torch
     return final
 
 
-def _mutant(name: str, bug: str, source: str, kills: tuple[str, ...], **pieces: Any) -> Mutant:
+def _mutant(name: str, bug: str, source: str, kills: tuple[str, ...], *, shows_in: tuple[str, ...],
+            **pieces: Any) -> Mutant:
     cls = pieces.pop("integration_cls", ReferenceIntegration)
-    return Mutant(name, bug, source, kills, cls(name=name, **pieces))
+    return Mutant(name, bug, source, kills, cls(name=name, **pieces), shows_in)
 
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("version_bump_aborts", "update_weight_version posts only new_version, so SGLang aborts every request",
-            "seed 000; miles #2589", ("I1", "I2"), client_cls=BareVersionBumpClient),
+            "seed 000; miles #2589", ("I1", "I2"),
+            shows_in=("steady-tensor-retract",), client_cls=BareVersionBumpClient),
     _mutant("lora_unstamped", "a LoRA update bumps the trainer counter but never the engines' label",
-            "seed 001 [P1]; rl-frameworks c.3", ("V1",), updater_cls=LoraUnstampedUpdater),
+            "seed 001 [P1]; rl-frameworks c.3", ("V1",),
+            shows_in=("lora",), updater_cls=LoraUnstampedUpdater),
     _mutant("failover_regression_stored", "a failover cell restarts at 0 and the manager stores the lower version",
-            "seed 001 [P2]; miles #2244 review", ("V4",), integration_cls=FreshCounterIntegration,
+            "seed 001 [P2]; miles #2244 review", ("V4",),
+            shows_in=("failover",), integration_cls=FreshCounterIntegration,
             manager_cls=SilentRegressionManager),
     _mutant("none_as_zero", "no version yet and 'default' labels count as version 0",
             "rl-frameworks c.4; miles test_staleness_filter_off_before_the_first_weight_update", ("V3",),
-            manager_cls=NoneAsZeroManager),
+            
+            shows_in=("first-drain",), manager_cls=NoneAsZeroManager),
     _mutant("oldest_wrong", "a group's oldest version is the last turn's output-time label only",
-            "rl-frameworks S2/V6; rllm #622", ("S2",), manager_cls=LastTurnLabelManager),
+            "rl-frameworks S2/V6; rllm #622", ("S2",),
+            shows_in=("mixed-versions",), manager_cls=LastTurnLabelManager),
     _mutant("filter_at_production", "staleness is judged when a group finishes, not when it is consumed",
             "rl-frameworks S3; miles test_buffer_get_skips_groups_stale_at_consumption_time", ("S3",),
-            manager_cls=ProductionTimeFilterManager),
+            
+            shows_in=("staleness",), manager_cls=ProductionTimeFilterManager),
     _mutant("recycle_partial", "an aborted group is re-queued with its partial turns",
-            "slime #2092", ("I4",), manager_cls=KeepsAbortedManager),
+            "slime #2092", ("I4",),
+            shows_in=("aborted-groups",), manager_cls=KeepsAbortedManager),
     _mutant("resume_not_finally", "a failed update leaves the engines paused with the session open",
-            "rl-frameworks I6; AReaL #1181; miles mixin", ("I6",), updater_cls=NoResumeOnFailureUpdater),
+            "rl-frameworks I6; AReaL #1181; miles mixin", ("I6",),
+            shows_in=("failing-transfer-disk",), updater_cls=NoResumeOnFailureUpdater),
     _mutant("success_false_ignored", "an engine's success:false / non-200 transfer answer is logged, not raised",
-            "miles #684; minimind update_policy", ("P5",), client_cls=UncheckedTransferClient),
+            "miles #684; minimind update_policy", ("P5",),
+            shows_in=("one-engine-rejects",), client_cls=UncheckedTransferClient),
     _mutant("non_atomic_checkpoint", "the checkpoint is written in place at its final path",
-            "seed 004 (minimind)", ("F3",), disk_writer=write_checkpoint_in_place),
+            "seed 004 (minimind)", ("F3",),
+            shows_in=("steady-disk-retract",), disk_writer=write_checkpoint_in_place),
     _mutant("flush_under_in_place", "the cache is flushed under in_place too",
-            "rl-frameworks C2; ray #63769 review", ("C2",), updater_cls=AlwaysFlushUpdater),
+            "rl-frameworks C2; ray #63769 review", ("C2",),
+            shows_in=("steady-tensor-in_place",), updater_cls=AlwaysFlushUpdater),
     _mutant("lora_reload_in_place", "a LoRA refresh unloads the adapter and loads the new one under the same name "
             "while the engines are paused, so the unload waits forever for the paused requests that use it",
-            "miles #2780; rl-frameworks P7", ("P7",), lora_cls=ReloadSameNameLora),
+            "miles #2780; rl-frameworks P7", ("P7",),
+            shows_in=("lora",), lora_cls=ReloadSameNameLora),
     _mutant("pause_abort", "pauses with an empty body, which SGLang reads as mode abort: every request in flight "
             "is aborted", "rl-frameworks I3; a framework that posts {} to /pause_generation", ("I3",),
-            client_cls=AbortPauseClient),
+            
+            shows_in=("steady-tensor-retract",), client_cls=AbortPauseClient),
     _mutant("implicit_flush_in_place", "the disk update leaves flush_cache out, so SGLang flushes (its default) "
             "while the engines are paused in place", "rl-frameworks C2; a framework's disk load", ("C2",),
-            client_cls=ImplicitFlushClient),
+            
+            shows_in=("steady-disk-in_place",), client_cls=ImplicitFlushClient),
     _mutant("bucket_stamped", "every bucket of a distributed update carries weight_version, so the engines are "
-            "relabelled when the first bucket lands, before the whole update did", "rl-frameworks V2 (miles)", ("V2",),
-            integration_cls=BucketStampIntegration),
+            "relabelled when the first bucket lands, before the whole update did", "rl-frameworks V2 (miles)",
+            ("V2",),
+            
+            shows_in=("failing-transfer-distributed",), integration_cls=BucketStampIntegration),
     _mutant("filter_admits_bound_plus_one", "the staleness filter is off by one: a group at bound + 1 is trained",
-            "rl-frameworks S3", ("S3",), manager_cls=BoundPlusOneManager),
+            "rl-frameworks S3", ("S3",),
+            shows_in=("staleness",), manager_cls=BoundPlusOneManager),
     _mutant("refusal_ignored_after_retry", "a refused disk load is retried once, then logged and ignored",
-            "rl-frameworks P5; miles #684", ("P5",), client_cls=RetryThenIgnoreClient),
+            "rl-frameworks P5; miles #684", ("P5",),
+            shows_in=("one-engine-rejects",), client_cls=RetryThenIgnoreClient),
     _mutant("unconverted_names", "full updates send the trainer's FSDP-wrapped parameter names; SGLang skips names "
             "its model does not have (with a warning) and answers success, so the engines keep their old weights",
-            "SGLang 0.5.23 load_weights (llama.py); rl-frameworks P6", ("P6",), updater_cls=UnconvertedNamesUpdater),
+            "SGLang 0.5.23 load_weights (llama.py); rl-frameworks P6", ("P6",),
+            shows_in=("steady-disk-retract",), updater_cls=UnconvertedNamesUpdater),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
-            "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",), updater_cls=PublishFirstUpdater),
+            "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",),
+            shows_in=("steady-tensor-retract",), updater_cls=PublishFirstUpdater),
 ]}
 
 

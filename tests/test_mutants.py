@@ -1,9 +1,10 @@
 """The suite's own proof: every mutant of the reference integration is killed by the invariant it breaks.
 
-Each mutant reintroduces one real bug (seeds and docs/rl-frameworks.md); the conformance scenarios checked for the
-invariants it breaks run against it, exactly as ``pytest --integration conformance.mutants:<name>`` would run
-them, and must fail the expected invariant with a witness. The mutation table (mutant → cases that killed it)
-is printed at the end of the run.
+Each mutant reintroduces one real bug (seeds and docs/rl-frameworks.md); the scenarios built to expose it
+(``Mutant.shows_in``, checked for the invariants it breaks) run against it, exactly as ``pytest --integration
+conformance.mutants:<name>`` would run them, and the expected checker itself must fail with a witness. The mutation
+table (mutant → cases that killed it) is printed at the end of the run. ``benchmarks/verdict_determinism.py`` runs
+every mutant through every scenario checked for its invariants, ten times.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.cpu
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_is_killed(name: str, record_property) -> None:
     mutant = MUTANTS[name]
-    scenarios = mutant.scenarios()
-    assert scenarios, f"no scenario checks any of {mutant.kills}"
+    scenarios = list(mutant.shows_in)
+    assert scenarios and set(scenarios) <= set(mutant.scenarios()), \
+        f"{name} shows in {scenarios}, which must be checked for one of {mutant.kills}"
     results = run_cases(mutant.integration, fake_backend_factory(seed=0), scenarios=scenarios, deadlines=DEADLINES)
     killers = mutant.killers(results)
     record_property("mutation", json.dumps({"mutant": name, "bug": mutant.bug,

@@ -81,12 +81,12 @@ def test_a_result_of_another_schema_version_is_refused(tmp_path: Path, recorded:
 
 
 def test_the_main_job_under_xdist_writes_a_complete_valid_result(tmp_path: Path) -> None:
-    """``python -m conformance --out DIR -n 3``: the controller writes the result; every case pytest ran is in it
+    """``python -m conformance --out DIR -n 2``: the controller writes the result; every case pytest ran is in it
     exactly once with pytest's outcome, names the history of the worker that ran its scenario, and matches the
     committed baseline; cases skipped before their run (the GPU backend here) are there with the reason;
     ``--dump-history`` writes each scenario run as JSON; the HTML's path is printed."""
     out, dump = tmp_path / "results", tmp_path / "dump"
-    done = run_python("-m", "conformance", "--out", str(out), "-n", "3", "-m", "cpu or gpu", "-k", SCENARIO,
+    done = run_python("-m", "conformance", "--out", str(out), "-n", "2", "-m", "cpu or gpu", "-k", SCENARIO,
                       f"--dump-history={dump}", "-rA", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"HTML report: {out / 'conformance-result.html'}" in done.stdout
@@ -94,7 +94,7 @@ def test_the_main_job_under_xdist_writes_a_complete_valid_result(tmp_path: Path)
     result_path = out / "conformance-result.json"
     result = json.loads(result_path.read_text())
     validate(result)
-    assert result["run"]["workers"] == 3 and result["run"]["integration"]["capabilities"]["failover"] is True
+    assert result["run"]["workers"] == 2 and result["run"]["integration"]["capabilities"]["failover"] is True
     cases = {c["nodeid"]: c for c in result["cases"]}
     expected = [c.id for c in CASES if c.scenario == SCENARIO]
     assert len(cases) == len(result["cases"]) == 2 * len(expected)  # on fake and on gpu

@@ -169,7 +169,8 @@ def record_verdict(config: pytest.Config, nodeid: str, case: Any, backend: str, 
     if collector is None:
         return
     v = result.verdicts.get(case.check) if result.history else None
-    details = {k: val for k, val in asdict(v).items() if k not in ("check", "status", "witness", "metrics")} if v else {}
+    details = ({k: val for k, val in asdict(v).items() if k not in ("check", "status", "witness", "metrics")}
+               if v else {})
     collector.record(nodeid, {
         "case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
         "status": "skipped" if result.skip_reason(case.check) else v.status if v else "error",

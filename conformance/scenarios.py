@@ -283,7 +283,8 @@ class Run:
         while not all(wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in range(engines)):
             now = time.monotonic()
             if now > deadline:
-                raise ScenarioTimeout(f"timed out after {self.deadlines.wait_s:.0f}s waiting for {per_engine} /generate "
+                raise ScenarioTimeout(f"timed out after {self.deadlines.wait_s:.0f}s waiting for {per_engine} "
+                                      f"/generate "
                                       f"call(s) in flight on every engine (in flight: {wire.in_flight()}; "
                                       f"{consumed} batch(es) consumed meanwhile to unblock the producer)")
             if now - stalled_since > STALL_S:
@@ -319,7 +320,8 @@ class Run:
             now = time.monotonic()
             quiet_since[0] = (quiet_since[0] or now) if not wire.in_flight() else None
             return quiet_since[0] is not None and now - quiet_since[0] >= quiet_s
-        await wait_for_condition(blocked, self.deadlines.wait_s, "the producer to fill its buffer (no /generate in flight)")
+        await wait_for_condition(blocked, self.deadlines.wait_s,
+                                 "the producer to fill its buffer (no /generate in flight)")
 
     async def abort_in_flight(self) -> None:
         """Abort the requests every engine holds, as an operator or a crash would (not the integration's doing).
@@ -598,9 +600,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     replace(_BASE, name="first-drain", doc="batches drained before the first update, staleness bound on",
             script=_first_drain, checks=("V3", "S2"),
             rollout=replace(_BASE.rollout, max_staleness=1), needs={"staleness_filter": True}),
-    replace(_BASE, name="mixed-versions", doc="three-turn samples generating while updates land, until one spanning two versions is consumed",
-            script=_mixed_versions, checks=("S2", "I1-I2", "I3", "V1"), pause_mode="in_place", needs={"multi_turn": True},
-            rollout=replace(_BASE.rollout, batch_size=1, group_size=1, turns=3, max_new_tokens=64, max_in_flight_groups=2,
+    replace(_BASE, name="mixed-versions", doc="three-turn samples generating while updates land, until one spanning "
+            "two versions is consumed",
+            script=_mixed_versions, checks=("S2", "I1-I2", "I3", "V1"), pause_mode="in_place",
+            needs={"multi_turn": True},
+            rollout=replace(_BASE.rollout, batch_size=1, group_size=1, turns=3, max_new_tokens=64,
+                            max_in_flight_groups=2,
                             buffer_capacity=2)),
     replace(_BASE, name="failover", doc="two updates, failover to a fresh trainer cell, two more",
             script=_failover, checks=("V4-S1", "V1", "I1-I2", "I3"), needs={"failover": True}),

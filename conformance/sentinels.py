@@ -7,8 +7,8 @@ with the sentinel header (recorded with ``origin="sentinel"``), naming the LoRA 
 requests on that engine use, and waits until every one has been open for :data:`SETTLE_S`. Each is released
 (aborted by rid, recorded as injected so its abort is not blamed on the integration) as soon as the integration
 continues that engine (or, for an integration that does not pause, sends it new weights: SGLang's update then
-waits for every request in flight), or when the cycle ends. The wire then shows, for every engine and cycle, whether a request
-was resident from the pause to the continue, on the fake and on real SGLang alike; a sentinel that the
+waits for every request in flight), or when the cycle ends. The wire then shows, for every engine and cycle,
+whether a request was resident from the pause to the continue, on the fake and on real SGLang alike; a sentinel that the
 integration's own calls aborted (a pause in ``abort`` mode, a bump or transfer with ``abort_all_requests``) is a
 witness of exactly that, and an adapter unloaded under a paused sentinel shows the deadlock SGLang would hit.
 
@@ -81,7 +81,8 @@ class Sentinels:
         self._tasks = [asyncio.create_task(self._send(url, rid, adapter))
                        for url, rid, adapter in zip(self.urls, self.rids, adapters)]
         loop = asyncio.get_running_loop()
-        self._unlisten = self.wire.listen(lambda call, answered: loop.call_soon_threadsafe(self._on_call, call, answered))
+        self._unlisten = self.wire.listen(
+            lambda call, answered: loop.call_soon_threadsafe(self._on_call, call, answered))
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._settled():
             if time.monotonic() > deadline:

@@ -181,7 +181,8 @@ class WireRecorder:
             nonlocal status, content_type
             if message["type"] == "http.response.start":
                 status = message["status"]
-                content_type = next((v.decode() for k, v in message.get("headers", []) if k.lower() == b"content-type"), "")
+                content_type = next((v.decode() for k, v in message.get("headers", [])
+                                     if k.lower() == b"content-type"), "")
             elif message["type"] == "http.response.body":
                 chunks.extend(message.get("body", b""))
                 if not message.get("more_body", False):

@@ -43,7 +43,8 @@ def test_an_abort_only_integration_runs_and_fails_with_its_cost_measured() -> No
     # integration's own requests is measured (how many were in flight at each pause is up to timing)
     h = result.history
     sentinel_aborts = [c for c in h.sentinel_calls() for o in c.generate_outputs()
-                       if o["meta_info"]["finish_reason"]["type"] == "abort" and not any(i.excuses(c) for i in h.injected)]
+                       if o["meta_info"]["finish_reason"]["type"] == "abort"
+                       and not any(i.excuses(c) for i in h.injected)]
     assert len(sentinel_aborts) == 2 * len(h.cycles), i2.explain()
     assert any("the suite's long-lived request" in w and "it was paused" in w for w in i2.witness), i2.explain()
     m = i2.metrics

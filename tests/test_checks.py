@@ -155,7 +155,8 @@ def test_a_continued_abort_still_fails_i2_but_is_not_a_lost_sample():
 def test_a_sample_trained_on_the_call_that_continued_an_abort_passes_i4():
     wire = [gen("a1", 0, 1, finish="abort"), gen("a2", 1, 2, seq=101)]
     turn = Turn("a2", "1", "length", 4, continues=["a1"])
-    v = check("I4", history(wire=wire, batches=[BatchRecord(0, 3, Batch([Group(0, [Sample(0, [turn])], 1, None)], 1), 1)]))
+    batch = BatchRecord(0, 3, Batch([Group(0, [Sample(0, [turn])], 1, None)], 1), 1)
+    v = check("I4", history(wire=wire, batches=[batch]))
     assert v.passed and v.metrics["continued_requests"] == 1, v.explain()
 
 def test_aborted_group_reaching_training_fails():
@@ -224,7 +225,8 @@ def test_a_flush_anywhere_inside_the_pause_is_in_order():
 
 def test_a_flush_after_the_continue_is_out_of_order():
     h = history(wire=[pause(0, 1.1), call(1, "/update_weights_from_tensor", {}, t0=1.2, t1=1.3), bump(3, "1", 1.4),
-                      call(4, "/continue_generation", {}, t0=1.6, t1=1.7), call(5, "/flush_cache", None, t0=1.8, t1=1.9)],
+                      call(4, "/continue_generation", {}, t0=1.6, t1=1.7),
+                      call(5, "/flush_cache", None, t0=1.8, t1=1.9)],
                 cycles=[cycle()])
     v = check("P1", h)
     assert v.status == "fail" and "/flush_cache at t=1.800s outside the pause" in v.witness[0], v.explain()
@@ -470,7 +472,8 @@ def test_unloading_an_adapter_after_the_engine_continued_passes():
 
 
 def test_unloading_an_adapter_under_paused_requests_that_use_it_fails():
-    h = history(wire=[pause(1, 1.0), _lora_gen("r1", 0.5, 5.0, "policy", 100), call(3, "/unload_lora_adapter", {"lora_name": "policy"}, t0=1.1, t1=None, status=None),
+    h = history(wire=[pause(1, 1.0), _lora_gen("r1", 0.5, 5.0, "policy", 100),
+                      call(3, "/unload_lora_adapter", {"lora_name": "policy"}, t0=1.1, t1=None, status=None),
                       _lora_gen("r2", 0.5, 5.0, "other", 101)])
     v = check("P7", h)
     assert v.status == "fail"

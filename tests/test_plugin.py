@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cases import IntegrationError, fake_backend_factory, load_integration, parse_options, run_cases, run_one
+from conformance.cases import (IntegrationError, fake_backend_factory, load_integration, parse_options, run_cases,
+                               run_one)
 from conformance.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.cpu
@@ -103,5 +104,6 @@ def test_example_adapters_pass_every_case_they_can_run(example: str) -> None:
     assert ran, f"{example} ran no scenario"
     bad = {f"{check}-{name}": v.explain() for name, r in ran.items() for check, v in r.verdicts.items() if not v.passed}
     assert not bad, "\n".join(bad.values())
-    overlap = {name: r.verdicts["I1-I2"].metrics["overlap_at_pause"] for name, r in ran.items() if "I1-I2" in r.verdicts}
+    overlap = {name: r.verdicts["I1-I2"].metrics["overlap_at_pause"] for name, r in ran.items()
+               if "I1-I2" in r.verdicts}
     assert overlap and set(overlap.values()) == {1.0}, overlap  # every engine had a request resident at every pause

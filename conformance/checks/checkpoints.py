@@ -23,8 +23,8 @@ def atomic_checkpoints(h: History) -> Verdict:
         if not arrivals:
             failures.append(f"checkpoint {name!r} was sent to the engines but never appeared in the watched "
                             f"checkpoint directory (written elsewhere?)")
-        last_load = max((w.t_end or w.t_start) for w in loads if PurePath(str(w.payload.get("model_path"))).name == name)
-        first_load = min(w.t_start for w in loads if PurePath(str(w.payload.get("model_path"))).name == name)
+        mine = [w for w in loads if PurePath(str(w.payload.get("model_path"))).name == name]
+        last_load, first_load = max((w.t_end or w.t_start) for w in mine), min(w.t_start for w in mine)
         for e in arrivals:
             if e.kind == "created":
                 failures.append(f"checkpoint {name!r} was created in place at t={e.t:.3f}s, not renamed into place, "

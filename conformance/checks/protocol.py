@@ -111,7 +111,8 @@ def flush_contract(h: History) -> Verdict:
     in_place = 0
     engines = sorted({w.engine for w in h.integration_calls()})
     for engine in engines:
-        windows = [(pause, end) for pause, end in h.pause_windows(engine) if _pause_mode(pause, h.profile) == "in_place"]
+        windows = [(pause, end) for pause, end in h.pause_windows(engine)
+                   if _pause_mode(pause, h.profile) == "in_place"]
         in_place += len(windows)
         for pause, end in windows:
             for call in h.integration_calls(engine=engine):

@@ -8,7 +8,8 @@ from .labels import finish_type
 from .verdict import Verdict, verdict
 
 
-ABORTING_PATHS = (TRANSFER_PATHS | {"/update_weight_version"}) - {"/load_lora_adapter", "/load_lora_adapter_from_tensors"}
+ABORTING_PATHS = ((TRANSFER_PATHS | {"/update_weight_version"})
+                  - {"/load_lora_adapter", "/load_lora_adapter_from_tensors"})
 """Calls that take ``abort_all_requests`` (``sglang-api.md`` §1.1, §3.1)."""
 _ACTION = {"/pause_generation": "paused", "/update_weight_version": "relabelled"}
 
@@ -62,7 +63,8 @@ def no_aborts_on_update(h: History) -> Verdict:
                 continue
             meta = out["meta_info"]
             cycle = next((c for c in h.cycles if call.overlaps(c.t_start, c.t_end)), None)
-            where = (f"during update cycle {cycle.index} (cell {cycle.cell}, {'LoRA' if cycle.lora else cycle.transport}"
+            kind = "LoRA" if cycle and cycle.lora else cycle.transport if cycle else ""
+            where = (f"during update cycle {cycle.index} (cell {cycle.cell}, {kind}"
                      f", pause {cycle.pause_mode})") if cycle else "outside any update cycle"
             reason = meta["finish_reason"].get("message") if isinstance(meta.get("finish_reason"), dict) else ""
             tokens = meta.get("completion_tokens", len(out.get("output_ids") or []))
@@ -93,11 +95,13 @@ def no_aborts_on_update(h: History) -> Verdict:
             own += any(w.origin == "integration" for w in resident)
             if not resident:
                 idle.append(f"engine {engine}: no request was resident when it was "
-                            f"{_ACTION.get(first.path, 'sent new weights')} in cycle {c.index} (t={first.t_start:.3f}s)")
+                            f"{_ACTION.get(first.path, 'sent new weights')} in cycle {c.index} "
+                            f"(t={first.t_start:.3f}s)")
     metrics = {"requests": total, "aborted_requests": aborted, "continued_requests": resumed,
                "aborted_request_rate": aborted / total if total else 0.0,
                "aborted_sample_rate": (aborted - resumed) / total if total else 0.0,
-               "recompute_tokens": recompute, "aborts_per_update": aborted / max(1, len(h.cycles)), "engine_cycles": pairs,
+               "recompute_tokens": recompute, "aborts_per_update": aborted / max(1, len(h.cycles)),
+               "engine_cycles": pairs,
                "overlap_at_pause": (pairs - len(idle)) / pairs if pairs else None,
                "integration_overlap_at_pause": own / pairs if pairs else None}
     vacuous = "; ".join(idle) + ": the run proves nothing there" if idle else None

@@ -20,7 +20,8 @@ def versions_agree(h: History) -> Verdict:
         labels = sorted({str(label) for c in ok for label in c.labels_after})
         kinds = ", ".join(sorted({"LoRA" if c.lora else c.transport for c in ok}))
         failures.append(f"the engines were never stamped: no /update_weight_version and no weight_version in any "
-                        f"transfer in {len(ok)} successful cycle(s) ({kinds}), so every engine still reports weight_version "
+                        f"transfer in {len(ok)} successful cycle(s) ({kinds}), so every engine still reports "
+                        f"weight_version "
                         f"{', '.join(labels)} while the trainer counter reached {ok[-1].returned}; SGLang's "
                         f"meta_info.weight_version and /model_info never show the version"
                         + ("" if h.stamps_engines else " (the integration declares client-side versions)"))
@@ -59,7 +60,8 @@ def published_only_after_success(h: History) -> Verdict:
                 if pending:
                     w = pending[0]
                     state = ("failed" if w.t_end is not None and not w.ok else
-                             "had not finished" if w.t_start <= at else f"was still to come (sent at t={w.t_start:.3f}s)")
+                             "had not finished" if w.t_start <= at
+                             else f"was still to come (sent at t={w.t_start:.3f}s)")
                     failures.append(f"cycle {c.index}: engine {engine} was relabelled to {version!r} {how} at "
                                     f"t={at:.3f}s while its transfer {w.path} {state}")
     failed = sum(not c.ok for c in h.cycles)
@@ -149,7 +151,8 @@ def weights_match(h: History) -> Verdict:
             if differ:
                 failures.append(f"cycle {c.index} ({c.transport}): engine {engine} does not hold the trainer's "
                                 f"values of {len(differ)} of {len(c.trainer_digest)} parameter(s), e.g. {differ[:3]} "
-                                f"(holds {held[differ[0]][:12]}…, the trainer pushed {c.trainer_digest[differ[0]][:12]}…)")
+                                f"(holds {held[differ[0]][:12]}…, the trainer pushed "
+                                f"{c.trainer_digest[differ[0]][:12]}…)")
             if unknown:
                 failures.append(f"cycle {c.index} ({c.transport}): the trainer pushed {len(unknown)} parameter(s) the "
                                 f"engine {engine} model does not have, e.g. {unknown[:3]} (SGLang skips unknown names "

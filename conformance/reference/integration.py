@@ -67,7 +67,8 @@ class ReferenceIntegration:
 
         def new_updater() -> ReferenceUpdater:
             cell = self.updater_cls(engines, manager, transports=self.make_transports(env),
-                                    lora=self.lora_cls(self.tensor_encoder, env.workdir / "adapters"), pause_mode=env.pause_mode,
+                                    lora=self.lora_cls(self.tensor_encoder, env.workdir / "adapters"),
+                                    pause_mode=env.pause_mode,
                                     start_version=self.start_version(manager))
             cells.append(cell)
             return cell

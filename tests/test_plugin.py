@@ -25,7 +25,8 @@ def run_suite(pytester: pytest.Pytester):
     def run(*args: str) -> pytest.RunResult:
         pytester.chdir()
         pytester.syspathinsert(ROOT)
-        return pytester.runpytest_inprocess(SUITE, "-p", "no:cacheprovider", "-p", "no:xdist", *args)
+        return pytester.runpytest_inprocess(SUITE, "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark",
+                                            *args)
     return run
 
 

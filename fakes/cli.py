@@ -79,13 +79,10 @@ async def hello_world_app(scope: dict, receive: Any, send: Any) -> None:
     """The floor of the loopback benchmarks: a bare ASGI app that reads the request body and answers a small
     JSON object, whatever the path (lifespan acknowledged like the fake's apps)."""
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        from .asgi import lifespan
+
+        await lifespan(receive, send)
+        return
     while (await receive()).get("more_body", False):
         pass
     await send({"type": "http.response.start", "status": 200, "headers": _HELLO_WORLD_HEADERS})

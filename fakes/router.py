@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from .asgi import read_body
+from .asgi import lifespan, read_body
 from .faults import FaultPlan
 
 ROUTER_FLAVORS = ("0.3.2", "spec")
@@ -376,14 +376,7 @@ class FakeRouter:
         await self._dispatch(method, path, headers, body, scope, send, fault)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send, self.aclose)
 
     async def _dispatch(self, method: str, path: str, headers: dict[str, str], body: bytes, scope: dict[str, Any],
                         send: Any, fault: Any) -> None:

@@ -22,6 +22,7 @@ import json
 from typing import Any, Callable
 
 from conformance.wire import WireLog, WireRecorder
+from fakes.asgi import lifespan
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "proxy-connection"})
@@ -54,14 +55,7 @@ class ForwardingProxy:
             await self._http(scope, receive, send)
 
     async def _lifespan(self, receive: Callable, send: Callable) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await lifespan(receive, send, self.aclose)
 
     def _client(self) -> Any:
         import aiohttp

@@ -190,15 +190,14 @@ class Run:
                      refuse: Sequence[int] = (), in_flight: float | None = None) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it.
 
-        Every engine has a request resident across the whole cycle: the suite's own long-lived request
-        (:mod:`conformance.sentinels`), sent before the cycle and aborted after it. With ``in_flight`` the cycle
-        also waits until every engine has one of the integration's generates open for that many seconds. The cycle
-        is expected to fail with ``poison`` (weights every engine rejects: the last parameter has the wrong shape, so
-        an integration that sends buckets sees its early buckets land first) or ``refuse`` (those engines answer
-        every transfer call of the cycle with SGLang's failure, injected at the wire, while the others load the
-        weights). A cycle that
-        fails unexpectedly, or does not return within ``deadlines.update_s`` (a hang, even when a failure was expected),
-        breaks the run."""
+        Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
+        (:mod:`conformance.sentinels`), sent before the cycle and released once the integration continued that
+        engine. With ``in_flight`` the cycle also waits until every engine has one of the integration's generates
+        open for that many seconds. The cycle is expected to fail with ``poison`` (weights every engine rejects: the
+        last parameter has the wrong shape, so an integration that sends buckets sees its early buckets land first)
+        or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
+        wire, while the others load the weights). A cycle that fails unexpectedly, or does not return within
+        ``deadlines.update_s`` (a hang, even when a failure was expected), breaks the run."""
         transport = transport or self.transport
         expect_failure = poison or bool(refuse)
         manager, urls, wire = self.roles.manager, self.backend.urls, self.backend.wire

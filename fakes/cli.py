@@ -1,4 +1,5 @@
-"""`python -m fakes` (or the vendored package's name): fake SGLang engines (and a router in front of them) on 127.0.0.1, in one process.
+"""`python -m fakes` (or the vendored package's name): fake SGLang engines (and a router in front of them) on
+127.0.0.1, in one process.
 
 (One engine per process, started with SGLang's own launch flags: `python -m fakes.launch_server`.)
 

@@ -13,14 +13,15 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
+from fakes.asgi import lifespan, read_body
 from fakes.engine import FakeEngine
 from fakes.router import WEIGHT_SYNC_PATHS, FakeRouter, normalise_generate
 from fakes.server import LoopbackServer, RealRouterProcess, real_router_available
 
 pytestmark = pytest.mark.cpu
-import httpx
 
 HAVE_REAL_ROUTER = real_router_available()
 KINDS = [
@@ -158,16 +159,9 @@ def _recording_worker() -> tuple[Any, list[dict[str, Any]]]:
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["path"] == "/generate":
             seen.append(json.loads(body))
             payload = json.dumps({"text": "", "meta_info": {"id": "x"}}).encode()

@@ -24,7 +24,8 @@ def main() -> int:
         print("stub engine: error: cannot load the model (on purpose)", flush=True)
         return 3
     if mode == "spawn":
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        # sleep-ok: an idle grandchild, not a wait: the engine's teardown must kill its whole process group
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # sleep-ok
         print(f"grandchild pid {child.pid}", flush=True)
     status = 503 if mode == "never_healthy" else 200
 

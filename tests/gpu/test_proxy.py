@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from conformance.wire import PROBE_HEADER, WireLog
+from fakes.asgi import read_body
 from fakes.server import LoopbackServer
 from gpu.proxy import RecordingProxy
 
@@ -30,12 +31,7 @@ class Upstream:
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append({"path": scope["path"], "headers": headers})
         if scope["path"] == "/stream":

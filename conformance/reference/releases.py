@@ -60,7 +60,10 @@ class Release:
 
 
 async def release_of(engine: Any) -> Release:
-    """The engine's release, from its client's ``server_info()`` when the client has one; a client without it (an
-    adopter's own) gets the newest behaviour the reference targets."""
+    """The engine's release: the reference client's cached ``release()``, else its client's ``server_info()``; a
+    client with neither (an adopter's own) gets the newest behaviour the reference targets."""
+    cached = getattr(engine, "release", None)
+    if cached is not None:
+        return await cached()
     server_info = getattr(engine, "server_info", None)
     return Release.from_server_info(await server_info()) if server_info is not None else Release(())

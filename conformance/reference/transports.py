@@ -26,7 +26,7 @@ import torch.distributed as dist
 from safetensors.torch import save, save_file
 
 from ..interface import LoraAdapter, WeightSyncClient
-from .releases import Release, release_of
+from .releases import release_of
 from .concurrency import gather_all, gather_or_cancel, run_in_daemon_thread, settle_all
 
 log = logging.getLogger(__name__)
@@ -284,16 +284,10 @@ class LoraTransport:
     def __init__(self, encoder: TensorEncoder = encode_safetensors_b64, root: Path | None = None) -> None:
         self.encoder = encoder
         self.root = root
-        self._releases: dict[str, Release] = {}
 
     @staticmethod
     def versioned_name(adapter: LoraAdapter, version: int) -> str:
         return f"{adapter.name}-v{version}"
-
-    async def _release(self, engine: WeightSyncClient) -> Release:
-        if engine.url not in self._releases:
-            self._releases[engine.url] = await release_of(engine)
-        return self._releases[engine.url]
 
     async def load(self, engines: Sequence[WeightSyncClient], adapter: LoraAdapter, version: int) -> str:
         """Load the adapter on every engine; its versioned name. On failure nothing stays loaded."""
@@ -301,7 +295,7 @@ class LoraTransport:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no tensors (P5)")
         name = self.versioned_name(adapter, version)
         payload = [self.encoder(list(adapter.tensors.items()))]
-        from_disk = [(await self._release(e)).lora_tensor_field is None for e in engines]
+        from_disk = [(await release_of(e)).lora_tensor_field is None for e in engines]
         path: Path | None = None
         if any(from_disk):
             if self.root is None:

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 from .dtypes import _dtype_name
 from .tensors import TensorBlob, _as_blobs
@@ -37,6 +37,32 @@ def distributed_metadata(named: Mapping[str, Any]) -> dict[str, list]:
     blobs = _as_blobs(named)
     return {"names": list(blobs), "dtypes": [b.dtype for b in blobs.values()],
             "shapes": [list(b.shape) for b in blobs.values()]}
+
+
+FLATTENED_BUCKET = "flattened_bucket"
+"""The ``load_format`` of ``/update_weights_from_distributed`` (SGLang 0.5.6+) that sends a whole bucket in one
+broadcast; any other value takes the per-tensor path (``model_executor/model_runner.py``
+``update_weights_from_distributed`` tests only for this string, 0.5.6–0.5.23)."""
+
+
+def flattened_bucket(tensors: list[tuple[str, Any]]) -> tuple[Any, Callable[[], list[tuple[str, Any]]]]:
+    """SGLang's ``weight_sync/tensor_bucket.py`` ``FlattenedTensorBucket`` layout: every tensor flattened to its
+    bytes (``uint8``) and concatenated in order. Returns the flat tensor and a function giving each tensor back
+    (``reconstruct_tensors``: the byte range viewed as the dtype, reshaped), to call once the flat tensor holds the
+    received bytes."""
+    import torch  # lazy
+
+    flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for _, t in tensors]) if tensors \
+        else torch.empty(0, dtype=torch.uint8)
+    bounds, start = [], 0
+    for name, t in tensors:
+        size = t.numel() * t.element_size()
+        bounds.append((name, t.dtype, t.shape, start, start + size))
+        start += size
+
+    def views() -> list[tuple[str, Any]]:
+        return [(name, flat[a:b].view(dtype).reshape(shape).clone()) for name, dtype, shape, a, b in bounds]
+    return flat, views
 
 
 class DistributedGroup:
@@ -174,10 +200,11 @@ class DistributedGroup:
                 f"{_first_line(e)} (did every rank issue the same broadcasts in the same order?)") from None
 
     def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                timeout_s: float | None = None) -> dict[str, TensorBlob]:
-        """Receive one broadcast per tensor from rank 0, in order (what SGLang's model runner does for
-        ``/update_weights_from_distributed``). Blocking; ``timeout_s`` per tensor (default: the join timeout).
-        A failure or timeout leaves the group unusable (the other ranks are out of step)."""
+                timeout_s: float | None = None, load_format: str | None = None) -> dict[str, TensorBlob]:
+        """Receive the tensors from rank 0 (what SGLang's model runner does for ``/update_weights_from_distributed``):
+        one broadcast per tensor, in order; with ``load_format="flattened_bucket"`` one broadcast of every tensor's
+        bytes concatenated in order (:func:`flattened_bucket`). Blocking; ``timeout_s`` per broadcast (default: the
+        join timeout). A failure or timeout leaves the group unusable (the other ranks are out of step)."""
         import torch  # lazy
 
         if not (len(names) == len(dtypes) == len(shapes)):
@@ -193,24 +220,33 @@ class DistributedGroup:
             specs.append((name, dt, shp))
         timeout = self.timeout_s if timeout_s is None else timeout_s
         out: dict[str, TensorBlob] = {}
+        tensors = [(name, torch.empty(shp, dtype=getattr(torch, dt))) for name, dt, shp in specs]
         with self._lock:
             self._check_usable()
-            for name, dt, shp in specs:
-                tensor = torch.empty(shp, dtype=getattr(torch, dt))
-                self._broadcast(tensor, name, timeout)
-                out[name] = TensorBlob.from_torch(tensor)
+            if load_format == FLATTENED_BUCKET:
+                flat, views = flattened_bucket(tensors)
+                self._broadcast(flat, f"flattened bucket of {len(tensors)} tensor(s)", timeout)
+                tensors = views()
+            else:
+                for name, tensor in tensors:
+                    self._broadcast(tensor, name, timeout)
+        out.update((name, TensorBlob.from_torch(tensor)) for name, tensor in tensors)
         return out
 
-    def send(self, named: Mapping[str, Any], timeout_s: float | None = None) -> None:
-        """Rank 0 only: broadcast every tensor, in mapping order. Blocking."""
+    def send(self, named: Mapping[str, Any], timeout_s: float | None = None, load_format: str | None = None) -> None:
+        """Rank 0 only: broadcast every tensor, in mapping order (one broadcast of their bytes concatenated with
+        ``load_format="flattened_bucket"``, as SGLang's ``FlattenedTensorBucket`` packs them). Blocking."""
         if self.rank != 0:
             raise WeightError(f"only rank 0 (the trainer) sends; this is rank {self.rank}")
-        blobs = _as_blobs(named)
+        tensors = [(name, blob.to_torch()) for name, blob in _as_blobs(named).items()]
         timeout = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             self._check_usable()
-            for name, blob in blobs.items():
-                self._broadcast(blob.to_torch(), name, timeout)
+            if load_format == FLATTENED_BUCKET:
+                self._broadcast(flattened_bucket(tensors)[0], f"flattened bucket of {len(tensors)} tensor(s)", timeout)
+                return
+            for name, tensor in tensors:
+                self._broadcast(tensor, name, timeout)
 
     def destroy(self) -> None:
         """Leave the group and release its resources. Idempotent."""

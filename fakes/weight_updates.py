@@ -180,7 +180,8 @@ class WeightUpdatesMixin:
                 raise EngineCrashed(self.crash_reason)
             try:
                 received = await asyncio.gather(*(  # every TP rank receives every broadcast
-                    asyncio.to_thread(g.receive, obj["names"], obj["dtypes"], obj["shapes"]) for g in groups))
+                    asyncio.to_thread(g.receive, obj["names"], obj["dtypes"], obj["shapes"],
+                                      load_format=obj.get("load_format")) for g in groups))
                 return self._merged(received[0], "update_weights_from_distributed")
             except Exception as e:  # noqa: BLE001 - model_runner catches Exception here
                 return (

@@ -104,6 +104,34 @@ def test_trainer_and_two_engine_ranks_in_one_process():
     e1.destroy()  # idempotent
 
 
+def test_flattened_bucket_is_one_broadcast_of_the_bytes_in_order():
+    """``load_format="flattened_bucket"``: the engine allocates the bucket as SGLang's FlattenedTensorBucket lays it
+    out (every tensor's bytes, concatenated in order), receives one broadcast and views each tensor back; a trainer
+    broadcasting that one flat uint8 tensor by hand (as frameworks do) interoperates."""
+    from fakes.distributed import flattened_bucket
+
+    port = free_port()
+    trainer, e1 = form_group(port, 2)
+    try:
+        new = perturbed(tiny_model(), 5)
+        meta = distributed_metadata(new)
+        assert len(set(meta["dtypes"])) > 1  # mixed dtypes in one bucket
+        got, _ = finish(Rank(e1.receive, **meta, load_format="flattened_bucket"),
+                        Rank(trainer.send, new, load_format="flattened_bucket"))
+        assert list(got) == meta["names"] and weights_digest(got) == weights_digest(new)
+        flat, _ = flattened_bucket([(n, b.to_torch()) for n, b in new.items()])
+        assert flat.dtype == torch.uint8 and flat.numel() == sum(b.to_torch().nbytes for b in new.values())
+        got, _ = finish(Rank(e1.receive, **meta, load_format="flattened_bucket"),
+                        Rank(lambda: trainer._broadcast(flat, "bucket", 10.0)))
+        assert weights_digest(got) == weights_digest(new)
+        # any other load_format takes the per-tensor path, as SGLang's model runner does
+        got, _ = finish(Rank(e1.receive, **meta, load_format="auto"), Rank(trainer.send, new))
+        assert weights_digest(got) == weights_digest(new)
+    finally:
+        e1.destroy()
+        trainer.destroy()
+
+
 def test_interop_with_an_sglang_style_trainer():
     """The trainer side written the way SGLang's tests / RL frameworks write it: init_custom_process_group
     (torch rendezvous + PrefixStore(group_name) + torch's _new_process_group_helper) and dist.broadcast."""

@@ -231,6 +231,16 @@ async def test_tp_ranks_each_join_the_weight_update_group(connect) -> None:
         assert wire.engine.weights.digest() == weights_digest(new)
         assert [e.fields["name"] for e in wire.engine.events.of_kind("weights.skipped")] == [
             "model.layers.0.self_attn.q_norm.weight"]
+        # load_format "flattened_bucket" (what frameworks send): one broadcast of the bucket's bytes per TP rank
+        bucket = perturbed(tiny_model(0), step=9)
+        sending = threading.Thread(target=trainer["g"].send, args=(bucket,), kwargs={"load_format": "flattened_bucket"})
+        sending.start()
+        body = {**distributed_metadata(bucket), "group_name": "g", "load_format": "flattened_bucket"}
+        resp = await wire.post("/update_weights_from_distributed", json=body, timeout=15.0)
+        sending.join(15.0)
+        assert resp.status_code == 200 and not sending.is_alive(), resp.text
+        assert resp.json()["message"] == "Succeeded to update parameter online."
+        assert wire.engine.weights.digest() == weights_digest(bucket)
         assert (await wire.post("/destroy_weights_update_group", json={"group_name": "g"})).status_code == 200
     finally:
         trainer["g"].destroy()

@@ -6,9 +6,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-from conformance.__main__ import plugin_installed
+from weightsync_conformance.cli import PLUGIN, plugin_installed
 
-pytest_plugins = [] if plugin_installed() else ["conformance.plugin"]
+pytest_plugins = [] if plugin_installed() else [PLUGIN]
 
 settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import json
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from . import structs
 from .asgi import (
@@ -28,12 +28,45 @@ from .asgi import (
     request_from_scope,
     send_reply,
 )
+from .events import EventLog
 from .failures import EngineClosed, EngineCrashed, _flush_fault, flush_fault_scope
+from .faults import Fault, FaultPlan
+from .profiles import Profile
+from .tensors import WeightStore
 
-if TYPE_CHECKING:  # for type checkers only: the engine imports this module to build its app
-    from .engine import FakeEngine
 
-EngineHandler = Callable[["FakeEngine", HTTPRequest, Any], Awaitable[Reply]]
+class ServedEngine(Protocol):
+    """What the app reads of the engine it serves (``fakes.engine.FakeEngine`` is one; the engine builds its app,
+    so the app names only this, not the engine's module). The routes of ``HANDLERS`` built by ``_method`` call the
+    engine's method of the same name."""
+
+    profile: Profile
+    events: EventLog
+    weights: WeightStore
+    faults: FaultPlan | None
+    api_key: str | None
+    weight_version: str
+    dead: bool
+
+    async def generate(self, obj: Any) -> Reply: ...
+    async def pause_generation(self, obj: Mapping[str, Any] | None) -> Reply: ...
+    async def continue_generation(self, obj: Mapping[str, Any] | None) -> Reply: ...
+    async def flush_cache(self, timeout: float = 0.0) -> Reply: ...
+    async def health(self) -> Reply: ...
+    async def ready(self) -> Reply: ...
+    def model_info(self) -> dict[str, Any]: ...
+    def server_info(self) -> dict[str, Any]: ...
+    def get_weight_version(self) -> Reply: ...
+    def models(self, model: str | None = None) -> Reply: ...
+    def snapshot(self) -> dict[str, Any]: ...
+    async def step(self, n: int = 1) -> int: ...
+    async def apply_fault(self, fault: Fault, endpoint: str) -> Reply | None: ...
+    def dead_reply(self, endpoint: str) -> Reply: ...
+    def record_control(self, endpoint: str, payload: Any, status: int, body: Any) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+EngineHandler = Callable[[ServedEngine, HTTPRequest, Any], Awaitable[Reply]]
 NOT_CONTROL = frozenset({"/generate", "/health", "/health_generate", "/ready", "/v1/models",
                          "/v1/models/{model:path}"})
 
@@ -89,19 +122,19 @@ IGNORED_FIELDS: dict[str, frozenset[str]] = {
 # -- handlers: (engine, request, validated body or None) -> Reply --------------------------------------
 
 
-async def _generate(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _generate(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return await engine.generate(obj)
 
 
-async def _pause(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _pause(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return await engine.pause_generation(obj)
 
 
-async def _continue(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _continue(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return await engine.continue_generation(obj)
 
 
-async def _flush(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _flush(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     timeout = 0.0
     if engine.profile.flush_timeout_query and "timeout" in req.query:
         raw = req.query["timeout"]
@@ -118,27 +151,27 @@ async def _flush(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
     return await engine.flush_cache(max(0.0, timeout))
 
 
-async def _health(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _health(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return await engine.health()
 
 
-async def _ready(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _ready(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return await engine.ready()
 
 
-async def _model_info(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _model_info(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return Reply(200, engine.model_info())
 
 
-async def _server_info(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _server_info(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return Reply(200, engine.server_info())
 
 
-async def _weight_version(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _weight_version(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     return engine.get_weight_version()
 
 
-async def _models(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+async def _models(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
     prefix = "/v1/models/"
     return engine.models(req.path[len(prefix):] if req.path.startswith(prefix) else None)
 
@@ -146,7 +179,7 @@ async def _models(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
 def _method(name: str) -> EngineHandler:
     """A handler that passes the validated body to ``engine.<name>(obj)``."""
 
-    async def handler(engine: FakeEngine, req: HTTPRequest, obj: Any) -> Reply:
+    async def handler(engine: ServedEngine, req: HTTPRequest, obj: Any) -> Reply:
         return await getattr(engine, name)(obj)
 
     handler.__name__ = name
@@ -190,7 +223,7 @@ HANDLERS: dict[str, EngineHandler] = {
 # -- fake-only debug routes ----------------------------------------------------------------------------
 
 
-def _fake_routes(engine: FakeEngine) -> list[Route]:
+def _fake_routes(engine: ServedEngine) -> list[Route]:
     async def events(req: HTTPRequest) -> Reply:
         return Reply(200, engine.events.to_jsonl())
 
@@ -233,9 +266,9 @@ def _wire_payload(raw: bytes) -> Any:
 
 
 class FakeSGLangApp:
-    """ASGI callable over one ``FakeEngine``."""
+    """ASGI callable over one engine (a ``ServedEngine``)."""
 
-    def __init__(self, engine: FakeEngine) -> None:
+    def __init__(self, engine: ServedEngine) -> None:
         self.engine = engine
         version = engine.profile.version
         wire = structs.endpoints(version)
@@ -380,6 +413,6 @@ async def _until_disconnect_two_tasks(serving: Awaitable[None], receive: Receive
             await work
 
 
-def make_app(engine: FakeEngine) -> FakeSGLangApp:
+def make_app(engine: ServedEngine) -> FakeSGLangApp:
     """The ASGI app for ``engine`` (also available as ``engine.app``)."""
     return FakeSGLangApp(engine)

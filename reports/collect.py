@@ -10,12 +10,10 @@ writes the result. A case test that broke before its verdict existed still gets 
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import json
-import platform
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -25,11 +23,25 @@ PROPERTY = "weightsync_conformance_case"
 """The user property carrying a case (JSON) from the process that ran it to the controller."""
 
 
-class ResultCollector:
-    """Pytest plugin object: registered by ``conformance.plugin`` when a report or a history dump is asked for."""
+def case_entry(case: Any, backend: str, result: Any) -> dict[str, Any]:
+    """A case of the result: ``case`` (a ``conformance.cases.Case``) judged in ``result`` (a ``ScenarioResult``)."""
+    v = result.verdicts.get(case.check) if result.history else None
+    details = ({k: val for k, val in asdict(v).items() if k not in ("check", "status", "witness", "metrics")}
+               if v else {})
+    return {"case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
+            "status": "skipped" if result.skip_reason(case.check) else v.status if v else "error",
+            "reason": result.skip_reason(case.check),
+            "witness": v.witness if v else [], "metrics": v.metrics if v else {}, "details": details}
 
-    def __init__(self, config: pytest.Config, report: Path | None, dump_dir: Path | None) -> None:
-        self.report, self.dump_dir = report, dump_dir
+
+class ResultCollector:
+    """Pytest plugin object: registered by the plugin (``weightsync_conformance.plugin``) when a report or a
+    history dump is asked for. ``run_metadata(exitstatus)`` is the result's ``run`` (the plugin knows the
+    integration; the report only writes what it is given)."""
+
+    def __init__(self, config: pytest.Config, report: Path | None, dump_dir: Path | None,
+                 run_metadata: Callable[[int], dict[str, Any]]) -> None:
+        self.report, self.dump_dir, self.run_metadata = report, dump_dir, run_metadata
         workerinput = getattr(config, "workerinput", None)
         self.controller = workerinput is None
         self.worker: str | None = None if workerinput is None else workerinput.get("workerid")
@@ -87,43 +99,12 @@ class ResultCollector:
             from .render import write_report
 
             created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            result = build_result(run_metadata(session.config, exitstatus), list(self.cases.values()), created)
+            result = build_result(self.run_metadata(exitstatus), list(self.cases.values()), created)
             write_report(self.report, result)
 
 
-def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
-    """What was run, where, and with which versions (the result's ``run``)."""
-    from conformance import __version__
-    from conformance.cases import load_integration, parse_options
-    from conformance.plugin import conformance_seed, integration_spec
-
-    spec, pairs = integration_spec(config), config.getoption("--integration-option") or []
-    options: dict[str, Any] = {"raw": pairs}
-    name = caps = None
-    try:  # best effort: the run's metadata must never cost the result (the cases said what broke)
-        options = parse_options(pairs)
-        integration = load_integration(spec, options)
-        name, caps = integration.name, {k: sorted(v) if isinstance(v, frozenset) else v
-                                        for k, v in asdict(integration.capabilities).items()}
-    except Exception:
-        pass
-    return {"integration": {"spec": spec, "name": name, "options": options, "capabilities": caps},
-            "sglang_profile": config.getoption("--sglang-profile") or "0.5.23", "nodes": config.getoption("--nodes"),
-            "seed": conformance_seed(config), "markers": config.getoption("-m") or None,
-            "workers": getattr(config.option, "numprocesses", None) or 0, "exit_status": int(exitstatus),
-            "versions": {"suite": __version__, "python": platform.python_version(),
-                         "pytest": pytest.__version__, "sglang": _sglang_version()}}
-
-
-def _sglang_version() -> str | None:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _case_without_verdict(item: pytest.Item, report: pytest.TestReport, worker: str | None) -> dict[str, Any] | None:
-    """A case test that ended before ``record_verdict`` (a setup error, a crash, a skip before the run)."""
+    """A case test that ended before ``conformance_record`` (a setup error, a crash, a skip before the run)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     case = params.get("case")
     if not all(hasattr(case, a) for a in ("id", "scenario", "check")):

@@ -11,16 +11,16 @@ import json
 import pytest
 
 from conformance.cases import CASES, Case
-from conformance.plugin import record_verdict
 
 BACKENDS = [pytest.param("fake", marks=pytest.mark.cpu), pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xdist_group(c.scenario), id=c.id) for c in CASES])
-def test_invariant(case: Case, backend: str, conformance_run, request: pytest.FixtureRequest) -> None:
+def test_invariant(case: Case, backend: str, conformance_run, conformance_record,
+                   request: pytest.FixtureRequest) -> None:
     result = conformance_run(case.scenario, backend)
-    record_verdict(request.config, request.node.nodeid, case, backend, result)
+    conformance_record(case, backend, result)
     if result.skip_reason(case.check):
         pytest.skip(result.skip_reason(case.check))
     verdict = result.verdicts[case.check]

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from conftest import BASELINE, RECORDED, ROOT, run_python
 
-from conformance.__main__ import plugin_installed
+from weightsync_conformance.cli import PLUGIN, plugin_installed
 from conformance.cases import CASES
 from reports.diff import diff
 from reports.result import SCHEMA_PATH, ResultError, load_result, validate
@@ -120,7 +120,7 @@ def test_the_main_job_under_xdist_writes_a_complete_valid_result(tmp_path: Path)
 
 def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: pytest.Pytester) -> None:
     """In one process: the suite's own cases (first-drain) carry their verdict and history, a conformance test
-    whose setup fails before ``record_verdict`` still gets its case (``error``, with what went wrong), and the run
+    whose setup fails before ``conformance_record`` still gets its case (``error``, with what went wrong), and the run
     names the integration as loaded, with its options."""
     pytester.makepyfile(test_broken="""
         import pytest
@@ -145,7 +145,7 @@ def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: p
     """)
     pytester.syspathinsert()
     result_path = pytester.path / "out" / "r.json"
-    plugin = [] if plugin_installed() else ["-p", "conformance.plugin"]
+    plugin = [] if plugin_installed() else ["-p", PLUGIN]
     run = pytester.runpytest(SUITE, "test_broken.py", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark",
                              *plugin, "-m", "cpu", "-k", SCENARIO, f"--conformance-report={result_path}",
                              "--integration=my_adapter:make", "--integration-option=flavour=mild",

@@ -1,18 +1,23 @@
 """The pytest plugin (``pytest11`` entry point ``weightsync_conformance``): options, markers, fixtures, report.
 
-Import-light: the suite's machinery is imported only when a conformance test runs.
+The top floor: it loads the integration once per session and hands its name and capabilities to the report
+(``reports.collect``), runs scenarios on the fake backend or on real SGLang (``gpu.suite``). Import-light: the
+suite's machinery is imported only when a conformance test runs.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import platform
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from . import DEFAULT_INTEGRATION
+from conformance import DEFAULT_INTEGRATION, __version__
+from fakes.profiles import DEFAULT_PROFILE, PROFILES  # light: plain data
 
 _RESULTS = pytest.StashKey[dict]()
 _COLLECTOR = "weightsync-conformance-result"
@@ -29,8 +34,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--isolate-scenarios", action="store_true",
                     help="run each scenario in its own fresh process (fake backend), for adapters with "
                          "process-global state")
-    from fakes.profiles import DEFAULT_PROFILE, PROFILES  # light: plain data
-
     group.addoption("--sglang-profile", default=None, metavar="VERSION",
                     help=f"SGLang release the fake engines behave as: {', '.join(PROFILES)} "
                          f"(default {DEFAULT_PROFILE})")
@@ -57,9 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
                    "gpu: needs real SGLang engines on GPUs (Ray cluster)",
                    "xdist_group(name): under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"):
         config.addinivalue_line("markers", marker)
-    from fakes.profiles import PROFILES  # light: plain data
-
-    profile = config.getoption("--sglang-profile") or "0.5.23"
+    profile = sglang_profile(config)
     if profile not in PROFILES:
         raise pytest.UsageError(f"--sglang-profile {profile!r} is not known; choose one of {sorted(PROFILES)}")
     if config.getoption("--nodes") < 1:
@@ -75,8 +76,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if report or dump:
         from reports.collect import ResultCollector
 
-        config.pluginmanager.register(ResultCollector(config, report and Path(report), dump and Path(dump)),
-                                      _COLLECTOR)
+        collector = ResultCollector(config, report and Path(report), dump and Path(dump),
+                                    lambda exitstatus: run_metadata(config, exitstatus))
+        config.pluginmanager.register(collector, _COLLECTOR)
 
 
 def integration_spec(config: pytest.Config) -> str:
@@ -89,40 +91,54 @@ def conformance_seed(config: pytest.Config) -> int:
     return int(os.environ.get("WEIGHTSYNC_SEED", "0")) if seed is None else seed
 
 
+def sglang_profile(config: pytest.Config) -> str:
+    return config.getoption("--sglang-profile") or DEFAULT_PROFILE
+
+
+def integration_options(config: pytest.Config) -> dict[str, Any]:
+    from conformance.cases import parse_options
+
+    return parse_options(config.getoption("--integration-option"))
+
+
+def loaded_integration(config: pytest.Config) -> Any:
+    """The integration under test, loaded once per session (``IntegrationError`` when it cannot be)."""
+    if "integration" not in config.stash[_RESULTS]:
+        from conformance.cases import load_integration
+
+        config.stash[_RESULTS]["integration"] = load_integration(integration_spec(config), integration_options(config))
+    return config.stash[_RESULTS]["integration"]
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"weightsync-conformance: integration={integration_spec(config)} "
-            f"sglang-profile={config.getoption('--sglang-profile') or '0.5.23'} seed={conformance_seed(config)} "
+            f"sglang-profile={sglang_profile(config)} seed={conformance_seed(config)} "
             f"(rerun with --conformance-seed N)"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("conformance_run" in getattr(item, "fixturenames", ()) for item in items):
-        from .cases import IntegrationError, load_integration, parse_options
+        from conformance.cases import IntegrationError
 
         try:
-            options = parse_options(config.getoption("--integration-option"))
-            config.stash[_RESULTS]["integration"] = load_integration(integration_spec(config), options)
+            loaded_integration(config)
         except IntegrationError as exc:
             raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
-        config.stash[_RESULTS]["options"] = options
 
 
 @pytest.fixture(scope="session")
 def conformance_integration(pytestconfig: pytest.Config) -> Any:
     """The Integration under test."""
-    from .cases import load_integration, parse_options
-
-    return pytestconfig.stash[_RESULTS].get("integration") or load_integration(
-        integration_spec(pytestconfig), parse_options(pytestconfig.getoption("--integration-option")))
+    return loaded_integration(pytestconfig)
 
 
 @pytest.fixture(scope="session")
 def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -> Callable[[str, str], Any]:
     """``run(scenario, backend)`` → ScenarioResult, each scenario run once per session and backend."""
-    from .cases import fake_backend_factory, parse_options, run_isolated, run_one
+    from conformance.cases import fake_backend_factory, run_isolated, run_one
 
     cache: dict[tuple[str, str], Any] = {}
-    profile = pytestconfig.getoption("--sglang-profile") or "0.5.23"
+    profile = sglang_profile(pytestconfig)
     seed = conformance_seed(pytestconfig)
 
     gpu: list[Any] = []
@@ -152,8 +168,7 @@ def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -
                 cache[(scenario, backend)] = exc
         elif pytestconfig.getoption("--isolate-scenarios"):
             cache[(scenario, backend)] = run_isolated(scenario, integration_spec(pytestconfig),
-                                                      parse_options(pytestconfig.getoption("--integration-option")),
-                                                      profile, seed)
+                                                      integration_options(pytestconfig), profile, seed)
         else:
             cache[(scenario, backend)] = run_one(scenario, conformance_integration,
                                                  fake_backend_factory(profile, seed), seed)
@@ -163,16 +178,41 @@ def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -
     return run
 
 
-def record_verdict(config: pytest.Config, nodeid: str, case: Any, backend: str, result: Any) -> None:
-    """Keep a case's verdict, and its scenario's history, for the report (``reports.collect``; works under xdist)."""
-    collector = config.pluginmanager.get_plugin(_COLLECTOR)
-    if collector is None:
-        return
-    v = result.verdicts.get(case.check) if result.history else None
-    details = ({k: val for k, val in asdict(v).items() if k not in ("check", "status", "witness", "metrics")}
-               if v else {})
-    collector.record(nodeid, {
-        "case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
-        "status": "skipped" if result.skip_reason(case.check) else v.status if v else "error",
-        "reason": result.skip_reason(case.check),
-        "witness": v.witness if v else [], "metrics": v.metrics if v else {}, "details": details}, result.history)
+@pytest.fixture
+def conformance_record(request: pytest.FixtureRequest) -> Callable[[Any, str, Any], None]:
+    """``record(case, backend, result)``: keep this case's verdict, and its scenario's history, for the report
+    (``reports.collect``; works under xdist). Does nothing when no report or history dump was asked for."""
+    def record(case: Any, backend: str, result: Any) -> None:
+        collector = request.config.pluginmanager.get_plugin(_COLLECTOR)
+        if collector is not None:
+            from reports.collect import case_entry
+
+            collector.record(request.node.nodeid, case_entry(case, backend, result), result.history)
+    return record
+
+
+def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
+    """What was run, where, and with which versions (the result's ``run``)."""
+    spec, pairs = integration_spec(config), config.getoption("--integration-option") or []
+    options: dict[str, Any] = {"raw": pairs}
+    name = caps = None
+    try:  # best effort: the run's metadata must never cost the result (the cases said what broke)
+        options = integration_options(config)
+        integration = loaded_integration(config)
+        name, caps = integration.name, {k: sorted(v) if isinstance(v, frozenset) else v
+                                        for k, v in asdict(integration.capabilities).items()}
+    except Exception:
+        pass
+    return {"integration": {"spec": spec, "name": name, "options": options, "capabilities": caps},
+            "sglang_profile": sglang_profile(config), "nodes": config.getoption("--nodes"),
+            "seed": conformance_seed(config), "markers": config.getoption("-m") or None,
+            "workers": getattr(config.option, "numprocesses", None) or 0, "exit_status": int(exitstatus),
+            "versions": {"suite": __version__, "python": platform.python_version(),
+                         "pytest": pytest.__version__, "sglang": _sglang_version()}}
+
+
+def _sglang_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -160,7 +160,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         self._background: set[asyncio.Task] = set()
         # loop binding
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: set[asyncio.Future] = set()
+        self._waiters: dict[asyncio.Future, None] = {}  # insertion-ordered: waiters wake in arrival order
         self._ticker: asyncio.Task | None = None
         self._sync_lock = threading.Lock()
         self.update_lock = _UpdateLock(self._wait_for, self._touch, self._raise_if_dead)

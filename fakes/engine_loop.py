@@ -94,7 +94,7 @@ class EngineLoop:
         if self._loop is not None and not self._loop.is_closed() and self._loop.is_running():
             raise RuntimeError(f"FakeEngine {self.engine_id} is bound to another running event loop")
         self._loop = loop
-        self._waiters = set()
+        self._waiters = {}
         self._lora_update_lock = asyncio.Lock()
         if self.tokens_per_second is not None and not self.dead:
             self._ticker = loop.create_task(self._tick(), name=f"fake-sglang-ticker-{self.engine_id}")
@@ -104,18 +104,18 @@ class EngineLoop:
         """Wake every ``wait_until`` so it re-checks its predicate."""
         if not self._waiters:
             return
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, {}  # in arrival order: a run replays identically (virtual time)
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
 
     async def _next_change(self, timeout: float | None = None) -> None:
         fut = self._bind().create_future()
-        self._waiters.add(fut)
+        self._waiters[fut] = None
         try:
             await asyncio.wait_for(fut, timeout)
         finally:
-            self._waiters.discard(fut)
+            self._waiters.pop(fut, None)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float | None = 5.0) -> None:
         """Wait (real time, at most ``timeout`` s; None = forever) until ``predicate()`` holds; it is

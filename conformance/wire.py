@@ -52,9 +52,11 @@ class _Refusal:
 
 
 class WireLog:
-    """Thread-safe, append-only list of wire calls shared by every engine's recorder."""
+    """Thread-safe, append-only list of wire calls shared by every engine's recorder; ``clock`` stamps them
+    (monotonic seconds; the replay passes its virtual clock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.calls: list[WireCall] = []
         self._seq = itertools.count()
         self._lock = threading.Lock()
@@ -99,14 +101,14 @@ class WireLog:
 
     def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration") -> WireCall:
         with self._lock:
-            call = WireCall(next(self._seq), engine, method, path, payload, time.monotonic(), origin=origin)
+            call = WireCall(next(self._seq), engine, method, path, payload, self.clock(), origin=origin)
             self.calls.append(call)
         self._notify(call, False)
         return call
 
     def close(self, call: WireCall, status: int | None, response: Any) -> None:
         with self._lock:
-            call.t_end, call.status, call.response = time.monotonic(), status, response
+            call.t_end, call.status, call.response = self.clock(), status, response
         self._notify(call, True)
 
     def _notify(self, call: WireCall, answered: bool) -> None:
@@ -117,7 +119,8 @@ class WireLog:
 
     def in_flight(self, path: str = "/generate", min_age_s: float = 0.0, before: float | None = None) -> dict[int, int]:
         """The integration's open calls per engine (opened at least ``min_age_s`` ago, and before ``before``)."""
-        newest = time.monotonic() - min_age_s if before is None else min(before, time.monotonic() - min_age_s)
+        now = self.clock()
+        newest = now - min_age_s if before is None else min(before, now - min_age_s)
         with self._lock:
             counts: dict[int, int] = {}
             for c in self.calls:

@@ -5,7 +5,7 @@
     case = "I3-steady-*"                  # a case id (python -m conformance --list-cases), or a glob over them
     reason = "our pause is abort-mode; tracked in #123"
     link = "https://github.com/org/framework/issues/123"     # optional
-    backend = "gpu"                       # optional: only on this backend (fake | gpu); default every backend
+    backend = "gpu"                       # optional: only on this backend (fake | gpu | sglang); default every backend
 
 Each listed case runs as a strict expected failure: it must still fail, and on its own invariant (a run that broke
 — an error, a hang, a timeout — is a new failure, not the listed one); one that passes is an error telling you to
@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-BACKENDS = ("fake", "gpu")
+BACKENDS = ("fake", "gpu", "sglang")
 _KEYS = {"case", "reason", "link", "backend"}
 
 

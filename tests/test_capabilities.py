@@ -91,17 +91,11 @@ class UnstampedUpdater(ReferenceUpdater):
         return None  # versions live on the client side
 
 
-class ClientSideManager(ReferenceManager):
-    def oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
-        sent = [t.policy_version for s in samples for t in s.turns]
-        known = [v for v in sent if v is not None]
-        return (min(known) if known else None), len(sent) - len(known)
-
-
 @pytest.mark.parametrize("scenario", ["staleness", "mixed-versions"])
 def test_client_side_versions_are_judged_against_the_cycle_timeline(scenario: str) -> None:
     caps = Capabilities(stamps_engines=False)
-    integration = _integration("client-side", caps, updater_cls=UnstampedUpdater, manager_cls=ClientSideManager)
+    integration = _integration("client-side", caps, updater_cls=UnstampedUpdater)  # the reference manager reads
+    # policy_version itself when the integration declares stamps_engines=False
     result = run_one(scenario, integration, fake_backend_factory(), deadlines=FAST)
     for check in ("S2", "S3"):
         if check in result.verdicts:
@@ -111,7 +105,7 @@ def test_client_side_versions_are_judged_against_the_cycle_timeline(scenario: st
 
 
 def test_client_side_records_that_ignore_earlier_turns_fail_s2() -> None:
-    class LastTurnOnly(ClientSideManager):
+    class LastTurnOnly(ReferenceManager):
         def oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
             return super().oldest_version([replace(s, turns=s.turns[-1:]) for s in samples])
 

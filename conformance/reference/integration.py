@@ -62,7 +62,7 @@ class ReferenceIntegration:
         http = self.make_http_client(env)
         engines = [self.client_cls(url, http, self.timeout_s, generate_timeout_s=self.generate_timeout_s,
                                    flush_deadline_s=self.flush_deadline_s) for url in env.engine_urls]
-        manager = self.manager_cls(engines, env)
+        manager = self.manager_cls(engines, env, stamps_engines=self.capabilities.stamps_engines)
         cells: list[ReferenceUpdater] = []
 
         def new_updater() -> ReferenceUpdater:

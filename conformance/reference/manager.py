@@ -6,12 +6,14 @@ submission (S4). A group with any aborted turn is recycled as its pristine promp
 kills the producer and the next :meth:`next_batch` raises the original exception (S5).
 
 Consumer (:meth:`next_batch`): pops groups FIFO and measures each against the published version *at
-consumption* (S3): oldest = min numeric label over every sample, turn and span (S2/V5), staleness = current −
-oldest, or None before the first update (V3). Negative staleness raises (S1); over the bound → recycled.
+consumption* (S3): oldest = min numeric label over every sample, turn and span (S2/V5) — or, for an integration
+that keeps its versions on the client side (``stamps_engines=False``), min ``policy_version`` (the version published
+when each turn was sent) — staleness = current − oldest, or None before the first update (V3). Negative staleness
+raises (S1); over the bound → recycled.
 
 Override points: the version handling (:meth:`set_weight_version`, :meth:`on_version_regression`,
-:meth:`current_version`, :meth:`label_value`), the accounting (:meth:`oldest_version`, :meth:`staleness`,
-:meth:`too_stale`, :meth:`rejected_at_consumption`), the data path (:meth:`enqueue`, :meth:`handle_aborted`,
+:meth:`current_version`, :meth:`label_value`), the accounting (:meth:`turn_versions`, :meth:`oldest_version`,
+:meth:`staleness`, :meth:`too_stale`, :meth:`rejected_at_consumption`), the data path (:meth:`enqueue`, :meth:`handle_aborted`,
 :meth:`recycle`) and the wire (:meth:`request_payload`, :meth:`turn_record`) are public methods with working
 defaults; override the one that differs.
 """
@@ -88,12 +90,17 @@ class AdapterUsers:
 
 
 class ReferenceManager:
-    """The reference :class:`~conformance.interface.Manager`."""
+    """The reference :class:`~conformance.interface.Manager`.
 
-    def __init__(self, engines: Sequence[EngineClient], env: BuildEnv) -> None:
+    ``stamps_engines`` is the integration's ``Capabilities.stamps_engines``: True reads each turn's version from the
+    engine's label (``meta_info.weight_version`` and its spans), False from the turn's ``policy_version``.
+    ``engines`` need only ``url`` and ``generate`` (:class:`~conformance.interface.EngineClient`)."""
+
+    def __init__(self, engines: Sequence[EngineClient], env: BuildEnv, *, stamps_engines: bool = True) -> None:
         if not engines:
             raise ValueError("ReferenceManager needs at least one engine")
         self.engines = list(engines)
+        self.stamps_engines = stamps_engines
         self.config = env.rollout
         self._prompts = env.prompts
         self._version: int | None = None
@@ -235,14 +242,21 @@ class ReferenceManager:
 
     # -- consumer --------------------------------------------------------------------------------------
 
+    def turn_versions(self, turn: Turn) -> list[int]:
+        """The versions one turn counts as: its engine labels and spans (numeric ones), or, with
+        ``stamps_engines=False``, the ``policy_version`` it was sent under."""
+        if not self.stamps_engines:
+            return [] if turn.policy_version is None else [turn.policy_version]
+        found = [self.label_value(v) for v in [turn.weight_version, *(turn.weight_versions or [])]]
+        return [v for v in found if v is not None]
+
     def oldest_version(self, samples: list[Sample]) -> tuple[int | None, int]:
-        """(min numeric label over every sample, turn and span; count of turns with no numeric label)."""
+        """(min version over every sample and turn (:meth:`turn_versions`); count of turns with no version)."""
         labels: list[int] = []
         unversioned = 0
         for sample in samples:
             for turn in sample.turns:
-                found = [self.label_value(v) for v in [turn.weight_version, *(turn.weight_versions or [])]]
-                numeric = [v for v in found if v is not None]
+                numeric = self.turn_versions(turn)
                 labels += numeric
                 unversioned += not numeric
         return (min(labels) if labels else None), unversioned

@@ -101,6 +101,29 @@ async def test_oldest_version_is_the_minimum_over_every_sample_turn_and_span(tmp
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(("stamps_engines", "expected"), [(False, [(0, 2, 0), (1, 2, 0)]),
+                                                           (True, [(0, None, None), (1, None, None)])])
+async def test_client_side_versions_are_read_from_policy_version(tmp_path: Path, stamps_engines: bool,
+                                                                 expected: list) -> None:
+    """``stamps_engines=False``: a turn counts as the version published when it was sent, not the engine's label
+    (which an integration that never stamps leaves at "default")."""
+    engine = ScriptedEngine(lambda p, i: output(p, "default"))
+    config = RolloutConfig(batch_size=2, group_size=2, max_in_flight_groups=2, buffer_capacity=2)
+    manager = ReferenceManager([engine], BuildEnv(["http://scripted"], tmp_path, config, prompt_source()),
+                               stamps_engines=stamps_engines)
+    manager.set_weight_version(2)
+    await within(manager.start())
+    batch = await within(manager.next_batch())
+    manager.set_weight_version(4)
+    later = await within(manager.next_batch())
+    assert [(g.prompt_index, g.oldest_version, g.staleness) for g in batch.groups] == expected
+    assert all(t.policy_version == 2 for g in batch.groups for s in g.samples for t in s.turns)
+    if not stamps_engines:  # groups sent under 2, buffered, consumed at 4
+        assert 2 in {g.staleness for g in later.groups} and later.weight_version == 4
+    await within(manager.stop())
+
+
+@pytest.mark.asyncio
 async def test_staleness_filter_is_applied_at_consumption(tmp_path: Path) -> None:
     label = "1"
     engine = ScriptedEngine(lambda p, i: output(p, label))

@@ -6,10 +6,10 @@ cases through :func:`run_cases`, so "the suite fails on a mutant" means exactly 
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -19,7 +19,8 @@ from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, Verdict
 from .history import Breakage, History
 from .interface import Integration
-from .scenarios import DEADLINES, SCENARIOS, Deadlines, Unsupported, run_scenario
+from .loop import run_abandonable
+from .scenarios import DEADLINES, SCENARIOS, Deadlines, Unsupported, open_calls, run_scenario
 
 TEARDOWN_MARGIN_S = 60.0
 """Beyond the scenario script's own deadline: building the roles and tearing down are bounded too, so past this
@@ -129,16 +130,30 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
     backend.start()
     bound = deadlines.script_s + TEARDOWN_MARGIN_S
     try:
-        history = asyncio.run(asyncio.wait_for(run_scenario(s, integration, backend, seed, deadlines), bound))
-    except Unsupported as exc:
-        return ScenarioResult(skipped=str(exc))
-    except TimeoutError:
-        history = History(s.name, integration.name, backend.name, backend.profile, seed, breaks=[Breakage(
-            "hang", f"the scenario, teardown included, did not finish within {bound:.0f}s", 0.0)])
+        outcome = run_abandonable(run_scenario(s, integration, backend, seed, deadlines), bound, f"scenario {s.name}")
+        if isinstance(outcome.error, Unsupported):
+            return ScenarioResult(skipped=str(outcome.error))
+        if outcome.finished and outcome.error is not None:
+            raise outcome.error
+        history = outcome.result if outcome.finished else _hung(s.name, integration, backend, seed, str(outcome.error))
+        if outcome.abandoned:
+            history.breaks.append(Breakage(
+                "hang", f"the integration left {len(outcome.abandoned)} task(s) running that did not stop when "
+                f"cancelled ({', '.join(outcome.abandoned)}): they were abandoned with the scenario's event loop",
+                max((c.t_end or c.t_start for c in history.wire), default=0.0)))
     finally:
         backend.stop()
     return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks
                                              if check not in skipped_checks}, skipped_checks=skipped_checks)
+
+
+def _hung(scenario: str, integration: Integration, backend: Backend, seed: int, message: str) -> History:
+    """The history of a scenario whose run did not come back: the wire so far and a hang naming what was open."""
+    wire = backend.wire.snapshot()
+    history = History(scenario, integration.name, backend.name, backend.profile, seed, wire=wire, breaks=[
+        Breakage("hang", f"{message}; the scenario was abandoned", time.monotonic(), open_calls(backend.wire))])
+    history.rebase(min((c.t_start for c in wire), default=history.breaks[0].t))
+    return history
 
 
 def run_isolated(scenario: str, spec: str, options: Mapping[str, Any], profile: str = "0.5.23", seed: int = 0,

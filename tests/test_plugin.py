@@ -80,7 +80,7 @@ def test_a_broken_integration_is_a_usage_error(run_suite) -> None:
 def test_an_unknown_profile_is_a_usage_error(run_suite) -> None:
     result = run_suite("-m", "cpu", "--sglang-profile", "9.9")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--sglang-profile '9.9' is not known*"])
+    result.stderr.fnmatch_lines(["*--conformance-sglang-profile '9.9' is not known*"])
 
 
 def test_a_mutant_fails_through_pytest_with_its_witness(run_suite) -> None:

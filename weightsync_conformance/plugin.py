@@ -1,8 +1,13 @@
 """The pytest plugin (``pytest11`` entry point ``weightsync_conformance``): options, markers, fixtures, report.
 
 The top floor: it loads the integration once per session and hands its name and capabilities to the report
-(``reports.collect``), runs scenarios on the fake backend or on real SGLang (``gpu.suite``). Import-light: the
-suite's machinery is imported only when a conformance test runs.
+(``reports.collect``), runs scenarios on the fake backend or on real SGLang (``gpu.suite``).
+
+It stays out of the way of every pytest run that collects no conformance case: it registers its options (all
+``--conformance-*``; the old spellings are aliases, registered only where no initial conftest or plugin already
+defines that name, so they never clash), its ini keys and markers, and nothing else — no header line, no xdist
+change, no import of the suite's machinery. Under ``-n N --dist load`` the cases of one scenario go to one worker
+(each scenario runs once); everything else is scheduled exactly as xdist's ``load`` does.
 """
 
 from __future__ import annotations
@@ -12,47 +17,89 @@ import os
 import platform
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
 from conformance import DEFAULT_INTEGRATION, __version__
-from fakes.profiles import DEFAULT_PROFILE, PROFILES  # light: plain data
 
-_RESULTS = pytest.StashKey[dict]()
+_STATE = pytest.StashKey["ConformanceSession"]()
 _COLLECTOR = "weightsync-conformance-result"
+_CASE_PROPERTY = "weightsync_conformance_ran"
+"""A user property on every conformance case's report, so the controller (also under xdist) knows cases ran."""
+GROUP_SUFFIX = "@weightsync-conformance:"
+"""Appended (xdist ``load`` only, on the workers) to a case's node id: ``…@weightsync-conformance:<scenario>``."""
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def _options() -> list[tuple[str, dict[str, Any]]]:
+    from fakes.profiles import DEFAULT_PROFILE, PROFILES  # light: plain data
+
+    return [
+        ("--conformance-integration", dict(default=None, metavar="MODULE:ATTR", help=(
+            "integration under test (default: ini conformance_integration, env WEIGHTSYNC_INTEGRATION, "
+            f"else {DEFAULT_INTEGRATION})"))),
+        ("--conformance-integration-option", dict(action="append", default=[], metavar="KEY=VALUE", help=(
+            "keyword argument for an integration factory (repeatable; VALUE is read as JSON when it parses, else "
+            "as a string)"))),
+        ("--conformance-expectations", dict(default=None, metavar="FILE", help=(
+            "known failures (TOML; default: ini conformance_expectations): each listed case runs as a strict "
+            "expected failure"))),
+        ("--conformance-isolate-scenarios", dict(action="store_true", default=False, help=(
+            "run each scenario in its own fresh process (fake backend), for adapters with process-global state"))),
+        ("--conformance-sglang-profile", dict(default=None, metavar="VERSION", help=(
+            f"SGLang release the fake engines behave as: {', '.join(PROFILES)} (default {DEFAULT_PROFILE})"))),
+        ("--conformance-seed", dict(type=int, default=None, metavar="N", help=(
+            "seed for workloads and fake engines (default: env WEIGHTSYNC_SEED, else 0)"))),
+        ("--conformance-report", dict(default=None, metavar="PATH", help=(
+            "write the conformance result (JSON; Markdown, HTML and the scenarios' histories beside it) to PATH"))),
+        ("--conformance-dump-history", dict(default=None, metavar="DIR", help=(
+            "write each scenario's history (wire log, cycles, batches) as JSON into DIR"))),
+        ("--conformance-nodes", dict(type=int, default=1, metavar="N", help="nodes for the GPU backend (-m gpu)")),
+        ("--conformance-ray-address", dict(default=None, metavar="ADDR", help=(
+            "Ray cluster of the GPU backend (default: env RAY_ADDRESS, else Ray on this machine)"))),
+        ("--conformance-model-path", dict(default=None, metavar="DIR", help=(
+            "model the GPU backend's engines serve, at this path on every node (default: a tiny random Llama built "
+            "here and copied to the nodes)"))),
+        ("--conformance-max-aborted-rate", dict(type=float, default=0.01, metavar="R", help=(
+            "GPU backend: fail a scenario whose aborted-sample rate exceeds R (default 0.01)"))),
+    ]
+
+
+ALIASES = {"--integration": "--conformance-integration", "--integration-option": "--conformance-integration-option",
+           "--isolate-scenarios": "--conformance-isolate-scenarios",
+           "--sglang-profile": "--conformance-sglang-profile", "--dump-history": "--conformance-dump-history",
+           "--nodes": "--conformance-nodes", "--ray-address": "--conformance-ray-address",
+           "--max-aborted-rate": "--conformance-max-aborted-rate"}
+"""Old spellings, each registered only when free. ``--model-path`` has none: too generic to ever take."""
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     group = parser.getgroup("weightsync-conformance")
-    group.addoption("--integration", default=None, metavar="MODULE:ATTR",
-                    help="integration under test (default: ini conformance_integration, env WEIGHTSYNC_INTEGRATION, "
-                         f"else {DEFAULT_INTEGRATION})")
-    group.addoption("--integration-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="keyword argument for an integration factory (repeatable; VALUE is read as JSON when it "
-                         "parses, else as a string)")
-    group.addoption("--isolate-scenarios", action="store_true",
-                    help="run each scenario in its own fresh process (fake backend), for adapters with "
-                         "process-global state")
-    group.addoption("--sglang-profile", default=None, metavar="VERSION",
-                    help=f"SGLang release the fake engines behave as: {', '.join(PROFILES)} "
-                         f"(default {DEFAULT_PROFILE})")
-    group.addoption("--conformance-seed", type=int, default=None, metavar="N",
-                    help="seed for workloads and fake engines (default: env WEIGHTSYNC_SEED, else 0)")
-    group.addoption("--conformance-report", default=None, metavar="PATH",
-                    help="write the conformance result (JSON; Markdown, HTML and the scenarios' histories beside it) "
-                         "to PATH")
-    group.addoption("--dump-history", default=None, metavar="DIR",
-                    help="write each scenario's history (wire log, cycles, batches) as JSON into DIR")
-    group.addoption("--nodes", type=int, default=1, metavar="N", help="nodes for the GPU backend (-m gpu)")
-    group.addoption("--ray-address", default=None, metavar="ADDR",
-                    help="Ray cluster of the GPU backend (default: env RAY_ADDRESS, else Ray on this machine)")
-    group.addoption("--model-path", default=None, metavar="DIR",
-                    help="model the GPU backend's engines serve, at this path on every node (default: a tiny "
-                         "random Llama built here and copied to the nodes)")
-    group.addoption("--max-aborted-rate", type=float, default=0.01, metavar="R",
-                    help="GPU backend: fail a scenario whose aborted-sample rate exceeds R (default 0.01)")
+    for name, kwargs in _options():
+        group.addoption(name, **kwargs)
     parser.addini("conformance_integration", "integration under test (MODULE:ATTR)", default=None)
+    parser.addini("conformance_expectations", "known failures of the integration (TOML file)", default=None)
+    if getattr(pluginmanager, "_confcutdir", None) is not None:
+        _add_aliases(parser)  # registered by a conftest: the initial conftests are (being) loaded already
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
+                                  args: list[str]) -> Iterator[None]:
+    """After the initial conftests defined their options: the aliases whose names are still free."""
+    result = yield
+    _add_aliases(parser)
+    return result
+
+
+def _add_aliases(parser: pytest.Parser) -> None:
+    taken = {n for g in [parser._anonymous, *parser._groups] for o in g.options for n in o.names()}
+    group = parser.getgroup("weightsync-conformance")
+    kwargs = dict(_options())
+    for alias, canonical in ALIASES.items():
+        if alias not in taken:
+            spec = dict(kwargs[canonical], dest=canonical[2:].replace("-", "_"), help=f"alias of {canonical}")
+            group.addoption(alias, **spec)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,19 +107,8 @@ def pytest_configure(config: pytest.Config) -> None:
                    "gpu: needs real SGLang engines on GPUs (Ray cluster)",
                    "xdist_group(name): under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"):
         config.addinivalue_line("markers", marker)
-    profile = sglang_profile(config)
-    if profile not in PROFILES:
-        raise pytest.UsageError(f"--sglang-profile {profile!r} is not known; choose one of {sorted(PROFILES)}")
-    if config.getoption("--nodes") < 1:
-        raise pytest.UsageError("--nodes must be >= 1")
-    if not 0.0 <= config.getoption("--max-aborted-rate") <= 1.0:
-        raise pytest.UsageError("--max-aborted-rate must be between 0 and 1")
-    if getattr(config.option, "dist", "no") == "load":
-        # pytest-xdist: every case of one scenario to the same worker (xdist_group), so each scenario runs once
-        # (xdist's plain load spreads them and reruns a scenario in every worker that got one of its cases).
-        config.option.dist = "loadgroup"
-    config.stash[_RESULTS] = {}
-    report, dump = config.getoption("--conformance-report"), config.getoption("--dump-history")
+    config.stash[_STATE] = ConformanceSession(config)
+    report, dump = config.getoption("conformance_report"), config.getoption("conformance_dump_history")
     if report or dump:
         from reports.collect import ResultCollector
 
@@ -81,130 +117,332 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(collector, _COLLECTOR)
 
 
+# -- option values -----------------------------------------------------------------------------------------------
+
 def integration_spec(config: pytest.Config) -> str:
-    return (config.getoption("--integration") or config.getini("conformance_integration")
+    return (config.getoption("conformance_integration") or config.getini("conformance_integration")
             or os.environ.get("WEIGHTSYNC_INTEGRATION") or DEFAULT_INTEGRATION)
 
 
 def conformance_seed(config: pytest.Config) -> int:
-    seed = config.getoption("--conformance-seed")
+    seed = config.getoption("conformance_seed")
     return int(os.environ.get("WEIGHTSYNC_SEED", "0")) if seed is None else seed
 
 
 def sglang_profile(config: pytest.Config) -> str:
-    return config.getoption("--sglang-profile") or DEFAULT_PROFILE
+    from fakes.profiles import DEFAULT_PROFILE
+
+    return config.getoption("conformance_sglang_profile") or DEFAULT_PROFILE
 
 
 def integration_options(config: pytest.Config) -> dict[str, Any]:
     from conformance.cases import parse_options
 
-    return parse_options(config.getoption("--integration-option"))
+    return parse_options(config.getoption("conformance_integration_option"))
 
 
-def loaded_integration(config: pytest.Config) -> Any:
-    """The integration under test, loaded once per session (``IntegrationError`` when it cannot be)."""
-    if "integration" not in config.stash[_RESULTS]:
+def expectations_path(config: pytest.Config) -> Path | None:
+    cli, ini = config.getoption("conformance_expectations"), config.getini("conformance_expectations")
+    if cli:
+        return Path(cli)
+    return config.rootpath / ini if ini else None
+
+
+def _validate(config: pytest.Config) -> None:
+    """The options' values; only once a conformance case was collected (a run without one pays nothing)."""
+    from fakes.profiles import PROFILES
+
+    profile = sglang_profile(config)
+    if profile not in PROFILES:
+        raise pytest.UsageError(f"--conformance-sglang-profile {profile!r} is not known; choose one of "
+                                f"{sorted(PROFILES)}")
+    if config.getoption("conformance_nodes") < 1:
+        raise pytest.UsageError("--conformance-nodes must be >= 1")
+    if not 0.0 <= config.getoption("conformance_max_aborted_rate") <= 1.0:
+        raise pytest.UsageError("--conformance-max-aborted-rate must be between 0 and 1")
+
+
+class ConformanceSession:
+    """What a pytest session knows about the conformance run: the integration under test (loaded once), the
+    expectations file, and each scenario's result (run once per integration, scenario and backend)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.active = False
+        self._integration: Any = None
+        self._expectations: Any = None
+        self._cache: dict[tuple[int, str, str], Any] = {}
+        self._keep: dict[int, Any] = {}
+        self._gpu: list[Any] = []
+
+    def activate(self) -> None:
+        """A conformance case was collected: check the options, load the integration and the expectations file,
+        each error once, as a usage error that says what to fix."""
+        if self.active:
+            return
+        from conformance.cases import IntegrationError
+        from conformance.expectations import ExpectationsError
+
+        _validate(self.config)
+        try:
+            self.integration()
+            self.expectations()
+        except (IntegrationError, ExpectationsError) as exc:
+            raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
+        self.active = True
+
+    def integration(self) -> Any:
+        """The session's integration (``--conformance-integration``), loaded once."""
+        if self._integration is None:
+            from conformance.cases import load_integration
+
+            self._integration = load_integration(integration_spec(self.config), integration_options(self.config))
+        return self._integration
+
+    def expectations(self) -> Any:
+        """The loaded expectations file, or None when none is configured."""
+        path = expectations_path(self.config)
+        if path is not None and self._expectations is None:
+            from conformance.cases import CASES
+            from conformance.expectations import load_expectations
+
+            self._expectations = load_expectations(path, [c.id for c in CASES])
+        return self._expectations
+
+    def resolve(self, integration: Any) -> Any:
+        """An adopter's class attribute (an Integration, a factory, or ``"module:attr"``) → the Integration."""
         from conformance.cases import load_integration
 
-        config.stash[_RESULTS]["integration"] = load_integration(integration_spec(config), integration_options(config))
-    return config.stash[_RESULTS]["integration"]
+        key = integration if isinstance(integration, str) else id(integration)
+        if key not in self._keep:
+            if isinstance(integration, str):
+                built = load_integration(integration)
+            elif callable(integration) and not hasattr(integration, "build"):
+                built = integration()
+            else:
+                built = integration
+            self._keep[key] = built
+        return self._keep[key]
 
+    def run(self, integration: Any, scenario: str, backend: str) -> Any:
+        """``scenario`` against ``integration`` on ``backend`` → its ScenarioResult (each run once per session)."""
+        from conformance.cases import run_isolated, run_one
 
-def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [f"weightsync-conformance: integration={integration_spec(config)} "
-            f"sglang-profile={sglang_profile(config)} seed={conformance_seed(config)} "
-            f"(rerun with --conformance-seed N)"]
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if any("conformance_run" in getattr(item, "fixturenames", ()) for item in items):
-        from conformance.cases import IntegrationError
-
-        try:
-            loaded_integration(config)
-        except IntegrationError as exc:
-            raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
-
-
-@pytest.fixture(scope="session")
-def conformance_integration(pytestconfig: pytest.Config) -> Any:
-    """The Integration under test."""
-    return loaded_integration(pytestconfig)
-
-
-@pytest.fixture(scope="session")
-def conformance_run(pytestconfig: pytest.Config, conformance_integration: Any) -> Callable[[str, str], Any]:
-    """``run(scenario, backend)`` → ScenarioResult, each scenario run once per session and backend."""
-    from conformance.cases import fake_backend_factory, run_isolated, run_one
-
-    cache: dict[tuple[str, str], Any] = {}
-    profile = sglang_profile(pytestconfig)
-    seed = conformance_seed(pytestconfig)
-
-    gpu: list[Any] = []
-
-    def gpu_factory() -> Any:
-        """Real SGLang on Ray (``gpu.suite``), set up at the first gpu case; skips with its reason where it cannot
-        run."""
-        if not gpu:
-            from gpu.suite import GpuSuite
-
-            gpu.append(GpuSuite(nodes=pytestconfig.getoption("--nodes"), profile=profile, seed=seed,
-                                ray_address=pytestconfig.getoption("--ray-address"),
-                                model_path=pytestconfig.getoption("--model-path")))
-            pytestconfig.add_cleanup(gpu[0].close)
-        reason = gpu[0].skip_reason()
-        if reason:
-            pytest.skip(reason)
-        return gpu[0].backend_factory()
-
-    def run(scenario: str, backend: str) -> Any:
-        if (scenario, backend) in cache:
-            pass
-        elif backend == "gpu":
+        key = (id(integration), scenario, backend)
+        self._keep.setdefault(id(integration), integration)
+        if key not in self._cache:
+            seed = conformance_seed(self.config)
             try:
-                cache[(scenario, backend)] = run_one(scenario, conformance_integration, gpu_factory(), seed)
+                if backend == "fake" and self.config.getoption("conformance_isolate_scenarios"):
+                    if integration is not self._integration:
+                        raise pytest.UsageError("--conformance-isolate-scenarios runs the integration named by "
+                                                "--conformance-integration (a class attribute cannot be re-imported "
+                                                "in a fresh process)")
+                    self._cache[key] = run_isolated(scenario, integration_spec(self.config),
+                                                    integration_options(self.config), sglang_profile(self.config),
+                                                    seed)
+                else:
+                    self._cache[key] = run_one(scenario, integration, self.backend_factory(backend), seed)
+            except (pytest.UsageError, pytest.skip.Exception):
+                raise
             except Exception as exc:  # the backend broke (an engine lost, never healthy): every case of it fails
-                cache[(scenario, backend)] = exc
-        elif pytestconfig.getoption("--isolate-scenarios"):
-            cache[(scenario, backend)] = run_isolated(scenario, integration_spec(pytestconfig),
-                                                      integration_options(pytestconfig), profile, seed)
-        else:
-            cache[(scenario, backend)] = run_one(scenario, conformance_integration,
-                                                 fake_backend_factory(profile, seed), seed)
-        if isinstance(cache[(scenario, backend)], Exception):
-            pytest.fail(f"{scenario} on the {backend} backend: {cache[(scenario, backend)]}", pytrace=False)
-        return cache[(scenario, backend)]
-    return run
+                self._cache[key] = exc
+        found = self._cache[key]
+        if isinstance(found, Exception):
+            pytest.fail(f"{scenario} on the {backend} backend: {found}", pytrace=False)
+        return found
 
+    def backend_factory(self, backend: str) -> Callable[[], Any]:
+        """The engines of ``backend``: ``fake`` (in process) or ``gpu`` (real SGLang on Ray, set up at the first gpu
+        case; skips with its reason where it cannot run)."""
+        if backend == "fake":
+            from conformance.cases import fake_backend_factory
 
-@pytest.fixture
-def conformance_record(request: pytest.FixtureRequest) -> Callable[[Any, str, Any], None]:
-    """``record(case, backend, result)``: keep this case's verdict, and its scenario's history, for the report
-    (``reports.collect``; works under xdist). Does nothing when no report or history dump was asked for."""
-    def record(case: Any, backend: str, result: Any) -> None:
-        collector = request.config.pluginmanager.get_plugin(_COLLECTOR)
+            return fake_backend_factory(sglang_profile(self.config), conformance_seed(self.config))
+        if backend == "gpu":
+            if not self._gpu:
+                from gpu.suite import GpuSuite
+
+                cfg = self.config
+                self._gpu.append(GpuSuite(nodes=cfg.getoption("conformance_nodes"), profile=sglang_profile(cfg),
+                                          seed=conformance_seed(cfg),
+                                          ray_address=cfg.getoption("conformance_ray_address"),
+                                          model_path=cfg.getoption("conformance_model_path")))
+                cfg.add_cleanup(self._gpu[0].close)
+            reason = self._gpu[0].skip_reason()
+            if reason:
+                pytest.skip(reason)
+            return self._gpu[0].backend_factory()
+        raise pytest.UsageError(f"weightsync-conformance: unknown backend {backend!r}")
+
+    def record(self, request: pytest.FixtureRequest, case: Any, backend: str, result: Any,
+               expected: dict[str, Any] | None = None) -> None:
+        """Keep this case's verdict, and its scenario's history, for the report (``reports.collect``; works
+        under xdist). Does nothing when no report or history dump was asked for."""
+        request.node.user_properties.append((_CASE_PROPERTY, "1"))
+        collector = self.config.pluginmanager.get_plugin(_COLLECTOR)
         if collector is not None:
             from reports.collect import case_entry
 
-            collector.record(request.node.nodeid, case_entry(case, backend, result), result.history)
-    return record
+            entry = case_entry(case, backend, result)
+            if expected is not None:
+                entry["expected"] = expected
+            collector.record(request.node.nodeid, entry, result.history)
 
+
+def conformance_state(config: pytest.Config) -> ConformanceSession:
+    return config.stash[_STATE]
+
+
+def _is_case(item: pytest.Item) -> bool:
+    return "conformance_session" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    cases = [item for item in items if _is_case(item)]
+    if not cases:
+        return
+    conformance_state(config).activate()
+    if getattr(config, "workerinput", None) is not None and config.getoption("dist", "no") == "load":
+        for item in cases:  # xdist's load: one scenario's cases to one worker (see _ScenarioScheduling)
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            case = params.get("case")
+            if case is not None:
+                item._nodeid = f"{item.nodeid}{GROUP_SUFFIX}{case.scenario}.{params.get('backend', '')}"
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and getattr(config, "workerinput", None) is None:
+        reporter.write_line(header_line(config))
+
+
+def header_line(config: pytest.Config) -> str:
+    return (f"weightsync-conformance: integration={integration_spec(config)} "
+            f"sglang-profile={sglang_profile(config)} seed={conformance_seed(config)} "
+            f"(rerun with --conformance-seed N)")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Under xdist (the controller collects nothing): the header line at the end, once a case ran."""
+    if getattr(config.option, "numprocesses", None) and any(
+            key == _CASE_PROPERTY for reports in terminalreporter.stats.values() for r in reports
+            for key, _ in getattr(r, "user_properties", ())):
+        terminalreporter.write_line(header_line(config))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") == "load":
+        return _ScenarioScheduling(config, log)
+    return None
+
+
+class _ScenarioScheduling:
+    """xdist's ``load``, unchanged for a collection without conformance cases; with them, xdist's ``loadgroup``
+    over the groups the workers named (every case of one scenario in one worker). Decided at the first collection."""
+
+    def __init__(self, config: pytest.Config, log: Any) -> None:
+        self.config, self.log = config, log
+        self._impl: Any = None
+        self._early: list[Any] = []
+
+    def _choose(self, collection: Sequence[str]) -> None:
+        from xdist.scheduler import LoadGroupScheduling, LoadScheduling
+
+        grouped = any(GROUP_SUFFIX in nodeid for nodeid in collection)
+        self._impl = (LoadGroupScheduling if grouped else LoadScheduling)(self.config, self.log)
+        for node in self._early:
+            self._impl.add_node(node)
+
+    def add_node(self, node: Any) -> None:
+        if self._impl is None:
+            self._early.append(node)
+        else:
+            self._impl.add_node(node)
+
+    def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
+        if self._impl is None:
+            self._choose(collection)
+        self._impl.add_node_collection(node, collection)
+
+    def remove_node(self, node: Any) -> Any:
+        if self._impl is None:
+            self._early.remove(node)
+            return None
+        return self._impl.remove_node(node)
+
+    @property
+    def nodes(self) -> list[Any]:
+        return self._impl.nodes if self._impl else list(self._early)
+
+    @property
+    def collection_is_completed(self) -> bool:
+        return bool(self._impl and self._impl.collection_is_completed)
+
+    @property
+    def tests_finished(self) -> bool:
+        return bool(self._impl and self._impl.tests_finished)
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._impl and self._impl.has_pending)
+
+    def __getattr__(self, name: str) -> Any:  # mark_test_complete, schedule, ...: after the first collection
+        if name.startswith("_") or self.__dict__.get("_impl") is None:
+            raise AttributeError(name)
+        return getattr(self._impl, name)
+
+
+_ScenarioScheduling.__name__ = _ScenarioScheduling.__qualname__ = "LoadScheduling"  # xdist prints the name
+
+
+# -- fixtures ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def conformance_session(pytestconfig: pytest.Config) -> ConformanceSession:
+    """The session's conformance state: ``integration()``, ``expectations()``, ``run(integration, scenario,
+    backend)``, ``record(...)``."""
+    state = conformance_state(pytestconfig)
+    state.activate()
+    return state
+
+
+@pytest.fixture(scope="session")
+def conformance_integration(conformance_session: ConformanceSession) -> Any:
+    """The Integration under test (``--conformance-integration``)."""
+    return conformance_session.integration()
+
+
+@pytest.fixture(scope="session")
+def conformance_run(conformance_session: ConformanceSession, conformance_integration: Any) \
+        -> Callable[[str, str], Any]:
+    """``run(scenario, backend)`` → ScenarioResult of the session's integration, each scenario run once."""
+    return lambda scenario, backend: conformance_session.run(conformance_integration, scenario, backend)
+
+
+@pytest.fixture
+def conformance_record(request: pytest.FixtureRequest, conformance_session: ConformanceSession) \
+        -> Callable[..., None]:
+    """``record(case, backend, result, expected=None)``: keep this case's verdict for the report."""
+    return lambda case, backend, result, expected=None: conformance_session.record(request, case, backend, result,
+                                                                                   expected)
+
+
+# -- the result's metadata -----------------------------------------------------------------------------------------
 
 def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
     """What was run, where, and with which versions (the result's ``run``)."""
-    spec, pairs = integration_spec(config), config.getoption("--integration-option") or []
+    spec, pairs = integration_spec(config), config.getoption("conformance_integration_option") or []
     options: dict[str, Any] = {"raw": pairs}
     name = caps = None
     try:  # best effort: the run's metadata must never cost the result (the cases said what broke)
         options = integration_options(config)
-        integration = loaded_integration(config)
+        integration = conformance_state(config).integration()
         name, caps = integration.name, {k: sorted(v) if isinstance(v, frozenset) else v
                                         for k, v in asdict(integration.capabilities).items()}
     except Exception:
         pass
     return {"integration": {"spec": spec, "name": name, "options": options, "capabilities": caps},
-            "sglang_profile": sglang_profile(config), "nodes": config.getoption("--nodes"),
+            "sglang_profile": sglang_profile(config), "nodes": config.getoption("conformance_nodes"),
             "seed": conformance_seed(config), "markers": config.getoption("-m") or None,
             "workers": getattr(config.option, "numprocesses", None) or 0, "exit_status": int(exitstatus),
             "versions": {"suite": __version__, "python": platform.python_version(),

@@ -1,1 +1,107 @@
-"""The conformance tests, run against the integration chosen by ``--integration``."""
+"""The conformance suite as importable test classes: subclass :class:`ConformanceSuite` in your own test tree.
+
+    # tests/test_weight_sync_conformance.py
+    from conformance.suite import ConformanceSuite
+
+    class TestOurWeightSync(ConformanceSuite):
+        integration = "ourframework.testing:integration"   # an Integration, a factory, or "module:attr"
+
+Every (invariant, scenario) case is then an ordinary pytest item of your tree,
+``TestOurWeightSync::test_case[<case id>-<backend>]``: select with ``-k``, mark one through :attr:`marks` (or your
+own ``pytest_collection_modifyitems``), parametrise the integration by overriding the ``conformance_integration``
+fixture with ``params``. Each scenario runs once per integration and backend, and its cases are judged on that run.
+Known failures: the expectations file (``--conformance-expectations``, :mod:`conformance.expectations`).
+
+The fixtures it uses (``conformance_session``, ``conformance_record``) come from the pytest plugin, which pytest
+loads from the installed package's entry point.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from typing import Any, ClassVar, Collection, Mapping
+
+import pytest
+
+from ..cases import CASES, Case
+
+BACKENDS: dict[str, str] = {"fake": "cpu", "gpu": "gpu"}
+"""Each backend a case runs on → the marker its items carry (``-m cpu``: the fake SGLang; ``-m gpu``: real SGLang
+on Ray)."""
+
+
+class ConformanceSuite:
+    """Every conformance case as a test method; subclass it (its name must match your ``python_classes``, by
+    default ``Test*``) and set what differs."""
+
+    integration: ClassVar[Any] = None
+    """The integration under test: an Integration, a factory called with no arguments, or ``"module:attr"``.
+    None: the session's (``--conformance-integration``, ini ``conformance_integration``, the reference)."""
+    backends: ClassVar[Collection[str]] = ("fake", "gpu")
+    """Backends to run the cases on (``-m cpu`` / ``-m gpu`` select among them)."""
+    scenarios: ClassVar[Collection[str] | None] = None
+    """Only these scenarios (None: every one)."""
+    invariants: ClassVar[Collection[str] | None] = None
+    """Only these invariants (None: every one)."""
+    marks: ClassVar[Mapping[str, Any]] = {}
+    """Case id or glob → a pytest mark (or a list of marks) for those cases, e.g.
+    ``{"I3-steady-*": pytest.mark.xfail(reason="abort-mode pauses, #123", strict=True)}``."""
+
+    @pytest.fixture(scope="class")
+    def conformance_integration(self, request: pytest.FixtureRequest, conformance_session: Any) -> Any:
+        """The class's integration; override with ``params`` to parametrise it (class scope keeps one object per
+        parameter, so each scenario runs once per parameter)."""
+        chosen = request.cls.integration if request.cls is not None else None
+        return conformance_session.integration() if chosen is None else conformance_session.resolve(chosen)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if metafunc.definition.originalname != "test_case":
+            return
+        cls = metafunc.cls
+        cases = [c for c in CASES if (cls.scenarios is None or c.scenario in cls.scenarios)
+                 and (cls.invariants is None or c.check in cls.invariants)]
+        metafunc.parametrize("case", [pytest.param(c, marks=[pytest.mark.xdist_group(c.scenario), *self._marks(c)],
+                                                   id=c.id) for c in cases])
+        metafunc.parametrize("backend", [pytest.param(b, marks=getattr(pytest.mark, BACKENDS[b]))
+                                         for b in cls.backends])
+
+    def _marks(self, case: Case) -> list[Any]:
+        found: list[Any] = []
+        for pattern, marks in type(self).marks.items():
+            if fnmatch.fnmatchcase(case.id, pattern):
+                found += marks if isinstance(marks, (list, tuple)) else [marks]
+        return found
+
+    def test_case(self, case: Case, backend: str, conformance_integration: Any, conformance_session: Any,
+                  conformance_record: Any, request: pytest.FixtureRequest) -> None:
+        """One case: its scenario's run (shared by the scenario's cases), judged by its invariant. A case passes
+        only on a ``pass`` verdict: ``unknown`` fails too, with the reason; a skip says why."""
+        result = conformance_session.run(conformance_integration, case.scenario, backend)
+        expectations = conformance_session.expectations()
+        entry = expectations.lookup(case.id, backend) if expectations is not None else None
+        reason = result.skip_reason(case.check)
+        verdict = None if reason else result.verdicts[case.check]
+        judgement = entry and expectations.judge(entry, case.id, verdict and verdict.status,
+                                                 bool(verdict and verdict.run_broke), verdict.witness if verdict else ())
+        conformance_record(case, backend, result, expected=judgement and {
+            "reason": entry.reason, "link": entry.link, "entry": entry.pattern, "outcome": judgement.outcome})
+        if reason:
+            pytest.skip(reason)
+        request.node.user_properties.append(("verdict", json.dumps({"status": verdict.status,
+                                                                     "metrics": verdict.metrics}, default=str)))
+        if judgement is not None and judgement.outcome == "xfail":
+            pytest.xfail(f"{judgement.message}: {verdict.explain()}")
+        if judgement is not None:  # passes although listed, or failed otherwise than listed
+            pytest.fail(judgement.message + ("" if verdict.passed else "\n" + verdict.explain()), pytrace=False)
+        if not verdict.passed:
+            pytest.fail(verdict.explain(), pytrace=False)
+        if backend == "gpu" and case.check == "I1-I2":  # real engines: the aborted-sample rate must stay near 0
+            rate, bound = verdict.metrics.get("aborted_sample_rate"), \
+                request.config.getoption("conformance_max_aborted_rate")
+            if rate is None or rate > bound:
+                pytest.fail(f"aborted_sample_rate {rate} on {case.scenario} exceeds --conformance-max-aborted-rate "
+                            f"{bound}", pytrace=False)
+
+
+__all__ = ["BACKENDS", "ConformanceSuite"]

@@ -61,13 +61,13 @@ def test_the_aborted_sample_rate_gates_each_scenario(run_suite, pytester: pytest
                        "-k", "I1-I2 and (steady-disk-retract or steady-disk-in_place)",
                        "--max-aborted-rate", "0.3")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*aborted_sample_rate 0.5 on steady-disk-retract exceeds --max-aborted-rate 0.3*"])
+    result.stdout.fnmatch_lines(["*aborted_sample_rate 0.5 on steady-disk-retract exceeds --conformance-max-aborted-rate 0.3*"])
 
 
 def test_a_bad_rate_is_a_usage_error(run_suite) -> None:
     result = run_suite("-m", "gpu", "--max-aborted-rate", "1.5")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--max-aborted-rate must be between 0 and 1*"])
+    result.stderr.fnmatch_lines(["*--conformance-max-aborted-rate must be between 0 and 1*"])
 
 
 def test_the_skip_reason_names_everything_missing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,8 +1,11 @@
-"""Watching the top of a checkpoint directory with Linux inotify (ctypes, no dependency).
+"""Watching a checkpoint directory with Linux inotify (ctypes, no dependency).
 
-Only the top level is watched, which is race-free: a checkpoint directory either arrives by rename
-(``IN_MOVED_TO``: written elsewhere, published atomically) or is created in place (``IN_CREATE``: filled where
-readers can see it half-written). The kernel queues events, so none is lost to timing.
+The top level tells how each checkpoint arrived, race-free: by rename (``IN_MOVED_TO``: written elsewhere,
+published atomically) or created in place (``IN_CREATE``: filled where readers can see it half-written). The kernel
+queues events, so none is lost to timing. Once a checkpoint has arrived by rename, its inside is watched too, for files
+written into it afterwards (``written``: a path reused across versions and rewritten in place rather than replaced
+by a rename); deletions inside are not recorded (removing a checkpoint deletes its files first). A checkpoint moved
+or deleted away is no longer followed.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from pathlib import Path
 
 from .history import FsEvent
 
-_IN_CREATE, _IN_DELETE, _IN_MOVED_FROM, _IN_MOVED_TO = 0x100, 0x200, 0x40, 0x80
+_IN_MODIFY, _IN_CREATE, _IN_DELETE, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x100, 0x200, 0x40, 0x80
+_IN_ISDIR = 0x40000000
 _KINDS = {_IN_CREATE: "created", _IN_DELETE: "deleted", _IN_MOVED_FROM: "moved_out", _IN_MOVED_TO: "moved_in"}
+_INSIDE = _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO
+"""What counts as writing into an arrived checkpoint."""
 _HEADER = struct.Struct("iIII")
 
 
@@ -32,6 +38,10 @@ class DirectoryWatch:
         self.path = path
         self.events: list[FsEvent] | None = None
         self._fd = -1
+        self._libc: ctypes.CDLL | None = None
+        self._top = -1
+        self._inside: dict[int, str] = {}
+        """Watch descriptor → the checkpoint (top-level name) whose inside it watches."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -43,10 +53,11 @@ class DirectoryWatch:
         if fd < 0:
             return self
         mask = _IN_CREATE | _IN_DELETE | _IN_MOVED_FROM | _IN_MOVED_TO
-        if libc.inotify_add_watch(fd, str(self.path).encode(), mask) < 0:
+        self._top = libc.inotify_add_watch(fd, str(self.path).encode(), mask)
+        if self._top < 0:
             os.close(fd)
             return self
-        self._fd, self.events = fd, []
+        self._fd, self._libc, self.events = fd, libc, []
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="conformance-fswatch", daemon=True)
         self._thread.start()
@@ -59,12 +70,30 @@ class DirectoryWatch:
             return
         offset = 0
         while offset < len(data):
-            _, mask, _, length = _HEADER.unpack_from(data, offset)
+            wd, mask, _, length = _HEADER.unpack_from(data, offset)
             name = data[offset + _HEADER.size: offset + _HEADER.size + length].rstrip(b"\0").decode()
             offset += _HEADER.size + length
+            now = time.monotonic()
+            if wd != self._top:
+                if wd in self._inside and mask & _INSIDE:
+                    self.events.append(FsEvent(now, "written", self._inside[wd], name))
+                continue
             for bit, kind in _KINDS.items():
                 if mask & bit:
-                    self.events.append(FsEvent(time.monotonic(), kind, name))
+                    self.events.append(FsEvent(now, kind, name))
+                    self._follow(name, inside=bit == _IN_MOVED_TO and bool(mask & _IN_ISDIR))
+
+    def _follow(self, name: str, inside: bool) -> None:
+        """Watch the inside of checkpoint ``name`` once it arrived by rename (one created in place
+        fails F3 already); stop when it is moved or deleted away."""
+        assert self._libc is not None
+        for wd in [wd for wd, n in self._inside.items() if n == name]:
+            del self._inside[wd]
+            self._libc.inotify_rm_watch(self._fd, wd)
+        if inside:
+            wd = self._libc.inotify_add_watch(self._fd, str(self.path / name).encode(), _INSIDE)
+            if wd >= 0:
+                self._inside[wd] = name
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -104,8 +104,11 @@ class FsEvent:
 
     t: float
     kind: str
-    """``created`` (made in place), ``moved_in`` (renamed into place), ``deleted``, ``moved_out``."""
+    """``created`` (made in place), ``moved_in`` (renamed into place), ``deleted``, ``moved_out``, or ``written``
+    (a file written inside checkpoint ``name`` after it arrived)."""
     name: str
+    inner: str | None = None
+    """For ``written``: the file inside the checkpoint."""
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""The checkpoint directory watch: how each checkpoint arrived, and files written into one after it arrived."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conformance.fswatch import DirectoryWatch
+
+pytestmark = pytest.mark.cpu
+
+
+def _publish(root: Path, name: str, content: bytes) -> None:
+    """Write a checkpoint elsewhere and rename it into place (replacing an older one of the same name atomically:
+    the old one is renamed away first)."""
+    tmp = root / f".{name}.tmp"
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_bytes(content)
+    if (root / name).exists():
+        os.rename(root / name, root / f".{name}.old")
+        os.rename(tmp, root / name)
+        shutil.rmtree(root / f".{name}.old")
+    else:
+        os.rename(tmp, root / name)
+
+
+def _watch(tmp_path: Path, act) -> list:
+    watch = DirectoryWatch(tmp_path).start()
+    act(tmp_path)
+    events = watch.stop()
+    if events is None:
+        pytest.skip("no inotify on this platform")
+    return events
+
+
+def test_a_reused_path_replaced_by_rename_shows_no_write_inside(tmp_path: Path) -> None:
+    def act(root: Path) -> None:
+        _publish(root, "latest", b"v1")
+        _publish(root, "latest", b"v2")
+        shutil.rmtree(root / "latest")  # cleanup deletes the files first: not a write
+    events = _watch(tmp_path, act)
+    assert [e.kind for e in events if e.name == "latest"] == ["moved_in", "moved_out", "moved_in", "deleted"]
+    assert not [e for e in events if e.kind == "written"], events
+
+
+def test_a_reused_path_rewritten_in_place_is_seen(tmp_path: Path) -> None:
+    def act(root: Path) -> None:
+        _publish(root, "latest", b"v1")
+        (root / "latest" / "model.safetensors").write_bytes(b"v2")  # the next version written over the first
+        (root / "latest" / "config.json").write_text("{}")
+    events = _watch(tmp_path, act)
+    written = [(e.name, e.inner) for e in events if e.kind == "written"]
+    assert ("latest", "model.safetensors") in written and ("latest", "config.json") in written, events

@@ -1,8 +1,9 @@
 """Model-based testing at the integration level: random interleavings of trainer actions while rollouts run.
 
 A Hypothesis ``RuleBasedStateMachine`` drives the roles through a :class:`~conformance.scenarios.Run` (full
-updates in every transport, LoRA updates, rejected transfers, failover, drains); after every step every checker
-runs on the history so far and none may fail. A failing example shrinks to a short, readable action sequence.
+updates in every transport, LoRA updates, rejected transfers, failover, drains), set up as every scenario is
+(``conformance.scenarios.lifecycle``: the same history, with the pause mode asked for); after every step every
+check registered for the model-based run judges the history so far and none may fail. A failing example shrinks to a short, readable action sequence.
 
 Hypothesis stateful testing has no native asyncio: the integration runs on one event loop in a background thread
 and each rule submits a coroutine to it with a deadline (the zarr ``SyncStoreWrapper`` pattern).
@@ -20,13 +21,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from .backends import Backend
-from .checks import CHECKS
-from .history import History
-from .interface import BuildEnv, Integration, RolloutConfig
-from .scenarios import Run, Scenario, Trainer, prompt_source
+from .checks import REGISTRY
+from .interface import Integration, RolloutConfig
+from .scenarios import Scenario, build_env, new_history, new_run
 
 STEP_TIMEOUT_S = 30.0
-ALWAYS_CHECKED = ("I1-I2", "I3", "I6", "C2", "V1", "V2", "V4-S1", "P1", "P5", "P6", "P7", "S2", "S3")
+ALWAYS_CHECKED = tuple(c.id for c in REGISTRY.values() if c.model_based is None)
+"""The checks that judge the model-based run after every step (the others say why they cannot:
+``Check.model_based``)."""
+
+
+async def _no_script(run: object) -> None:
+    """The model-based run has no script: its rules drive the run."""
 
 
 class LoopThread:
@@ -56,8 +62,8 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
     rejectable = sorted(caps.transports & {"disk", "distributed"})
     rollout = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=16, max_in_flight_groups=4,
                             buffer_capacity=8, max_staleness=2 if caps.staleness_filter else None)
-    scenario = Scenario("model-based", "random trainer actions", lambda run: asyncio.sleep(0), (),
-                        transport=tuple(transports), pause_mode=pause_mode, rollout=rollout)
+    scenario = Scenario("model-based", "random trainer actions", _no_script, (), transport=tuple(transports),
+                        pause_mode=pause_mode, rollout=rollout).resolve(integration)
 
     class IntegrationMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -66,13 +72,10 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
             self.backend = backend_factory()
             self.backend.start()
             self.tmp = tempfile.TemporaryDirectory(prefix="conformance-machine-")
-            env = BuildEnv(list(self.backend.urls), Path(self.tmp.name), rollout, prompt_source(seed), pause_mode, seed)
-            env.checkpoint_dir.mkdir()
-            self.history = History("model-based", integration.name, self.backend.name, self.backend.profile, seed,
-                                   max_staleness=rollout.max_staleness)
+            env = build_env(scenario, self.backend, Path(self.tmp.name), seed)
+            self.history = new_history(scenario, integration, self.backend, seed)
             roles = self.loop.run(integration.build(env))
-            self.run = Run(scenario, self.backend, roles, self.history,
-                           Trainer(self.backend.initial_weights(), seed), roles.new_updater(), transport=transports[0])
+            self.run = new_run(scenario, integration, self.backend, roles, self.history, seed)
             self.loop.run(self.run.start())
 
         @rule(transport=st.sampled_from(transports))
@@ -106,7 +109,7 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
         @invariant()
         def no_checker_fails(self) -> None:
             self.history.wire = self.backend.wire.snapshot()
-            failed = [CHECKS[c](self.history) for c in ALWAYS_CHECKED]
+            failed = [REGISTRY[c].run(self.history) for c in ALWAYS_CHECKED]
             failed = [v for v in failed if v.status == "fail"]
             assert not failed, "\n".join(v.explain() for v in failed)
 

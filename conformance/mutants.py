@@ -18,6 +18,7 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
+from .checks import invariants, known_invariants
 from .interface import BuildEnv, Integration, LoraAdapter, Sample, WeightSyncClient
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
 from .reference.manager import FinishedGroup, numeric_label
@@ -43,6 +44,12 @@ class Mutant:
     """The scenarios built to expose this bug: the quick proof CI runs (the determinism benchmark runs every
     scenario checked for the invariants it breaks)."""
 
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.kills) - known_invariants()) + sorted(set(self.shows_in) - set(SCENARIOS))
+        if unknown or not self.kills:
+            raise ValueError(f"mutant {self.name!r}: unknown invariant(s) or scenario(s) {unknown} (kills "
+                             f"{list(self.kills)}, shows_in {list(self.shows_in)})")
+
     def scenarios(self) -> list[str]:
         """The scenarios checked for an invariant this mutant breaks (the others cannot kill it as expected)."""
         return [s.name for s in SCENARIOS.values() if any(invariants(c) & set(self.kills) for c in s.checks)]
@@ -57,11 +64,6 @@ class Mutant:
                     for inv in invariants(check) & set(self.kills):
                         found.setdefault(inv, []).append(f"{check}-{scenario}")
         return found
-
-
-def invariants(check: str) -> set[str]:
-    """The invariant ids a check covers (``"V4-S1"`` checks V4 and S1)."""
-    return set(check.split("-"))
 
 
 # -- engine client -----------------------------------------------------------------------------------------

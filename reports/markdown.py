@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 _CELL = {"pass": "✅", "fail": "❌", "unknown": "❔", "skipped": "⏭", "error": "💥"}
-_MEASURED = ("I1-I2", "S3")
 
 
 def render_markdown(result: dict[str, Any]) -> str:
@@ -26,16 +25,34 @@ def render_markdown(result: dict[str, Any]) -> str:
         for inv in sorted({c["invariant"] for c in mine}):
             cells = [_CELL[by_key[(inv, s)]["status"]] if (inv, s) in by_key else "" for s in scenarios]
             lines.append(f"| {inv} | " + " | ".join(cells) + " |")
-    measured = [c for c in cases if c["invariant"] in _MEASURED and c.get("metrics")]
+    measured = [c for c in cases if c["invariant"] in _measured() and c.get("metrics")]
     if measured:
         lines += ["", "## Metrics", "", "| case | metrics |", "|---|---|"]
         for c in measured:
             shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c["metrics"].items())
             lines.append(f"| {c['case']} | {shown} |")
-    bad = [c for c in cases if c["status"] != "pass"]
+    expected = [c for c in cases if (c.get("expected") or {}).get("outcome") == "xfail"]
+    if expected:
+        lines += ["", "## Expected failures (listed in the expectations file)", "",
+                  "| case | backend | reason | tracked |", "|---|---|---|---|"]
+        for c in expected:
+            e = c["expected"]
+            lines.append(f"| {c['case']} | {c['backend']} | {e['reason']} | {e.get('link') or '–'} |")
+    bad = [c for c in cases if c["status"] != "pass" and c not in expected]
     if bad:
-        lines += ["", "## Not passed", ""]
+        lines += ["", "## New failures" if expected or any(c.get("expected") for c in cases) else "## Not passed", ""]
         for c in bad:
             evidence = [w if isinstance(w, str) else str(w) for w in c.get("witness") or []] or [c.get("reason") or ""]
             lines.append(f"- **{c['case']}** ({c['status']}): " + "; ".join(evidence))
+    stale = [c for c in cases if (c.get("expected") or {}).get("outcome") == "unexpected-pass"]
+    if stale:
+        lines += ["", "## Listed as expected failures but passing now (delete their entries)", ""]
+        lines += [f"- **{c['case']}** ({c['backend']}): entry {c['expected']['entry']!r}" for c in stale]
     return "\n".join(lines) + "\n"
+
+
+def _measured() -> set[str]:
+    """The checks whose metrics are what the run cost (``Check.measures``)."""
+    from conformance.checks import REGISTRY
+
+    return {c.id for c in REGISTRY.values() if c.measures}

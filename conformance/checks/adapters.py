@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from ..history import History
+from .registry import check
 from .verdict import Verdict, verdict
 
 
+@check("P7", "adapters not unloaded in use",
+       holds="no adapter is unloaded while paused requests that use it are resident (SGLang's unload waits for "
+             "them forever)",
+       reads="`/unload_lora_adapter` against the engine's pause windows and the `lora_path` of the `/generate` "
+             "calls open then")
 def adapter_not_unloaded_in_use(h: History) -> Verdict:
     """P7: an adapter is never unloaded while requests naming it are resident on a paused engine. SGLang's unload
     first waits for every request that uses the adapter, and a paused request never finishes, so the update
@@ -29,4 +35,4 @@ def adapter_not_unloaded_in_use(h: History) -> Verdict:
                             f"resident (e.g. {rids}); SGLang waits for them and a paused request never finishes, so "
                             f"the update deadlocks (the unload {answer})")
     vacuous = None if unloads else "no LoRA adapter was ever unloaded (replaced) during the run"
-    return verdict("P7 adapters not unloaded in use", failures, vacuous=vacuous, metrics={"unloads": len(unloads)})
+    return verdict(failures, vacuous=vacuous, metrics={"unloads": len(unloads)})

@@ -5,17 +5,24 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from ..history import History
+from .registry import check
 from .verdict import Verdict, verdict
 
 
+@check("F3", "atomic checkpoints",
+       holds="disk checkpoints are published atomically (rename) and kept until every engine loaded them",
+       reads="the `model_path` of each `/update_weights_from_disk` against inotify events of the checkpoint "
+             "directory",
+       model_based="it needs disk updates (the disk scenarios), which the model-based run mixes with the other "
+                   "transports")
 def atomic_checkpoints(h: History) -> Verdict:
     """F3: every checkpoint an engine is told to load arrived at its path by an atomic rename (never written in
     place, where a reader can see it half-written: seed 004), and is not removed before the last engine loaded it."""
     loads = [w for w in h.integration_calls("/update_weights_from_disk") if isinstance(w.payload, dict)]
     if not loads:
-        return verdict("F3 atomic checkpoints", [], vacuous="no disk update ran")
+        return verdict([], vacuous="no disk update ran")
     if h.fs is None:
-        return verdict("F3 atomic checkpoints", [], vacuous="this platform cannot watch the checkpoint directory")
+        return verdict([], vacuous="this platform cannot watch the checkpoint directory")
     failures: list[str] = []
     names = {PurePath(str(w.payload.get("model_path", ""))).name for w in loads}
     for name in sorted(names):
@@ -35,4 +42,4 @@ def atomic_checkpoints(h: History) -> Verdict:
             if e.name == name and e.kind in ("deleted", "moved_out") and first_load <= e.t < last_load:
                 failures.append(f"checkpoint {name!r} was removed at t={e.t:.3f}s before the last engine finished "
                                 f"loading it at t={last_load:.3f}s")
-    return verdict("F3 atomic checkpoints", failures, metrics={"checkpoints": len(names)})
+    return verdict(failures, metrics={"checkpoints": len(names)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..history import TRANSFER_PATHS, History, WireCall
 from .effective import effective, sent_as
+from .registry import check
 from .verdict import Verdict, verdict
 
 
@@ -16,6 +17,11 @@ def _by_engine(h: History, paths: set[str]) -> dict[int, list[WireCall]]:
     return out
 
 
+@check("I6", "pause paired with resume",
+       holds="every pause is paired with a continue (also when the update failed); sessions closed",
+       reads="`/pause_generation` … `/continue_generation` and `/begin_weight_update` … `/end_weight_update` per "
+             "engine and cycle",
+       needs_pause=True)
 def pause_paired_with_resume(h: History) -> Verdict:
     """I6: every pause is followed by a continue on the same engine before its cycle ends (also when the cycle
     failed), and every weight-update session opened in a cycle is closed in it. Pausing an engine that is
@@ -43,10 +49,14 @@ def pause_paired_with_resume(h: History) -> Verdict:
                     failures.append(f"engine {engine}: {opened_path} at t={open_call.t_start:.3f}s {where} was not "
                                     f"followed by {closed_path}: the engine was left {state}")
     pauses = sum(1 for c in h.wire if c.path == "/pause_generation")
-    return verdict("I6 pause paired with resume", failures, vacuous=None if pauses else "no engine was ever paused",
+    return verdict(failures, vacuous=None if pauses else "no engine was ever paused",
                    metrics={"pauses": pauses})
 
 
+@check("P5", "engine failures are fatal",
+       holds="an engine-reported failure (`success: false`, non-200) is fatal; a refusal retried until it succeeds "
+             "passes (reported)",
+       reads="every non-2xx or `success: false` answer in a cycle, and the calls to the same path after it")
 def failures_are_fatal(h: History) -> Verdict:
     """P5: an engine-reported failure (non-200, ``success: false``) during a cycle makes the update raise, unless
     the same call was retried on that engine and then succeeded (a flush back-off, a retried transfer): that
@@ -72,7 +82,7 @@ def failures_are_fatal(h: History) -> Verdict:
                     if len(refused) > 1 else ""
                 failures.append(f"engine {engine} answered {first.status} {first.response!r} to {path} in cycle "
                                 f"{c.index}{tries}, yet the updater returned version {c.returned} and published it")
-    return verdict("P5 engine failures are fatal", failures,
+    return verdict(failures,
                    vacuous=None if seen else "no engine reported a failure during any cycle",
                    metrics={"failures": seen, "recovered_by_retry": retried})
 
@@ -82,6 +92,11 @@ def _pause_mode(call: WireCall, profile: str) -> str | None:
     return mode if isinstance(mode, str) else None
 
 
+@check("I3", "pause mode sent",
+       holds="every pause takes effect in the mode the integration runs in, never `abort`",
+       reads="the `mode` SGLang reads from each `/pause_generation` body (`{}` → abort; ≤0.5.4 takes no body: "
+             "always abort)",
+       needs_pause=True)
 def pause_mode_sent(h: History) -> Verdict:
     """I3: every pause takes effect in the mode the integration runs in, and never in ``abort``: a fully-async
     integration that pauses in abort mode kills every request in flight. Read from the wire as SGLang reads it:
@@ -99,10 +114,16 @@ def pause_mode_sent(h: History) -> Verdict:
         elif h.pause_mode is not None and mode != h.pause_mode:
             failures.append(f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s ({sent}) pauses "
                             f"in {mode} mode, but the integration was asked to run in {h.pause_mode}")
-    return verdict("I3 pause mode sent", failures, vacuous=None if pauses else "the integration never paused",
+    return verdict(failures, vacuous=None if pauses else "the integration never paused",
                    metrics={"pauses": len(pauses)})
 
 
+@check("C2", "flush contract",
+       holds="never flush while paused in place, explicitly or by a transfer's `flush_cache` (SGLang's default: "
+             "true)",
+       reads="`/flush_cache` and the effective `flush_cache` of transfers, inside pauses whose effective mode is "
+             "`in_place`",
+       needs_pause=True)
 def flush_contract(h: History) -> Verdict:
     """C2: never flush while an engine is paused in place, explicitly (``/flush_cache``) or by a transfer whose
     effective ``flush_cache`` is true (SGLang's default on every transfer endpoint): its resident requests make
@@ -126,10 +147,13 @@ def flush_contract(h: History) -> Verdict:
                     failures.append(f"engine {engine}: {call.path} at t={call.t_start:.3f}s flushes the cache "
                                     f"({sent_as(call, 'flush_cache', h.profile)}) while paused in_place "
                                     f"(answered {call.status})")
-    return verdict("C2 flush contract", failures, vacuous=None if in_place else "no engine was paused in place",
+    return verdict(failures, vacuous=None if in_place else "no engine was paused in place",
                    metrics={"in_place_pauses": in_place})
 
 
+@check("P1", "cycle order",
+       holds="cycle order: pause → begin → transfer → version → end → continue; a flush anywhere inside the pause",
+       reads="the control calls per engine inside each successful cycle")
 def cycle_order(h: History) -> Verdict:
     """P1: pause → (begin) → transfer → version → (end) → continue, per engine, inside each cycle. A flush is
     accepted anywhere between the pause and the continue (SGLang itself flushes after loading by default)."""
@@ -153,4 +177,4 @@ def cycle_order(h: History) -> Verdict:
                     failures.append(f"cycle {c.index}, engine {engine}: /flush_cache at t={flush.t_start:.3f}s "
                                     f"outside the pause (paused at t={pause:.3f}s"
                                     f"{f', continued at t={resume:.3f}s' if resume is not None else ''})")
-    return verdict("P1 cycle order", failures, vacuous=None if h.cycles else "no update cycle ran")
+    return verdict(failures, vacuous=None if h.cycles else "no update cycle ran")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..history import DISTURBING_PATHS, TRANSFER_PATHS, History, WireCall
 from .effective import effective, sent_as
 from .labels import finish_type
+from .registry import check
 from .verdict import Verdict, verdict
 
 
@@ -36,6 +37,14 @@ _FIELDS_SHOWN = ("mode", "abort_all_requests", "flush_cache", "weight_version")
 """The payload fields that decide whether a call aborts requests (a transfer body also carries the weights)."""
 
 
+@check("I1-I2", "no abort on update",
+       holds="no bump or transfer aborts, and a whole update cycle aborts none of the requests in the engines; on "
+             "every engine a request was resident when the cycle first touched it, else `unknown`; aborted-request "
+             "and aborted-sample rates, recompute tokens",
+       reads="`abort_all_requests` as SGLang reads it on `/update_weight_version` (default true) and on every "
+             "transfer; every `/generate` answer with `finish_reason` abort and what was sent to that engine "
+             "before it; the `/generate` calls open at each engine's pause (or first transfer/bump)",
+       measures=True)
 def no_aborts_on_update(h: History) -> Verdict:
     """I1/I2: no bump or transfer aborts (their effective ``abort_all_requests`` is false: the bump's default is
     true) and a whole update cycle aborts none of the requests in the engines. Every cycle must show it: on every
@@ -107,7 +116,7 @@ def no_aborts_on_update(h: History) -> Verdict:
     vacuous = "; ".join(idle) + ": the run proves nothing there" if idle else None
     if not pairs:
         vacuous = "no update cycle touched an engine" if h.cycles else "no update cycle ran"
-    return verdict("I1/I2 no abort on update", failures, vacuous=vacuous, metrics=metrics)
+    return verdict(failures, vacuous=vacuous, metrics=metrics)
 
 
 def _continued(h: History) -> dict[str, str]:
@@ -126,6 +135,12 @@ def _aborting_calls(h: History) -> dict[tuple[int, str], list[WireCall]]:
     return found
 
 
+@check("I4", "aborted groups never train",
+       holds="aborted groups never reach training unchanged (dropped, recycled pristine, or continued: "
+             "`Turn.continues`)",
+       reads="`/generate` answers finished with abort, joined by rid with the turns of consumed batches",
+       model_based="it needs aborts injected mid-rollout (the aborted-groups scenario), which the model-based run "
+                   "does not do")
 def aborted_never_trained(h: History) -> Verdict:
     """I4: a group with an aborted turn never reaches training unchanged: drop it, recycle it as the pristine
     prompt, or continue the aborted call (partial rollout: the continuing turn names it in ``continues`` and its
@@ -146,6 +161,6 @@ def aborted_never_trained(h: History) -> Verdict:
                         f"turn(s) {bad} that the engine finished with finish_reason abort (partial output, not "
                         f"continued)")
     vacuous = None if aborted_rids else "no request was aborted during the run, so the recycle path never ran"
-    return verdict("I4 aborted groups never train", failures, vacuous=vacuous,
+    return verdict(failures, vacuous=vacuous,
                    metrics={"aborted_requests": len(aborted_rids), "trained_samples": trained,
                             "continued_requests": continued})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..history import History, WireCall
 from ..interface import Group
 from .labels import output_versions
+from .registry import check
 from .verdict import Verdict, verdict
 
 
@@ -33,6 +34,11 @@ def _true_oldest(h: History, group: Group, outputs: dict) -> tuple[int | None, l
     return (min(versions) if versions else None), missing
 
 
+@check("S2", "oldest version",
+       holds="a group's oldest version = min over every sample, turn (and the calls it continued) and per-token "
+             "span",
+       reads="`meta_info.weight_version(s)` of each turn's `/generate` answer; with client-side versions "
+             "(`stamps_engines=False`), the version published when each call was sent")
 def oldest_version(h: History) -> Verdict:
     """S2/V6: a group's oldest version is the minimum over every sample, turn (with the calls it continued) and
     per-token span, ignoring non-numeric labels ("default"); with client-side versions, over the versions
@@ -58,17 +64,21 @@ def oldest_version(h: History) -> Verdict:
                     source, what = "turn versions", "was sent under versions as old as"
                 failures.append(f"batch {rec.index}: prompt {g.prompt_index} {what} {truth} but the integration "
                                 f"recorded oldest {g.oldest_version} ({source} {recorded})")
-    return verdict("S2 oldest version", failures, vacuous=None if groups else "no batch was consumed",
+    return verdict(failures, vacuous=None if groups else "no batch was consumed",
                    metrics={"groups": groups, "unjoined_groups": unjoined})
 
 
+@check("S3", "staleness bound",
+       holds="staleness bound enforced at consumption; groups at exactly the bound trained, at bound + 1 rejected",
+       reads="the same truth, against the version current when each batch was consumed",
+       measures=True)
 def staleness_bound(h: History) -> Verdict:
     """S3/S1: with the filter on, every trained group has 0 <= current - oldest <= max_staleness, measured
     against the version current at consumption. The run must train groups at exactly the bound (a filter off by
     one the strict way trains none: unknown); the staleness scenario also brings groups at bound + 1 to
     consumption, which a filter off by one the lax way trains (fail)."""
     if h.max_staleness is None:
-        return verdict("S3 staleness bound", [], vacuous="the scenario runs without a staleness bound")
+        return verdict([], vacuous="the scenario runs without a staleness bound")
     outputs = h.outputs_by_rid()
     failures: list[str] = []
     measured: list[int] = []
@@ -91,4 +101,4 @@ def staleness_bound(h: History) -> Verdict:
                "staleness_mean": sum(measured) / len(measured) if measured else None, "groups_at_bound": at_bound}
     vacuous = None if at_bound else (f"no group was trained at exactly the bound ({h.max_staleness}; trained: "
                                      f"{sorted(set(measured))}): the run does not show the filter admits it")
-    return verdict("S3 staleness bound", failures, vacuous=vacuous, metrics=metrics)
+    return verdict(failures, vacuous=vacuous, metrics=metrics)

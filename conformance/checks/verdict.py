@@ -41,14 +41,14 @@ class Verdict:
 MAX_WITNESSES = 20
 
 
-def verdict(check: str, failures: list[str], *, vacuous: str | None = None,
-            metrics: dict[str, Any] | None = None) -> Verdict:
-    """Fail with ``failures`` when any; otherwise unknown with the ``vacuous`` reason when set; else pass."""
+def verdict(failures: list[str], *, vacuous: str | None = None, metrics: dict[str, Any] | None = None) -> Verdict:
+    """Fail with ``failures`` when any; otherwise unknown with the ``vacuous`` reason when set; else pass. The
+    check's name is set by its registration (``conformance.checks.registry.check``)."""
     if failures:
-        return Verdict(check, "fail", failures[:MAX_WITNESSES], metrics or {})
+        return Verdict("", "fail", failures[:MAX_WITNESSES], metrics or {})
     if vacuous:
-        return Verdict(check, "unknown", [vacuous], metrics or {})
-    return Verdict(check, "pass", [], metrics or {})
+        return Verdict("", "unknown", [vacuous], metrics or {})
+    return Verdict("", "pass", [], metrics or {})
 
 
 def worst(verdicts: list[Verdict]) -> Status:

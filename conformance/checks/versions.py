@@ -7,9 +7,15 @@ from typing import Iterable
 
 from ..history import TRANSFER_PATHS, History, WireCall
 from .effective import effective
+from .registry import check
 from .verdict import Verdict, verdict
 
 
+@check("V1", "versions agree",
+       holds="after every update (disk, tensor, distributed, LoRA): engine label == trainer counter == manager "
+             "version; engines never stamped fail plainly",
+       reads="the labels the engines report (`/model_info`) after each cycle; whether any bump or transfer carried "
+             "a version")
 def versions_agree(h: History) -> Verdict:
     """V1: after every successful update (every mode, LoRA too) engine label == trainer counter == manager. An
     integration that never stamps the engines at all (client-side versions) fails with that, said plainly."""
@@ -34,10 +40,15 @@ def versions_agree(h: History) -> Verdict:
             if label != str(c.returned):
                 failures.append(f"cycle {c.index} ({kind}, cell {c.cell}): the trainer counter is {c.returned} but "
                                 f"engine {engine} reports weight_version {label!r} after the update")
-    return verdict("V1 versions agree", failures, vacuous=None if ok else "no update cycle succeeded",
+    return verdict(failures, vacuous=None if ok else "no update cycle succeeded",
                    metrics={"successful_cycles": len(ok)})
 
 
+@check("V2", "publish only after success",
+       holds="a version is stamped only after that engine's whole transfer succeeded, and a failed update changes "
+             "no label and publishes nothing",
+       reads="`/update_weight_version` and `weight_version` inside transfer bodies (a stamp in an early bucket "
+             "relabels before later buckets land), against each transfer's answer")
 def published_only_after_success(h: History) -> Verdict:
     """V2: a failed update changes no label and publishes nothing; a version is stamped on an engine only after
     that engine's whole transfer succeeded, wherever the stamp travels: ``/update_weight_version``, or
@@ -65,7 +76,7 @@ def published_only_after_success(h: History) -> Verdict:
                     failures.append(f"cycle {c.index}: engine {engine} was relabelled to {version!r} {how} at "
                                     f"t={at:.3f}s while its transfer {w.path} {state}")
     failed = sum(not c.ok for c in h.cycles)
-    return verdict("V2 publish only after success", failures,
+    return verdict(failures,
                    vacuous=None if h.cycles else "no update cycle ran", metrics={"failed_cycles": failed})
 
 
@@ -83,6 +94,11 @@ def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, flo
     return stamps
 
 
+@check("V3", "no version before the first update",
+       holds="no current version before the first update: filter off, no staleness metrics",
+       reads="the batches consumed before the first successful cycle",
+       model_based="it needs batches drained before the first update with the staleness filter on (the first-drain "
+                   "scenario)")
 def nothing_before_first_update(h: History) -> Verdict:
     """V3: before the first update there is no current version: filter off, no staleness metrics."""
     failures: list[str] = []
@@ -103,11 +119,14 @@ def nothing_before_first_update(h: History) -> Verdict:
             if g.staleness is not None:
                 failures.append(f"batch {rec.index}: prompt {g.prompt_index} has staleness {g.staleness} before "
                                 f"any update (must be None: 'no version yet' is not version 0)")
-    return verdict("V3 no version before the first update", failures,
+    return verdict(failures,
                    vacuous=None if early else "no batch was consumed before the first update",
                    metrics={"batches_before_first_update": len(early)})
 
 
+@check("V4-S1", "never backwards",
+       holds="the published version never goes backwards (failover included); staleness never negative",
+       reads="the manager's version after each cycle and at each batch")
 def never_backwards(h: History) -> Verdict:
     """V4/S1: the published version never goes backwards (failover included) and staleness is never negative.
     A regression must be re-based or fail loudly; a cycle that raised on it is fine."""
@@ -130,11 +149,15 @@ def never_backwards(h: History) -> Verdict:
         if high is None or v >= high[1]:
             high = (where, v)
     cells = {c.cell for c in h.cycles}
-    return verdict("V4/S1 never backwards", failures,
+    return verdict(failures,
                    vacuous=None if h.cycles else "no update cycle ran",
                    metrics={"cells": len(cells), "max_published": high[1] if high else None})
 
 
+@check("P6", "engines hold the trainer's weights",
+       holds="engines hold exactly the trainer's weights, parameter by parameter (a name SGLang skips is named)",
+       reads="the weights each engine holds (fake: its store; real SGLang: `/get_weights_by_name` of every "
+             "parameter)")
 def weights_match(h: History) -> Verdict:
     """P6: after a successful full-weight update every engine holds exactly the trainer's weights, parameter by
     parameter (a name the engine does not have is skipped by SGLang's loader with a warning, so the update
@@ -157,6 +180,6 @@ def weights_match(h: History) -> Verdict:
                 failures.append(f"cycle {c.index} ({c.transport}): the trainer pushed {len(unknown)} parameter(s) the "
                                 f"engine {engine} model does not have, e.g. {unknown[:3]} (SGLang skips unknown names "
                                 f"with a warning and answers success)")
-    return verdict("P6 engines hold the trainer's weights", failures,
+    return verdict(failures,
                    vacuous=None if checked else "no engine digests (backend without weights truth, or no full update)",
                    metrics={"cycles_checked": checked})

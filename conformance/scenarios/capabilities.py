@@ -1,0 +1,62 @@
+"""Capability resolution: what a scenario needs of an integration, and what it becomes against one (its transport,
+its pause mode, single-turn samples) or why it cannot run (skipped with the reason)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable, Sequence
+
+from ..checks import REGISTRY
+from ..checks.effective import pause_takes_mode
+from ..interface import Capabilities
+from .errors import Unsupported
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Capabilities a scenario needs besides a transport and a pause mode; a misspelt one is a ``TypeError`` where
+    the scenario is defined. Each field names a ``Capabilities`` flag (``tests/test_scenarios.py`` holds them
+    together)."""
+
+    lora: bool = False
+    failover: bool = False
+    multi_turn: bool = False
+    staleness_filter: bool = False
+
+    def missing(self, caps: Capabilities) -> str | None:
+        """Why an integration with ``caps`` cannot run a scenario that needs these, or None."""
+        return caps.missing(**asdict(self))
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def transport_for(preferred: Sequence[str], caps: Capabilities) -> str | None:
+    """The first of ``preferred`` the integration has (None when it has none of them)."""
+    return next((t for t in preferred if t in caps.transports), None)
+
+
+def pause_mode_for(mode: str, caps: Capabilities) -> str:
+    """The pause mode a scenario asking for ``mode`` runs in: an abort-only integration runs every scenario in abort
+    mode (and fails I2/I3 with the cost measured); one that never pauses runs in ``mode``, which it ignores;
+    otherwise a mode it lacks raises :class:`Unsupported`."""
+    if caps.pause_modes == {"abort"}:
+        return "abort"
+    if caps.pause_modes and mode not in caps.pause_modes:
+        raise Unsupported(f"integration does not support pause mode {mode!r} (declares {sorted(caps.pause_modes)})")
+    return mode
+
+
+def skip_reasons(checks: Iterable[str], caps: Capabilities, profile: str) -> dict[str, str]:
+    """Checks among ``checks`` that cannot apply to an integration with ``caps`` on SGLang ``profile``, with the
+    reason: those about pausing (registered ``needs_pause``) for one that never pauses, or on a release whose
+    every pause aborts."""
+    if not caps.pause_modes:
+        reason = "the integration never pauses (declares no pause mode)"
+    elif not pause_takes_mode(profile):
+        reason = (f"SGLang {profile} has no pause modes (every pause aborts), so a fully-async integration does "
+                  f"not pause there; I1-I2 judges what its cycles do to the requests in flight")
+    else:
+        return {}
+    return {c: reason for c in checks if REGISTRY[c].needs_pause}

@@ -1,0 +1,161 @@
+"""The scenario catalogue: each scenario's script, and the catalogue itself as data (:data:`SCENARIOS`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..checks.staleness import call_versions
+from ..history import History
+from .capabilities import Needs
+from .definition import DEFAULT_ROLLOUT, Scenario
+from .errors import ScenarioTimeout
+from .run import Run
+
+
+async def _steady(run: Run) -> None:
+    await run.start()
+    for _ in range(2):
+        await run.drain(1)
+        await run.update(in_flight=0.0)
+    await run.drain(1)
+
+
+async def _first_drain(run: Run) -> None:
+    await run.start()
+    await run.drain(2)
+    await run.update(in_flight=0.0)
+    await run.drain(2)
+
+
+def _consumed_mixed_group(history: History) -> bool:
+    """Whether a consumed group was generated under more than one version (per turn and span, or with
+    client-side versions per the version each call was sent under), as S2 reads it."""
+    outputs = history.outputs_by_rid()
+    for rec in history.batches:
+        for group in rec.batch.groups:
+            versions = {v for s in group.samples for t in s.turns if t.rid in outputs
+                        for v in call_versions(history, *outputs[t.rid])}
+            if len(versions) > 1:
+                return True
+    return False
+
+
+async def _mixed_versions(run: Run) -> None:
+    """Update while multi-turn samples decode, until a consumed group was generated under two versions. Each update
+    waits until every engine finished a call and has the next one in flight, so it lands on a later turn of a
+    sample (releases without per-token spans label a whole call with the version current when it ends)."""
+    rollout = run.rollout
+    await run.start()
+    for _ in range(8):
+        await run.until_next_call()
+        await run.update(in_flight=0.0)
+        for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 1):
+            await run.drain(1)
+            run.history.wire = run.backend.wire.snapshot()
+            if _consumed_mixed_group(run.history):
+                return
+    raise ScenarioTimeout("no group generated under more than one version was consumed in 8 updates")
+
+
+async def _failover(run: Run) -> None:
+    await run.start()
+    await run.drain(1)
+    for _ in range(2):
+        await run.update(in_flight=0.0)
+    await run.drain(1)
+    await run.failover()
+    for _ in range(2):
+        await run.update(in_flight=0.0)
+        await run.drain(1)
+
+
+async def _failing_transfer(run: Run) -> None:
+    """Disk and distributed: weights every engine rejects (the last parameter has the wrong shape: SGLang answers
+    400; disk rolls back). Tensor: SGLang answers a tensor load that raises by killing the server, so every
+    engine's transfer is refused at the wire with the 400 SGLang's handler gives a load that reports failure."""
+    await run.start()
+    await run.drain(1)
+    if run.transport == "tensor":
+        await run.update(refuse=range(len(run.backend.urls)), in_flight=0.0)
+    else:
+        await run.update(poison=True, in_flight=0.0)
+    await run.update()
+    await run.drain(1)
+
+
+async def _one_engine_rejects(run: Run) -> None:
+    await run.start()
+    await run.drain(1)
+    await run.update(refuse=[len(run.backend.urls) - 1], in_flight=0.0)
+    await run.update()
+    await run.drain(1)
+
+
+async def _lora(run: Run) -> None:
+    await run.start()
+    await run.drain(1)
+    for _ in range(2):
+        await run.update(lora=True, in_flight=0.0)
+        await run.drain(1)
+
+
+async def _staleness(run: Run) -> None:
+    """Groups at exactly the bound (1), then at bound + 1, reach consumption by construction."""
+    rollout = run.rollout
+    await run.start()
+    await run.update()  # version 1
+    await run.drain(rollout.buffer_capacity // rollout.batch_size + 1)  # what was buffered before version 1
+    await run.until_producer_blocked()  # the buffer is full of groups generated under version 1
+    await run.update()  # version 2: the buffered groups are exactly at the bound
+    await run.drain(1)  # ... and must be admitted
+    await run.until_producer_blocked()  # the room it made went to version-1 groups that were waiting to be put
+    await run.update()  # version 3: the buffer holds version-1 groups at bound + 1, which must be rejected
+    await run.drain(3)
+
+
+async def _aborted_groups(run: Run) -> None:
+    await run.start()
+    await run.update()
+    await run.abort_in_flight()
+    await run.drain(run.rollout.buffer_capacity // run.rollout.batch_size + 2)
+
+
+_STEADY_CHECKS = ("I1-I2", "I3", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
+_REJECTED = {
+    "disk": "a disk update the engines reject (the last parameter has the wrong shape: SGLang answers 400, rolled "
+            "back), then a good one",
+    "tensor": "a tensor update the engines reject (every transfer refused at the wire with SGLang's 400: a tensor "
+              "load that raises kills the server), then a good one",
+    "distributed": "a distributed update the engines reject (the last parameter has the wrong shape: SGLang "
+                   "answers 400), then a good one",
+}
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    *(Scenario(f"steady-{transport}-{mode}", f"multi-turn rollouts, two {transport} updates under pause {mode}",
+               _steady, _STEADY_CHECKS + (("C2",) if mode == "in_place" else ()) + (("F3",) if transport == "disk"
+                                                                                    else ()),
+               transport=(transport,), pause_mode=mode)
+      for transport in ("disk", "tensor", "distributed") for mode in ("retract", "in_place")),
+    Scenario("first-drain", "batches drained before the first update, staleness bound on",
+             _first_drain, ("V3", "S2"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),
+             needs=Needs(staleness_filter=True)),
+    Scenario("mixed-versions", "three-turn samples generating while updates land, until one spanning two versions "
+             "is consumed",
+             _mixed_versions, ("S2", "I1-I2", "I3", "V1"), pause_mode="in_place", needs=Needs(multi_turn=True),
+             rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=3, max_new_tokens=64,
+                             max_in_flight_groups=2, buffer_capacity=2)),
+    Scenario("failover", "two updates, failover to a fresh trainer cell, two more",
+             _failover, ("V4-S1", "V1", "I1-I2", "I3"), needs=Needs(failover=True)),
+    *(Scenario(f"failing-transfer-{t}", _REJECTED[t], _failing_transfer, ("V2", "P5", "I6", "V1"), transport=(t,))
+      for t in ("disk", "tensor", "distributed")),
+    Scenario("one-engine-rejects", "the last engine answers every transfer call with SGLang's failure (400, success: "
+             "false; injected at the wire) while the others load the weights, then a good update",
+             _one_engine_rejects, ("P5", "V2", "I6", "V1", "P6"), transport=("disk",)),
+    Scenario("lora", "two LoRA updates while rollouts run",
+             _lora, ("V1", "I1-I2", "I3", "I6", "P7"), needs=Needs(lora=True), full_updates=False),
+    Scenario("staleness", "groups buffered while three updates land; bound 1 at consumption",
+             _staleness, ("S3", "S2", "V4-S1"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1, buffer_capacity=8),
+             needs=Needs(staleness_filter=True)),
+    Scenario("aborted-groups", "every engine aborts its requests mid-rollout (injected)", _aborted_groups, ("I4",)),
+]}
+"""Scenario name → scenario."""

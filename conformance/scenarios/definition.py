@@ -1,0 +1,69 @@
+"""A scenario: a named workload and trainer script, what it needs of an integration, the checks it is judged by.
+Checked where it is defined: every check registered, needs typed, transports and pause mode known."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Awaitable, Callable
+
+from ..checks import REGISTRY
+from ..interface import ALL_PAUSE_MODES, ALL_TRANSPORTS, Integration, RolloutConfig
+from .capabilities import Needs, pause_mode_for, skip_reasons, transport_for
+from .errors import Unsupported
+from .run import Run
+
+Script = Callable[[Run], Awaitable[None]]
+DEFAULT_ROLLOUT = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=16, max_in_flight_groups=3,
+                                buffer_capacity=4)
+"""Two-turn samples, two groups of two per batch, a small buffer: what most scenarios run."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named workload + trainer script, the capabilities it needs and the checks it is judged by."""
+
+    name: str
+    doc: str
+    script: Script
+    checks: tuple[str, ...]
+    transport: tuple[str, ...] = ("tensor", "disk", "distributed")
+    """Transports the scenario's full updates may use, preferred first; the first the integration has is used."""
+    pause_mode: str = "retract"
+    rollout: RolloutConfig = DEFAULT_ROLLOUT
+    needs: Needs = Needs()
+    full_updates: bool = True
+    """False when the scenario only pushes LoRA adapters (no full-weight transport needed)."""
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.checks if c not in REGISTRY]
+        if unknown:
+            raise ValueError(f"scenario {self.name!r}: unknown check(s) {unknown}; registered: {list(REGISTRY)}")
+        if not isinstance(self.needs, Needs):
+            raise TypeError(f"scenario {self.name!r}: needs must be a Needs(...) ({Needs.names()}), "
+                            f"got {self.needs!r}")
+        if set(self.transport) - ALL_TRANSPORTS or self.pause_mode not in ALL_PAUSE_MODES:
+            raise ValueError(f"scenario {self.name!r}: transports {list(self.transport)} / pause mode "
+                             f"{self.pause_mode!r} not among {sorted(ALL_TRANSPORTS)} / {sorted(ALL_PAUSE_MODES)}")
+
+    def transport_for(self, integration: Integration) -> str | None:
+        """The transport this scenario uses with ``integration`` (None when it has none of them)."""
+        return transport_for(self.transport, integration.capabilities)
+
+    def resolve(self, integration: Integration) -> Scenario:
+        """This scenario as it runs against ``integration`` (its pause mode: ``capabilities.pause_mode_for``;
+        single-turn samples without ``multi_turn``, unless the scenario needs several turns); raises
+        :class:`Unsupported` with the reason."""
+        caps = integration.capabilities
+        if self.full_updates and self.transport_for(integration) is None:
+            raise Unsupported(f"integration supports none of the transports this scenario needs "
+                              f"{list(self.transport)} (declares {sorted(caps.transports)})")
+        mode = pause_mode_for(self.pause_mode, caps)
+        reason = self.needs.missing(caps)
+        if reason:
+            raise Unsupported(reason)
+        turns = self.rollout.turns if caps.multi_turn else 1
+        return replace(self, pause_mode=mode, rollout=replace(self.rollout, turns=turns))
+
+    def skipped_checks(self, integration: Integration, profile: str) -> dict[str, str]:
+        """Checks of this scenario that cannot apply to ``integration`` on SGLang ``profile``, with the reason."""
+        return skip_reasons(self.checks, integration.capabilities, profile)

@@ -1,0 +1,99 @@
+"""A scenario's lifecycle: set up (its history, the build environment, the roles, the run), drive its script within
+its deadline, tear down (the manager stopped, the roles closed), and the history filled in. The set-up is shared
+with the model-based run (``conformance.machine``), so both record the same history."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..backends import Backend, probe_labels
+from ..fswatch import DirectoryWatch
+from ..history import Breakage, History
+from ..interface import BuildEnv, Integration, Prompt, Roles
+from .definition import Scenario
+from .errors import RunBroken, ScenarioTimeout, bounded, open_calls
+from .run import DEADLINES, Deadlines, Run
+from .trainer import Trainer
+
+
+def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve the task and explain.") \
+        -> Callable[[], Prompt]:
+    """A thread-safe data source: prompt ``i`` is ``template`` formatted with ``i`` and ``seed``."""
+    counter, lock = itertools.count(), threading.Lock()
+
+    def next_prompt() -> Prompt:
+        with lock:
+            i = next(counter)
+        return Prompt(i, template.format(i=i, seed=seed))
+    return next_prompt
+
+
+def new_history(scenario: Scenario, integration: Integration, backend: Backend, seed: int) -> History:
+    """The empty history of ``scenario`` (resolved) run against ``integration``: with the pause mode the
+    integration was asked for (None when it never pauses) and whether it stamps the engines, so I3 and S2 judge
+    it as configured."""
+    caps = integration.capabilities
+    return History(scenario.name, integration.name, backend.name, backend.profile, seed,
+                   max_staleness=scenario.rollout.max_staleness,
+                   pause_mode=scenario.pause_mode if caps.pause_modes else None, stamps_engines=caps.stamps_engines)
+
+
+def build_env(scenario: Scenario, backend: Backend, folder: Path, seed: int) -> BuildEnv:
+    """What ``Integration.build`` gets: the engines' URLs, a checkpoint directory (created) under ``folder``, the
+    workload, the prompts, the pause mode and the seed."""
+    env = BuildEnv(list(backend.urls), folder, scenario.rollout, prompt_source(seed), scenario.pause_mode, seed)
+    env.checkpoint_dir.mkdir()
+    return env
+
+
+def new_run(scenario: Scenario, integration: Integration, backend: Backend, roles: Roles, history: History,
+            seed: int, deadlines: Deadlines = DEADLINES) -> Run:
+    """The run a script drives over built ``roles``."""
+    return Run(backend, roles, history, Trainer(backend.initial_weights(), seed), roles.new_updater(),
+               rollout=scenario.rollout, pause_mode=scenario.pause_mode,
+               transport=scenario.transport_for(integration) or "tensor", deadlines=deadlines)
+
+
+async def run_scenario(scenario: Scenario, integration: Integration, backend: Backend, seed: int = 0,
+                       deadlines: Deadlines = DEADLINES) -> History:
+    """Run ``scenario`` against ``integration`` on a started ``backend``; never raises for integration bugs."""
+    scenario = scenario.resolve(integration)
+    history = new_history(scenario, integration, backend, seed)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
+        env = build_env(scenario, backend, Path(tmp), seed)
+        watch = DirectoryWatch(env.checkpoint_dir).start()
+        roles: Roles | None = None
+        try:
+            roles = await bounded(integration.build(env), deadlines.wait_s, "Integration.build()", backend.wire)
+            run = new_run(scenario, integration, backend, roles, history, seed, deadlines)
+            await bounded(scenario.script(run), deadlines.script_s, f"scenario {scenario.name}", backend.wire,
+                          ScenarioTimeout)
+        except RunBroken as exc:
+            history.breaks.append(exc.breakage(backend.wire))
+        except Exception as exc:
+            history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}", time.monotonic(),
+                                           open_calls(backend.wire)))
+        finally:
+            if roles is not None:
+                for name, closer in (("Manager.stop()", roles.manager.stop), ("Roles.close()", roles.close)):
+                    if closer is None:
+                        continue
+                    try:
+                        await bounded(closer(), deadlines.wait_s, name, backend.wire)
+                    except RunBroken as exc:
+                        history.breaks.append(exc.breakage(backend.wire))
+                    except Exception as exc:
+                        history.breaks.append(Breakage("error", f"{name} failed: {type(exc).__name__}: {exc}",
+                                                       time.monotonic(), open_calls(backend.wire)))
+            history.fs = watch.stop()
+    history.wire = backend.wire.snapshot()
+    history.final_labels = await probe_labels(list(backend.urls))
+    history.engine_truth = backend.truth()
+    history.rebase(t0)
+    return history

@@ -1,0 +1,243 @@
+"""The run a scenario script drives: its roles, its trainer, update cycles with the faults the suite injects at the
+wire (refused transfers, aborts of what the engines hold), drains, failover, and the waits for the situations a
+scenario sets up. Backend-agnostic: only the roles, the backend's URLs and probes a real SGLang answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..backends import Backend, digest_of, probe_labels, probe_post
+from ..checks.labels import finish_type
+from ..history import BatchRecord, Breakage, History, Injected, UpdateCycle
+from ..interface import RolloutConfig, Roles, Updater
+from ..sentinels import Sentinels, adapters_in_use
+from .errors import Hang, ScenarioTimeout, UnexpectedUpdateFailure, bounded, wait_for_condition
+from .trainer import Trainer
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long the suite waits on the integration and for the situations it sets up. A call into the integration
+    past its deadline is a hang, a situation that never comes a timeout: either breaks the run."""
+
+    update_s: float = 20.0
+    """``Updater.update()``: one whole cycle."""
+    drain_s: float = 15.0
+    """``Manager.next_batch()``."""
+    wait_s: float = 10.0
+    """Building the roles, starting and stopping the manager, waiting for requests in flight."""
+    script_s: float = 60.0
+    """A whole scenario script."""
+
+
+DEADLINES = Deadlines()
+TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "disk": ("/update_weights_from_disk", {
+        "success": False, "num_paused_requests": 0,
+        "message": "Failed to update weights: CUDA out of memory (injected by the conformance suite).\n"
+                   "Rolling back to original weights."}),
+    "tensor": ("/update_weights_from_tensor", {
+        "success": False, "message": "Failed to update weights: CUDA out of memory (injected by the conformance "
+                                     "suite)."}),
+    "distributed": ("/update_weights_from_distributed", {
+        "success": False, "message": "Failed to update parameter online: CUDA out of memory (injected by the "
+                                     "conformance suite)."}),
+}
+"""Per transport, the endpoint and the HTTP 400 body SGLang's handler answers when the load reports failure
+(``python/sglang/srt/entrypoints/http_server.py``, 0.5.4–0.5.23: ``{"success": false, "message": …}``; the disk and
+distributed messages are ``model_executor/model_runner.py``'s). Injected at the wire, so the same fault works in
+front of real SGLang. Needed for the tensor transport: SGLang answers a tensor load that raises (a wrong shape) by
+killing the server, not with a 400."""
+STALL_S = 0.1
+"""How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
+
+
+@dataclass
+class Run:
+    """What a scenario script drives: the roles, the trainer, and recording helpers."""
+
+    backend: Backend
+    roles: Roles
+    history: History
+    trainer: Trainer
+    updater: Updater
+    rollout: RolloutConfig
+    """The workload the manager runs (the scenario's, resolved against the integration)."""
+    pause_mode: str
+    """The pause mode the integration was asked to run in (recorded with each cycle)."""
+    transport: str = "tensor"
+    """The scenario's transport, resolved against the integration's capabilities."""
+    cell: int = 0
+    step: int = 0
+    deadlines: Deadlines = DEADLINES
+
+    async def start(self) -> None:
+        await bounded(self.roles.manager.start(), self.deadlines.wait_s, "Manager.start()", self.backend.wire)
+
+    async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
+                     refuse: Sequence[int] = (), in_flight: float | None = None) -> int | None:
+        """One update cycle, recorded with the labels, versions and digests around it.
+
+        Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
+        (:mod:`conformance.sentinels`), sent before the cycle and released once the integration continued that
+        engine. With ``in_flight`` the cycle also waits until every engine has one of the integration's generates
+        open for that many seconds. The cycle is expected to fail with ``poison`` (weights every engine rejects: the
+        last parameter has the wrong shape, so an integration that sends buckets sees its early buckets land first)
+        or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
+        wire, while the others load the weights). A cycle that fails unexpectedly, or does not return within
+        ``deadlines.update_s`` (a hang, even when a failure was expected), breaks the run."""
+        transport = transport or self.transport
+        expect_failure = poison or bool(refuse)
+        manager, urls, wire = self.roles.manager, self.backend.urls, self.backend.wire
+        step, index = self.step + 1, len(self.history.cycles)
+        weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
+        adapter = self.trainer.lora(step) if lora else None
+        labels_before, published_before, counter_before = await probe_labels(urls), manager.weight_version, \
+            self.updater.version
+        if in_flight is not None:
+            await self.until_in_flight(1, min_age_s=in_flight)
+        sentinels = Sentinels(urls, wire, self.backend.sentinel_tokens, f"c{index}",
+                              adapters_in_use(wire, len(urls)), self.history)
+        try:
+            await sentinels.start()
+        except TimeoutError as exc:
+            raise ScenarioTimeout(str(exc)) from None
+        for engine in refuse:
+            self._refuse_transfer(engine, transport)
+        t0 = time.monotonic()
+        returned, error, hang = None, None, None
+        try:
+            returned = await bounded(self.updater.update(weights, transport=transport, lora=adapter),
+                                     self.deadlines.update_s, f"Updater.update() (cycle {index}, {transport}"
+                                     f"{', LoRA' if lora else ''})", wire)
+        except Hang as exc:
+            error, hang = str(exc), exc
+        except Exception as exc:  # the integration's failure is data for the checkers
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            t1 = time.monotonic()
+            await sentinels.release()
+        unused = wire.clear_refusals()
+        if unused:
+            self.history.breaks.append(Breakage("error", f"the injected refusal of {unused} was never used: the "
+                                                "integration did not call that endpoint on that engine during the "
+                                                "cycle", time.monotonic()))
+        if error is None and not poison:
+            self.step = step
+        self.history.cycles.append(UpdateCycle(
+            index=index, cell=self.cell, transport=transport, lora=lora,
+            pause_mode=self.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
+            counter_before=counter_before, counter_after=self.updater.version, returned=returned,
+            published_before=published_before, published_after=manager.weight_version,
+            labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=expect_failure,
+            trainer_digest=digest_of(weights) if weights is not None and not poison else None,
+            digests_after=self.backend.digests()))
+        if hang is not None:
+            raise hang
+        if error is not None and not expect_failure:
+            raise UnexpectedUpdateFailure(f"update cycle {index} ({transport}{', LoRA' if lora else ''}) failed: "
+                                          f"{error}")
+        return returned
+
+    def _refuse_transfer(self, engine: int, transport: str) -> None:
+        """Make ``engine`` answer every transfer call of this cycle the way SGLang answers a load that failed."""
+        path, body = TRANSFER_FAILURES[transport]
+        self.backend.wire.refuse(engine, path, 400, body, times=None)
+        self.history.injected.append(Injected(time.monotonic(), "refusal", engine, f"{path} answers 400 {body}"))
+
+    async def drain(self, n: int = 1) -> None:
+        """Consume ``n`` batches, recording the truth at consumption."""
+        for _ in range(n):
+            batch = await bounded(self.roles.manager.next_batch(), self.deadlines.drain_s, "Manager.next_batch()",
+                                  self.backend.wire)
+            now = time.monotonic()
+            self.history.batches.append(BatchRecord(len(self.history.batches), now, batch,
+                                                    self.history.published_truth_at(now)))
+
+    async def failover(self) -> None:
+        """Replace the trainer cell with a fresh one over the same engines and manager."""
+        self.updater = self.roles.new_updater()
+        self.cell += 1
+
+    async def until_in_flight(self, per_engine: int = 1, min_age_s: float = 0.0) -> None:
+        """Wait until every engine has ``per_engine`` generates in flight (open for at least ``min_age_s``, i.e.
+        decoding by then). While that does not happen, one batch per engine is consumed every ``STALL_S``, as a
+        trainer would: a producer blocked on a full buffer restarts one group per consumed batch, so consuming one
+        at a time (or only once it went idle) can leave the engines taking turns forever, never decoding at once."""
+        wire, engines = self.backend.wire, len(self.backend.urls)
+        start = time.monotonic()
+        deadline, stalled_since, consumed = start + self.deadlines.wait_s, start, 0
+        while not all(wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in range(engines)):
+            now = time.monotonic()
+            if now > deadline:
+                raise ScenarioTimeout(f"timed out after {self.deadlines.wait_s:.0f}s waiting for {per_engine} "
+                                      f"/generate "
+                                      f"call(s) in flight on every engine (in flight: {wire.in_flight()}; "
+                                      f"{consumed} batch(es) consumed meanwhile to unblock the producer)")
+            if now - stalled_since > STALL_S:
+                await self.drain(engines)
+                consumed += engines
+                stalled_since = time.monotonic()
+            await asyncio.sleep(0.002)
+
+    async def until_next_call(self) -> None:
+        """Wait until every engine finished one more of the integration's ``/generate`` calls and has a call in
+        flight that was sent after it (the next turn of a multi-turn sample, for a producer that keeps its
+        samples on one engine)."""
+        wire, engines = self.backend.wire, len(self.backend.urls)
+        since = time.monotonic()
+
+        def progressed() -> bool:
+            calls = [c for c in wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
+            for engine in range(engines):
+                done = [c.t_end for c in calls if c.engine == engine and c.t_end is not None and c.t_end >= since]
+                if not done or not any(c.engine == engine and c.t_end is None and c.t_start >= min(done)
+                                       for c in calls):
+                    return False
+            return True
+        await wait_for_condition(progressed, self.deadlines.wait_s, "a finished /generate call followed by the next "
+                                 "one in flight on every engine")
+
+    async def until_producer_blocked(self, quiet_s: float = 0.1) -> None:
+        """Wait until no /generate has been in flight for ``quiet_s``: the producer is blocked on a full buffer."""
+        wire = self.backend.wire
+        quiet_since: list[float | None] = [None]
+
+        def blocked() -> bool:
+            now = time.monotonic()
+            quiet_since[0] = (quiet_since[0] or now) if not wire.in_flight() else None
+            return quiet_since[0] is not None and now - quiet_since[0] >= quiet_s
+        await wait_for_condition(blocked, self.deadlines.wait_s,
+                                 "the producer to fill its buffer (no /generate in flight)")
+
+    async def abort_in_flight(self) -> None:
+        """Abort the requests every engine holds, as an operator or a crash would (not the integration's doing).
+        So that some are held, the suite freezes the engines first (``pause`` in place, its own call; on ≤0.5.4
+        that pause already aborts everything), checks on the wire that each held an integration request sent
+        before, aborts everything (SGLang answers frozen requests once they continue) and continues the engines;
+        it retries while an engine held nothing."""
+        wire, urls = self.backend.wire, self.backend.urls
+        deadline = time.monotonic() + self.deadlines.wait_s
+        while True:
+            await self.until_in_flight(1)
+            mark = time.monotonic()
+            injected = [Injected(mark, "abort", engine, "the suite froze the engine (pause in_place) and aborted "
+                                 "every request it held (abort_all)") for engine in range(len(urls))]
+            self.history.injected += injected
+            await asyncio.gather(*(probe_post(url, "/pause_generation", {"mode": "in_place"}) for url in urls))
+            held = {e for e in range(len(urls)) if any(
+                c.engine == e and c.path == "/generate" and c.origin == "integration" and c.t_start < mark
+                and (c.t_end is None or any(finish_type(o) == "abort" for o in c.generate_outputs()))
+                for c in wire.snapshot())}
+            await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}) for url in urls))
+            for item in injected:
+                item.t_end = time.monotonic()
+            await asyncio.gather(*(probe_post(url, "/continue_generation", {}) for url in urls))
+            if len(held) == len(urls):
+                return
+            if time.monotonic() > deadline:
+                raise ScenarioTimeout(f"no request was held by every engine to abort within "
+                                      f"{self.deadlines.wait_s:.0f}s (engines holding one: {sorted(held)})")

@@ -53,6 +53,8 @@ class RayBackendConfig:
     """The SGLang release the engines are (a label on real SGLang; the fake is told with its own flag)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the engine processes."""
+    python: str | None = None
+    """The interpreter that runs ``program`` on every node (a real-SGLang environment's); None: the suite's own."""
     digest_timeout_s: float = 60.0
     model_files: Mapping[str, bytes] | None = None
     """The served model's files, written at ``spec.model_path`` on every engine's node where that path is missing
@@ -124,34 +126,11 @@ class RayBackend:
     # -- Backend -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        import ray
-
-        from .engine import EngineActor
-        from .placement import place_engines
         from .proxy import RecordingProxy
 
-        c = self.config
         self._t0 = time.monotonic()
-        self.placement = place_engines(c.engines, c.nodes, c.resources_per_engine)
-        actor_cls = ray.remote(EngineActor)
-        files = ray.put(dict(c.model_files)) if c.model_files else None
-        resources = dict(c.resources_per_engine)
         try:
-            for i in range(c.engines):
-                actor = actor_cls.options(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
-                                          scheduling_strategy=self.placement.strategy(i), max_restarts=0,
-                                          ).remote(c.spec, c.program, dict(c.env), f"engine-{i}", c.engine_host, files)
-                self._engines.append(_Engine(i, actor))
-            starts = [e.actor.start.remote(c.health_timeout_s) for e in self._engines]
-            errors = []
-            for engine, ref in zip(self._engines, starts):
-                try:
-                    engine.info = ray.get(ref, timeout=c.health_timeout_s + 60.0)
-                    engine.last_status, engine.last_status_t = {"log_tail": engine.info["log_tail"]}, self._since()
-                except Exception as exc:  # the actor's EngineStartError, or its death
-                    errors.append(f"engine {engine.index} did not start: {_cause(exc)}")
-            if errors:
-                raise EngineFailure("\n".join(errors))
+            self._launch()
             for e in self._engines:
                 e.proxy = RecordingProxy(e.info["url"], e.index, self.wire,
                                          on_unreachable=functools.partial(self._unreachable, e)).start()
@@ -159,8 +138,90 @@ class RayBackend:
         except BaseException:
             self._teardown()
             raise
-        self._monitor = threading.Thread(target=self._watch, name="ray-backend-monitor", daemon=True)
+        self._monitor = threading.Thread(target=self._watch, name=f"{self.name}-backend-monitor", daemon=True)
         self._monitor.start()
+
+    def rewire(self) -> None:
+        """A fresh wire log and fresh proxies over the same running engines: the next scenario on shared engines
+        (:mod:`gpu.pool`) records only its own calls."""
+        from .proxy import RecordingProxy
+
+        with self._lock:
+            self.wire = WireLog()
+        for e in self._engines:
+            if e.proxy is not None:
+                e.proxy.stop()
+            e.unreachable = None
+            e.proxy = RecordingProxy(e.info["url"], e.index, self.wire,
+                                     on_unreachable=functools.partial(self._unreachable, e)).start()
+        self.urls = [e.proxy.url for e in self._engines]
+
+    def engine_urls(self) -> list[str]:
+        """The engines' own addresses (not the proxies'): for the suite's calls that bypass the wire."""
+        return [e.info["url"] for e in self._engines]
+
+    # -- how engines are launched, asked and stopped (Ray actors here; local processes in gpu.local) ------------
+
+    def _launch(self) -> None:
+        """Start every engine (``self._engines`` filled first, so a failure tears down what started); raise
+        :class:`EngineFailure` naming each engine that did not become healthy."""
+        import ray
+
+        from .engine import EngineActor
+        from .placement import place_engines
+
+        c = self.config
+        self.placement = place_engines(c.engines, c.nodes, c.resources_per_engine)
+        actor_cls = ray.remote(EngineActor)
+        files = ray.put(dict(c.model_files)) if c.model_files else None
+        resources = dict(c.resources_per_engine)
+        for i in range(c.engines):
+            actor = actor_cls.options(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
+                                      scheduling_strategy=self.placement.strategy(i), max_restarts=0,
+                                      ).remote(c.spec, c.program, dict(c.env), f"engine-{i}", c.engine_host, files,
+                                               c.python)
+            self._engines.append(_Engine(i, actor))
+        starts = [e.actor.start.remote(c.health_timeout_s) for e in self._engines]
+        errors = []
+        for engine, ref in zip(self._engines, starts):
+            try:
+                engine.info = ray.get(ref, timeout=c.health_timeout_s + 60.0)
+                engine.last_status, engine.last_status_t = {"log_tail": engine.info["log_tail"]}, self._since()
+            except Exception as exc:  # the actor's EngineStartError, or its death
+                errors.append(f"engine {engine.index} did not start: {_cause(exc)}")
+        if errors:
+            raise EngineFailure("\n".join(errors))
+
+    def _statuses(self, live: list[_Engine]) -> dict[int, dict[str, Any] | str | None]:
+        """Each engine's status; a string says why it is lost, None that it did not answer in time."""
+        import ray
+
+        refs = {e.index: e.actor.status.remote() for e in live}
+        out: dict[int, dict[str, Any] | str | None] = {}
+        for e in live:
+            try:
+                out[e.index] = ray.get(refs[e.index], timeout=STATUS_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                out[e.index] = None
+            except ray.exceptions.RayActorError as exc:
+                out[e.index] = (f"its actor died ({type(exc).__name__}): the node was lost or the actor was killed "
+                                f"({_first_line(exc)})")
+        return out
+
+    def _stop_engines(self) -> None:
+        import ray
+
+        stops = [(e, e.actor.stop.remote()) for e in self._engines if e.failure is None]
+        for e, ref in stops:
+            try:
+                ray.get(ref, timeout=30.0)
+            except Exception:  # already gone: killing the actor below ends its process (death signal)
+                pass
+        for e in self._engines:
+            ray.kill(e.actor, no_restart=True)
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
 
     def stop(self) -> None:
         """Tear everything down; then raise :class:`EngineFailure` if an engine failed while the backend ran."""
@@ -202,21 +263,17 @@ class RayBackend:
     def _poll(self, patience: int) -> None:
         """Ask every engine not yet failed for its status; record a failure for an actor that died, one that
         answered no status call ``patience`` times in a row, and an engine process that exited."""
-        import ray
-
         live = [e for e in self._engines if e.failure is None]
-        refs = {e.index: e.actor.status.remote() for e in live}
+        statuses = self._statuses(live)
         for e in live:
-            try:
-                status = ray.get(refs[e.index], timeout=STATUS_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
+            status = statuses[e.index]
+            if status is None:
                 e.unanswered += 1
                 if e.unanswered >= patience:
                     self._fail(e, f"its actor answered no status call for {e.unanswered * STATUS_TIMEOUT_S:.0f}s")
                 continue
-            except ray.exceptions.RayActorError as exc:
-                self._fail(e, f"its actor died ({type(exc).__name__}): the node was lost or the actor was killed "
-                              f"({_first_line(exc)})")
+            if isinstance(status, str):
+                self._fail(e, status)
                 continue
             e.unanswered, e.last_status, e.last_status_t = 0, status, self._since()
             if status["returncode"] is not None:
@@ -261,8 +318,6 @@ class RayBackend:
         return (", ".join(open_calls) or "nothing in flight") + f"; {last}"
 
     def _teardown(self) -> None:
-        import ray
-
         self._stopping.set()
         if self._monitor is not None:
             self._monitor.join()
@@ -274,17 +329,7 @@ class RayBackend:
         for e in self._engines:
             if e.proxy is not None:
                 e.proxy.stop()
-        stops = [(e, e.actor.stop.remote()) for e in self._engines if e.failure is None]
-        for e, ref in stops:
-            try:
-                ray.get(ref, timeout=30.0)
-            except Exception:  # already gone: killing the actor below ends its process (death signal)
-                pass
-        for e in self._engines:
-            ray.kill(e.actor, no_restart=True)
-        if self.placement is not None:
-            self.placement.remove()
-            self.placement = None
+        self._stop_engines()
         self.urls = []
 
 

@@ -91,8 +91,11 @@ class EngineProcess:
     """Launches and supervises one engine server process (``program`` plus :func:`gpu.launch.launch_args`)."""
 
     def __init__(self, spec: EngineSpec, program: Sequence[str] = SGLANG, host: str = "127.0.0.1",
-                 env: Mapping[str, str] | None = None, log_dir: str | None = None, name: str = "engine") -> None:
+                 env: Mapping[str, str] | None = None, log_dir: str | None = None, name: str = "engine",
+                 python: str | None = None) -> None:
         self.spec, self.program, self.host, self.name = spec, tuple(program), host, name
+        self.python = python or sys.executable
+        """The interpreter that runs ``program`` (a real-SGLang environment's; default: this one)."""
         self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.log_path = Path(tempfile.mkdtemp(prefix=f"weightsync-{name}-", dir=log_dir)) / "engine.log"
         self.process: subprocess.Popen | None = None
@@ -102,15 +105,24 @@ class EngineProcess:
     def start(self, health_timeout_s: float) -> str:
         """Launch and wait until ``/health`` answers 200; the engine's URL. Raises :class:`EngineStartError` (the
         process torn down) when it exits first or is not healthy by the deadline."""
+        self.launch()
+        return self.wait_healthy(health_timeout_s)
+
+    def launch(self) -> None:
+        """Start the process (it dies with the *thread* that calls this: call it from one that outlives it)."""
         if self.process is not None:
             raise RuntimeError(f"{self.name} is already started")
         port = free_port(self.host)
         self.url = url_of(self.host, port)
-        self.command = launch_command(self.spec, self.host, port, self.program)
+        self.command = launch_command(self.spec, self.host, port, self.program, self.python)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
                                             preexec_fn=_die_with_parent(os.getpid()))
+
+    def wait_healthy(self, health_timeout_s: float) -> str:
+        """After :meth:`launch`: wait until ``/health`` answers 200 (any thread); the URL, or
+        :class:`EngineStartError` with the process torn down."""
         try:
             self._wait_healthy(health_timeout_s)
         except EngineStartError:
@@ -212,14 +224,15 @@ class EngineActor:
     ``spec.model_path`` on this node first, unless it is there already (the same path on every node: same ARGS)."""
 
     def __init__(self, spec: EngineSpec, program: Sequence[str], env: Mapping[str, str] | None, name: str,
-                 host: str | None = None, model_files: Mapping[str, bytes] | None = None) -> None:
+                 host: str | None = None, model_files: Mapping[str, bytes] | None = None,
+                 python: str | None = None) -> None:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         if model_files:
             materialize(spec.model_path, model_files)
-        self.engine = EngineProcess(spec, program, host=host or self.node_ip, env=env, name=name)
+        self.engine = EngineProcess(spec, program, host=host or self.node_ip, env=env, name=name, python=python)
 
     def start(self, health_timeout_s: float) -> dict[str, Any]:
         url = self.engine.start(health_timeout_s)

@@ -93,3 +93,20 @@ integration = ClusterReferenceIntegration(name="reference-sglang", tensor_encode
 nccl_integration = ClusterReferenceIntegration(name="reference-sglang-nccl", backend="nccl",
                                                tensor_encoder=encode_pickle_b64)
 """``--integration gpu.trainer:nccl_integration`` (NCCL from a GPU of the driver's own)."""
+
+
+def for_real_sglang(integration: Any) -> Any:
+    """``integration`` configured for real SGLang engines on this machine (``-m sglang``): a reference integration
+    (or a mutant of it) that still sends the fake-only safetensors tensor encoding sends its tensors pickled inline
+    instead, the encoding real SGLang's ``MultiprocessingSerializer.deserialize`` reads. Any other integration is
+    returned as it is (it is the adopter's to configure)."""
+    from conformance.reference.transports import encode_safetensors_b64
+
+    if isinstance(integration, ReferenceIntegration) and integration.tensor_encoder is encode_safetensors_b64:
+        return replace(integration, tensor_encoder=encode_pickle_b64)
+    return integration
+
+
+cpu_integration = ClusterReferenceIntegration(name="reference-sglang-cpu", tensor_encoder=encode_pickle_b64,
+                                              master_address="127.0.0.1")
+"""``--integration gpu.trainer:cpu_integration``: the reference for real SGLang on this machine (``-m sglang``)."""

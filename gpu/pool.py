@@ -1,0 +1,244 @@
+"""Engines shared across the scenarios of a session, reset between them (real SGLang takes tens of seconds to start).
+
+An :class:`EnginePool` holds one started backend (:class:`gpu.backend.RayBackend` or :class:`gpu.local.LocalBackend`)
+and lends it to one scenario at a time through :meth:`EnginePool.lease`, a ``conformance.backends.Backend``:
+
+* ``start()`` starts the engines the first time (and measures what they start with: label, weight digests, decode
+  speed), else gives the scenario a fresh wire log and fresh recording proxies over the same engines;
+* ``stop()`` resets every engine (:func:`gpu.reset.reset_engine`: requests aborted, sessions, groups and adapters
+  closed, the initial checkpoint reloaded and verified by digest, the label restored, the cache flushed). An engine
+  that failed while the scenario ran, or that the reset cannot bring back, is never reused: the engines are torn
+  down, ``stop()`` raises (so every case of that scenario fails with the reason) and the next lease starts fresh
+  ones.
+
+The suite's long-lived requests are sized from the decode speed measured at start (``sentinel_seconds`` of
+decoding), not from a guess: real SGLang on 2 CPU cores decodes a few hundred tokens a second, the fake thousands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Coroutine, Mapping, TypeVar
+
+from conformance.backends import probe_client, probe_labels
+from conformance.sentinels import SENTINEL_INPUT_IDS
+from conformance.wire import WireLog
+
+from .backend import EngineFailure, RayBackend, checkpoint
+from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState, reset_engine
+from .weights import read_all_digests
+
+T = TypeVar("T")
+SPEED_PROBE_TOKENS = 256
+"""Tokens decoded once at start to measure the engines' speed."""
+SPEED_WARMUP_TOKENS = 16
+
+
+@dataclass
+class PoolStats:
+    """What the pool cost: engines started (and how long each start took), scenarios lent, resets done."""
+
+    starts: list[float] = field(default_factory=list)
+    """Seconds from launch to every engine healthy, per start of the engine set."""
+    engines_started: int = 0
+    leases: int = 0
+    resets: int = 0
+    reset_s: list[float] = field(default_factory=list)
+    discarded: list[str] = field(default_factory=list)
+    """Why an engine set was torn down before the end (an engine failed, or could not be reset)."""
+    decode_tokens_per_s: float | None = None
+
+    def lines(self) -> list[str]:
+        starts = ", ".join(f"{s:.1f}" for s in self.starts) or "-"
+        resets = (f"{self.resets} resets (mean {sum(self.reset_s) / len(self.reset_s):.2f}s)" if self.reset_s
+                  else "0 resets")
+        speed = f"{self.decode_tokens_per_s:.0f}" if self.decode_tokens_per_s else "?"
+        out = [f"{self.engines_started} engines started (engine-set start: {starts} s), {self.leases} scenarios, "
+               f"{resets}, decode {speed} tokens/s per request"]
+        out += [f"engines discarded: {d.splitlines()[0]}" for d in self.discarded]
+        return out
+
+
+def run_sync(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """Run ``coro`` to completion in its own loop in a worker thread (callable from inside a running loop)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-pool") as pool:
+        return pool.submit(asyncio.run, coro).result(timeout_s)
+
+
+class EnginePool:
+    """One engine set for a session, lent to one scenario at a time (see the module docstring)."""
+
+    def __init__(self, make: Callable[[], RayBackend], *, profile: str, name: str = "sglang",
+                 sentinel_seconds: float = 4.0, sessions: bool = False, lists_adapters: bool = True) -> None:
+        self.make, self.profile, self.name = make, profile, name
+        self.sentinel_seconds = sentinel_seconds
+        self.sessions, self.lists_adapters = sessions, lists_adapters
+        self.stats = PoolStats()
+        self.backend: RayBackend | None = None
+        self.initial: InitialState | None = None
+        self.sentinel_tokens = 0
+        self._lock = threading.Lock()
+        self._lent = False
+
+    def lease(self) -> "PooledBackend":
+        """A backend for one scenario over the pool's engines."""
+        return PooledBackend(self)
+
+    # -- lending -------------------------------------------------------------------------------------------------
+
+    def acquire(self) -> RayBackend:
+        with self._lock:
+            if self._lent:
+                raise RuntimeError("the engine pool is already lent to a running scenario (one at a time)")
+            self._lent = True
+        try:
+            if self.backend is None:
+                self._start()
+            else:
+                self.backend.rewire()
+        except BaseException:
+            self._lent = False
+            raise
+        self.stats.leases += 1
+        assert self.backend is not None
+        return self.backend
+
+    def release(self) -> None:
+        """Reset every engine for the next scenario; raise (after tearing the engines down) when one failed
+        during the scenario or cannot be reset."""
+        backend = self.backend
+        try:
+            if backend is None:
+                return
+            failures = backend.failures()
+            if failures:
+                self._discard("an engine failed during the scenario: " + failures[0])
+                backend.stop()  # raises EngineFailure with every failure
+                raise EngineFailure("\n\n".join(failures))
+            wire = backend.wire.snapshot()
+            t0 = time.monotonic()
+            try:
+                run_sync(self._reset_all(backend, wire), 3 * STEP_TIMEOUT_S + 60.0)
+            except EngineResetError as exc:
+                self._discard(str(exc))
+                _stop_quietly(backend)
+                raise
+            self.stats.resets += 1
+            self.stats.reset_s.append(time.monotonic() - t0)
+        finally:
+            self._lent = False
+
+    async def _reset_all(self, backend: RayBackend, wire: list[Any]) -> None:
+        assert self.initial is not None
+        urls = backend.engine_urls()
+        await asyncio.gather(*(reset_engine(i, url, self.initial, [c for c in wire if c.engine == i])
+                               for i, url in enumerate(urls)))
+
+    def _discard(self, why: str) -> None:
+        self.stats.discarded.append(why)
+        self.backend, self.initial = None, None
+
+    def close(self) -> None:
+        """Tear the engines down (idempotent)."""
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.stop()
+
+    # -- starting and measuring -------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        backend = self.make()
+        t0 = time.monotonic()
+        backend.start()
+        self.stats.starts.append(time.monotonic() - t0)
+        self.stats.engines_started += len(backend.engine_urls())
+        try:
+            self.initial = self._measure_initial(backend)
+            self.stats.decode_tokens_per_s = run_sync(decode_speed(backend.engine_urls()[0]), STEP_TIMEOUT_S + 5)
+        except BaseException:
+            _stop_quietly(backend)
+            raise
+        self.sentinel_tokens = min(context_tokens(backend.config.spec.model_path) - len(SENTINEL_INPUT_IDS) - 4,
+                                   max(64, int(self.sentinel_seconds * self.stats.decode_tokens_per_s)))
+        self.backend = backend
+
+    def _measure_initial(self, backend: RayBackend) -> InitialState:
+        urls = backend.engine_urls()
+        labels = run_sync(probe_labels(urls), STEP_TIMEOUT_S)
+        params = checkpoint(backend.config.spec.model_path)[1]
+        digests = read_all_digests(urls, params, backend.config.digest_timeout_s)
+        if len(set(labels)) != 1 or any(d != digests[0] for d in digests):
+            raise EngineFailure(f"the engines did not start alike: labels {labels}; "
+                                f"{sum(d != digests[0] for d in digests)} engine(s) hold other weights than engine 0")
+        return InitialState(backend.config.spec.model_path, labels[0], digests[0], params, self.sessions,
+                            self.lists_adapters)
+
+
+async def decode_speed(url: str, tokens: int = SPEED_PROBE_TOKENS) -> float:
+    """Tokens per second one greedy request decodes on the engine at ``url`` (``ignore_eos``, ``tokens`` long),
+    after a short warm-up request (real SGLang's first decode steps are slow: lazy initialisation)."""
+    async with probe_client(STEP_TIMEOUT_S) as client:
+        async def one(n: int) -> float:
+            t0 = time.monotonic()
+            r = await client.post(url + "/generate", json={"input_ids": [1, 2, 3, 4], "sampling_params": {
+                "max_new_tokens": n, "ignore_eos": True, "temperature": 0.0}})
+            elapsed = time.monotonic() - t0
+            r.raise_for_status()
+            return r.json().get("meta_info", {}).get("completion_tokens", n) / elapsed
+        await one(SPEED_WARMUP_TOKENS)
+        return await one(tokens)
+
+
+def context_tokens(model_path: str) -> int:
+    """The served model's context (``max_position_embeddings``): real SGLang refuses a request that asks for more
+    (prompt + ``max_new_tokens``), so a sentinel's budget is capped by it."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2048))
+
+
+def _stop_quietly(backend: RayBackend) -> None:
+    try:
+        backend.stop()
+    except EngineFailure:
+        pass
+
+
+class PooledBackend:
+    """``conformance.backends.Backend`` for one scenario over an :class:`EnginePool`'s engines."""
+
+    def __init__(self, pool: EnginePool) -> None:
+        self.pool = pool
+        self.wire = WireLog()
+        self.urls: list[str] = []
+        self.sentinel_tokens = 0
+        self._backend: RayBackend | None = None
+        self.name, self.profile = pool.name, pool.profile
+
+    def start(self) -> None:
+        self._backend = self.pool.acquire()
+        self.wire, self.urls = self._backend.wire, list(self._backend.urls)
+        self.sentinel_tokens = self.pool.sentinel_tokens
+
+    def stop(self) -> None:
+        if self._backend is None:
+            return
+        self._backend = None
+        self.pool.release()
+
+    def initial_weights(self) -> Mapping[str, Any]:
+        assert self._backend is not None
+        return self._backend.initial_weights()
+
+    def digests(self) -> list[dict[str, str]] | None:
+        assert self._backend is not None
+        return self._backend.digests()
+
+    def truth(self) -> dict[str, Any]:
+        assert self._backend is not None
+        return self._backend.truth()

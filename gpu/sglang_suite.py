@@ -1,0 +1,164 @@
+"""``-m sglang``: the conformance cases on real SGLang on CPU, run from one release's environment.
+
+:class:`SglangSuite` is what the plugin's ``sglang`` backend uses, once per pytest session: it says in one line why
+the cases cannot run here (no environment for the release: the install command), else builds the tiny model and
+one :class:`gpu.pool.EnginePool` of two engines running ``python -m sglang.launch_server`` from the environment
+(:data:`gpu.sglang_cpu.CPU_FLAGS` and :data:`~gpu.sglang_cpu.CPU_ENV`), as local processes
+(:class:`gpu.local.LocalBackend`) or, with ``ray=True``, as Ray actors on a simulated 2-node cluster
+(:class:`gpu.backend.RayBackend`, same proxy, placement, digests and teardown as ``-m gpu``). Every scenario
+borrows the same engines and leaves them reset (:mod:`gpu.reset`).
+
+The integration must speak to real SGLang: ``gpu.trainer:cpu_integration`` is the reference so configured
+(tensors pickled inline, the trainer's gloo group on 127.0.0.1); :func:`gpu.trainer.for_real_sglang` adapts the
+mutants the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .launch import FAKE, SGLANG, EngineSpec
+
+LORA_ON_CPU = ("real SGLang on CPU cannot serve LoRA: with --enable-lora the engine dies at start "
+               "(sglang/srt/lora/layers.py pins host memory, 'pin_memory=True requires a CUDA or other accelerator "
+               "backend'; measured on 0.5.23), so LoRA scenarios run on the fake and on GPUs only")
+UNSUPPORTED_ON_CPU = {"lora": LORA_ON_CPU}
+"""Scenarios real SGLang on CPU cannot run, with the measured reason (each case of them is skipped with it)."""
+HEALTH_TIMEOUT_S = 300.0
+"""Start to ``/health`` 200 is 15–50 s on 2 busy cores; a deadline well past it, far below SGLang's own 600 s."""
+
+
+def install_hint(release: str) -> str:
+    return f"python -m gpu.sglang_cpu install --release {release}"
+
+
+@dataclass
+class SglangSuite:
+    """The ``sglang`` backend of one pytest session."""
+
+    release: str = "0.5.23"
+    venv: str | None = None
+    """The environment (default: where ``install`` puts the release's)."""
+    ray: bool = False
+    seed: int = 0
+    engines: int = 2
+    health_timeout_s: float = HEALTH_TIMEOUT_S
+    program: tuple[str, ...] = SGLANG
+    python: str | None = None
+    """The interpreter that runs ``program`` (default: the environment's)."""
+    enable_lora: bool = False
+    fake_args: tuple[str, ...] = ()
+    unsupported: dict[str, str] = field(default_factory=lambda: dict(UNSUPPORTED_ON_CPU))
+    _skip: str | None = field(default=None, init=False)
+    _checked: bool = field(default=False, init=False)
+    _model_dir: str | None = field(default=None, init=False)
+    _pool: Any = field(default=None, init=False)
+    _cluster: contextlib.ExitStack | None = field(default=None, init=False)
+
+    @classmethod
+    def with_fake(cls, profile: str = "0.5.23", tokens_per_second: float = 500.0, **kwargs: Any) -> "SglangSuite":
+        """The same suite with the fake's drop-in (``python -m fakes.launch_server``, the same flags) in place of
+        real SGLang: what the CPU tests run."""
+        return cls(release=profile, program=FAKE, python=sys.executable, enable_lora=True, unsupported={},
+                   fake_args=("--fake-profile", profile, "--fake-tokens-per-second", str(tokens_per_second)),
+                   **kwargs)
+
+    def skip_reason(self) -> str | None:
+        """Why ``-m sglang`` cannot run here (one line), or None; checked once, in well under a second."""
+        if not self._checked:
+            self._checked = True
+            if self.program == SGLANG:
+                from .sglang_cpu import InstallError, check_release, status
+
+                try:
+                    found = status(check_release(self.release), Path(self.venv) if self.venv else None,
+                                   import_check=False)
+                except InstallError as exc:
+                    found = None
+                    self._skip = f"-m sglang: {exc}"
+                if found is not None and not found.usable:
+                    self._skip = (f"-m sglang needs real SGLang {self.release} on CPU: {found.reason} "
+                                  f"(install: {install_hint(self.release)}; then pytest -m sglang "
+                                  f"--sglang-release {self.release})")
+                elif found is not None:
+                    self.venv = str(found.venv)
+        return self._skip
+
+    def why_not(self, scenario: str) -> str | None:
+        """Why ``scenario`` cannot run on this backend (its cases are skipped with it), or None."""
+        return self.unsupported.get(scenario)
+
+    # -- engines ---------------------------------------------------------------------------------------------
+
+    def config(self) -> Any:
+        from .backend import RayBackendConfig
+        from .sglang_cpu import CPU_ENV, CPU_FLAGS, python_of
+        from .tiny_model import write_model
+
+        if self._model_dir is None:
+            self._model_dir = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-sglang-model-")) / "model"))
+        spec = EngineSpec(model_path=self._model_dir, enable_lora=self.enable_lora, random_seed=self.seed,
+                          disable_cuda_graph=False, extra_args=CPU_FLAGS, fake_args=self.fake_args)
+        python = self.python or str(python_of(Path(self.venv)))
+        return RayBackendConfig(spec, engines=self.engines, nodes=2, program=self.program, python=python,
+                                resources_per_engine={"CPU": 1}, health_timeout_s=self.health_timeout_s,
+                                profile=self.release, env=dict(CPU_ENV), engine_host="127.0.0.1")
+
+    def pool(self) -> Any:
+        """The session's engine pool (engines start at the first scenario)."""
+        if self._pool is None:
+            from fakes.profiles import PROFILES
+
+            from .pool import EnginePool
+
+            profile = PROFILES[self.release]
+            self._pool = EnginePool(self._maker(self.config()), profile=self.release, name="sglang",
+                                    sessions=profile.weight_update_sessions,
+                                    lists_adapters=profile.models_list_loras)
+        return self._pool
+
+    def _maker(self, config: Any) -> Callable[[], Any]:
+        if not self.ray:
+            from .local import LocalBackend
+
+            return lambda: LocalBackend(config)
+        from .backend import RayBackend
+
+        def make() -> Any:
+            if self._cluster is None:
+                from .cluster import local_cluster
+
+                self._cluster = contextlib.ExitStack()
+                self._cluster.enter_context(local_cluster(nodes=2, cpus_per_node=1))
+            return RayBackend(config)
+        return make
+
+    def backend_factory(self) -> Callable[[], Any]:
+        """A zero-argument factory: each call lends the pool's engines to one scenario."""
+        return self.pool().lease
+
+    def summary(self) -> list[str]:
+        """What the session cost (engines started, resets), for the terminal summary."""
+        if self._pool is None:
+            return []
+        where = "Ray actors on a simulated 2-node cluster" if self.ray else "local processes"
+        name = "real SGLang" if self.program == SGLANG else "the fake's drop-in"
+        return [f"{name} {self.release} on CPU ({where}): " + line for line in self._pool.stats.lines()]
+
+    def close(self) -> None:
+        try:
+            if self._pool is not None:
+                self._pool.close()
+        finally:
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+            if self._model_dir is not None:
+                shutil.rmtree(Path(self._model_dir).parent, ignore_errors=True)
+                self._model_dir = None

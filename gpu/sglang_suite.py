@@ -34,10 +34,6 @@ HEALTH_TIMEOUT_S = 300.0
 """Start to ``/health`` 200 is 15–50 s on 2 busy cores; a deadline well past it, far below SGLang's own 600 s."""
 
 
-def install_hint(release: str) -> str:
-    return f"python -m gpu.sglang_cpu install --release {release}"
-
-
 @dataclass
 class SglangSuite:
     """The ``sglang`` backend of one pytest session."""
@@ -83,9 +79,7 @@ class SglangSuite:
                     found = None
                     self._skip = f"-m sglang: {exc}"
                 if found is not None and not found.usable:
-                    self._skip = (f"-m sglang needs real SGLang {self.release} on CPU: {found.reason} "
-                                  f"(install: {install_hint(self.release)}; then pytest -m sglang "
-                                  f"--sglang-release {self.release})")
+                    self._skip = f"-m sglang needs real SGLang {self.release} on CPU: {found.reason}, then rerun"
                 elif found is not None:
                     self.venv = str(found.venv)
         return self._skip

@@ -106,7 +106,3 @@ def for_real_sglang(integration: Any) -> Any:
         return replace(integration, tensor_encoder=encode_pickle_b64)
     return integration
 
-
-cpu_integration = ClusterReferenceIntegration(name="reference-sglang-cpu", tensor_encoder=encode_pickle_b64,
-                                              master_address="127.0.0.1")
-"""``--integration gpu.trainer:cpu_integration``: the reference for real SGLang on this machine (``-m sglang``)."""

@@ -62,6 +62,16 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
             "here and copied to the nodes)"))),
         ("--conformance-max-aborted-rate", dict(type=float, default=0.01, metavar="R", help=(
             "GPU backend: fail a scenario whose aborted-sample rate exceeds R (default 0.01)"))),
+        # real SGLang on CPU (-m sglang; gpu.sglang_suite)
+        ("--conformance-sglang-release", dict(default=None, metavar="VERSION", help=(
+            "real SGLang on CPU (-m sglang): the release whose environment the engines run from (default: the "
+            "--conformance-sglang-venv's, else 0.5.23; install: python -m gpu.sglang_cpu install --release V)"))),
+        ("--conformance-sglang-venv", dict(default=None, metavar="DIR", help=(
+            "real SGLang on CPU (-m sglang): the release's environment (default: env WEIGHTSYNC_SGLANG_VENV, else "
+            "where gpu.sglang_cpu install puts it)"))),
+        ("--conformance-sglang-ray", dict(action="store_true", default=False, help=(
+            "real SGLang on CPU (-m sglang): engines in Ray actors on a simulated 2-node cluster (default: local "
+            "processes)"))),
     ]
 
 
@@ -69,7 +79,9 @@ ALIASES = {"--integration": "--conformance-integration", "--integration-option":
            "--isolate-scenarios": "--conformance-isolate-scenarios",
            "--sglang-profile": "--conformance-sglang-profile", "--dump-history": "--conformance-dump-history",
            "--nodes": "--conformance-nodes", "--ray-address": "--conformance-ray-address",
-           "--max-aborted-rate": "--conformance-max-aborted-rate"}
+           "--max-aborted-rate": "--conformance-max-aborted-rate",
+           "--sglang-release": "--conformance-sglang-release", "--sglang-venv": "--conformance-sglang-venv",
+           "--sglang-ray": "--conformance-sglang-ray"}
 """Old spellings, each registered only when free. ``--model-path`` has none: too generic to ever take."""
 
 
@@ -105,6 +117,7 @@ def _add_aliases(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for marker in ("cpu: runs on CPU only (fake engines); every CI",
                    "gpu: needs real SGLang engines on GPUs (Ray cluster)",
+                   "sglang: real SGLang on CPU from a release's environment (python -m gpu.sglang_cpu install)",
                    "xdist_group(name): under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"):
         config.addinivalue_line("markers", marker)
     config.stash[_STATE] = ConformanceSession(config)
@@ -160,6 +173,25 @@ def _validate(config: pytest.Config) -> None:
         raise pytest.UsageError("--conformance-nodes must be >= 1")
     if not 0.0 <= config.getoption("conformance_max_aborted_rate") <= 1.0:
         raise pytest.UsageError("--conformance-max-aborted-rate must be between 0 and 1")
+    from gpu.sglang_cpu import RELEASES  # light: stdlib only
+
+    if sglang_release(config) not in RELEASES:
+        raise pytest.UsageError(f"--conformance-sglang-release {sglang_release(config)!r} is not one of "
+                                f"{', '.join(RELEASES)}")
+
+
+def sglang_venv(config: pytest.Config) -> str | None:
+    return config.getoption("conformance_sglang_venv") or os.environ.get("WEIGHTSYNC_SGLANG_VENV") or None
+
+
+def sglang_release(config: pytest.Config) -> str:
+    """``--conformance-sglang-release``, else the release the ``--conformance-sglang-venv`` holds, else 0.5.23."""
+    release, venv = config.getoption("conformance_sglang_release"), sglang_venv(config)
+    if release is None and venv:
+        from gpu.sglang_cpu import read_stamp
+
+        release = (read_stamp(Path(venv)) or {}).get("release")
+    return release or "0.5.23"
 
 
 class ConformanceSession:
@@ -174,6 +206,7 @@ class ConformanceSession:
         self._cache: dict[tuple[int, str, str], Any] = {}
         self._keep: dict[int, Any] = {}
         self._gpu: list[Any] = []
+        self._sglang: Any = None
 
     def activate(self) -> None:
         """A conformance case was collected: check the options, load the integration and the expectations file,
@@ -241,6 +274,8 @@ class ConformanceSession:
                     self._cache[key] = run_isolated(scenario, integration_spec(self.config),
                                                     integration_options(self.config), sglang_profile(self.config),
                                                     seed)
+                elif backend == "sglang":
+                    self._cache[key] = self.run_sglang(integration, scenario, seed)
                 else:
                     self._cache[key] = run_one(scenario, integration, self.backend_factory(backend), seed)
             except (pytest.UsageError, pytest.skip.Exception):
@@ -273,7 +308,40 @@ class ConformanceSession:
             if reason:
                 pytest.skip(reason)
             return self._gpu[0].backend_factory()
+        if backend == "sglang":
+            return self.sglang().backend_factory()
         raise pytest.UsageError(f"weightsync-conformance: unknown backend {backend!r}")
+
+    # -- real SGLang on CPU (-m sglang) --------------------------------------------------------------------------
+
+    def sglang(self) -> Any:
+        """The session's real-SGLang-on-CPU suite (``gpu.sglang_suite``): skips, with the install command, where
+        the release's environment is missing; engines shared by every scenario of the session."""
+        if self._sglang is None:
+            from gpu.sglang_suite import SglangSuite
+
+            cfg = self.config
+            self._sglang = SglangSuite(release=sglang_release(cfg), venv=sglang_venv(cfg),
+                                       ray=cfg.getoption("conformance_sglang_ray"), seed=conformance_seed(cfg))
+            cfg.add_cleanup(self._sglang.close)
+        reason = self._sglang.skip_reason()
+        if reason:
+            pytest.skip(reason)
+        return self._sglang
+
+    def run_sglang(self, integration: Any, scenario: str, seed: int) -> Any:
+        """``scenario`` on the shared real engines; the suite's reference (and its mutants) send their tensors in
+        the encoding real SGLang reads (``gpu.trainer.for_real_sglang``)."""
+        from conformance.cases import ScenarioResult, run_one
+        from gpu.trainer import for_real_sglang
+
+        suite = self.sglang()
+        if suite.why_not(scenario):
+            return ScenarioResult(skipped=suite.why_not(scenario))
+        return run_one(scenario, for_real_sglang(integration), suite.backend_factory(), seed)
+
+    def summary(self) -> list[str]:
+        return self._sglang.summary() if self._sglang is not None else []
 
     def record(self, request: pytest.FixtureRequest, case: Any, backend: str, result: Any,
                expected: dict[str, Any] | None = None) -> None:
@@ -322,7 +390,10 @@ def header_line(config: pytest.Config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """Under xdist (the controller collects nothing): the header line at the end, once a case ran."""
+    """Under xdist (the controller collects nothing): the header line at the end, once a case ran. What the real
+    SGLang engines cost (-m sglang), when they ran."""
+    for line in conformance_state(config).summary():
+        terminalreporter.write_line(line)
     if getattr(config.option, "numprocesses", None) and any(
             key == _CASE_PROPERTY for reports in terminalreporter.stats.values() for r in reports
             for key, _ in getattr(r, "user_properties", ())):

@@ -26,9 +26,9 @@ import pytest
 
 from ..cases import CASES, Case
 
-BACKENDS: dict[str, str] = {"fake": "cpu", "gpu": "gpu"}
+BACKENDS: dict[str, str] = {"fake": "cpu", "gpu": "gpu", "sglang": "sglang"}
 """Each backend a case runs on → the marker its items carry (``-m cpu``: the fake SGLang; ``-m gpu``: real SGLang
-on Ray)."""
+on Ray; ``-m sglang``: real SGLang on CPU, from a release's environment)."""
 
 
 class ConformanceSuite:
@@ -38,8 +38,8 @@ class ConformanceSuite:
     integration: ClassVar[Any] = None
     """The integration under test: an Integration, a factory called with no arguments, or ``"module:attr"``.
     None: the session's (``--conformance-integration``, ini ``conformance_integration``, the reference)."""
-    backends: ClassVar[Collection[str]] = ("fake", "gpu")
-    """Backends to run the cases on (``-m cpu`` / ``-m gpu`` select among them)."""
+    backends: ClassVar[Collection[str]] = ("fake", "gpu", "sglang")
+    """Backends to run the cases on (``-m cpu`` / ``-m gpu`` / ``-m sglang`` select among them)."""
     scenarios: ClassVar[Collection[str] | None] = None
     """Only these scenarios (None: every one)."""
     invariants: ClassVar[Collection[str] | None] = None
@@ -96,7 +96,7 @@ class ConformanceSuite:
             pytest.fail(judgement.message + ("" if verdict.passed else "\n" + verdict.explain()), pytrace=False)
         if not verdict.passed:
             pytest.fail(verdict.explain(), pytrace=False)
-        if backend == "gpu" and case.check == "I1-I2":  # real engines: the aborted-sample rate must stay near 0
+        if backend in ("gpu", "sglang") and case.check == "I1-I2":  # real engines: aborted-sample rate near 0
             rate, bound = verdict.metrics.get("aborted_sample_rate"), \
                 request.config.getoption("conformance_max_aborted_rate")
             if rate is None or rate > bound:

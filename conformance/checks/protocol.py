@@ -123,7 +123,7 @@ def pause_mode_sent(h: History) -> Verdict:
              "true)",
        reads="`/flush_cache` and the effective `flush_cache` of transfers, inside pauses whose effective mode is "
              "`in_place`",
-       needs_pause=True)
+       needs_pause=True, needs_residency=True)
 def flush_contract(h: History) -> Verdict:
     """C2: never flush while an engine is paused in place, explicitly (``/flush_cache``) or by a transfer whose
     effective ``flush_cache`` is true (SGLang's default on every transfer endpoint): its resident requests make

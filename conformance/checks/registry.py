@@ -32,6 +32,9 @@ class Check:
     needs_pause: bool
     """Only for an integration that pauses, on a release whose pause takes a mode (skipped with the reason
     otherwise)."""
+    needs_residency: bool
+    """About requests kept resident across a pause: skipped, with the reason, for an integration whose pauses take
+    effect in abort mode (nothing is resident; I3 reports the mode)."""
     model_based: str | None
     """None when the model-based run (``conformance.machine``) judges it after every step; else why it cannot."""
     measures: bool
@@ -57,7 +60,7 @@ REGISTRY: dict[str, Check] = {}
 """Check id → check, in the README's order (once every checker module is imported: ``conformance.checks``)."""
 
 
-def check(id: str, title: str, *, holds: str, reads: str, needs_pause: bool = False,
+def check(id: str, title: str, *, holds: str, reads: str, needs_pause: bool = False, needs_residency: bool = False,
           model_based: str | None = None, measures: bool = False) -> Callable[[Checker], Checker]:
     """Register the decorated checker as check ``id``; its verdicts carry the check's name."""
 
@@ -73,7 +76,7 @@ def check(id: str, title: str, *, holds: str, reads: str, needs_pause: bool = Fa
             v.check = spec.name
             return v
 
-        spec = Check(id, title, holds, reads, needs_pause, model_based, measures, run)
+        spec = Check(id, title, holds, reads, needs_pause, needs_residency, model_based, measures, run)
         REGISTRY[id] = spec
         ordered = sorted(REGISTRY.values(), key=lambda c: (_FAMILIES.index(c.id[0]), int(c.invariants[0][1:])))
         REGISTRY.clear()

@@ -51,12 +51,16 @@ def pause_mode_for(mode: str, caps: Capabilities) -> str:
 def skip_reasons(checks: Iterable[str], caps: Capabilities, profile: str) -> dict[str, str]:
     """Checks among ``checks`` that cannot apply to an integration with ``caps`` on SGLang ``profile``, with the
     reason: those about pausing (registered ``needs_pause``) for one that never pauses, or on a release whose
-    every pause aborts."""
+    every pause aborts; those about requests resident across a pause (``needs_residency``) for one whose pauses
+    abort."""
     if not caps.pause_modes:
         reason = "the integration never pauses (declares no pause mode)"
     elif not pause_takes_mode(profile):
         reason = (f"SGLang {profile} has no pause modes (every pause aborts), so a fully-async integration does "
                   f"not pause there; I1-I2 judges what its cycles do to the requests in flight")
+    elif caps.pause_modes == {"abort"}:
+        return {c: "the integration's pauses take effect in abort mode, so no request is resident across them "
+                   "(I3 reports the mode)" for c in checks if REGISTRY[c].needs_residency}
     else:
         return {}
     return {c: reason for c in checks if REGISTRY[c].needs_pause}

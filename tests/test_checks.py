@@ -166,6 +166,17 @@ def test_aborted_group_reaching_training_fails():
     assert v.status == "fail" and "prompt 3" in v.witness[0] and "r1" in v.witness[0]
 
 
+def test_an_abort_after_the_whole_token_budget_is_a_complete_turn_for_i4():
+    """SGLang answers abort when it lands in the step that finished the request: every token was generated."""
+    full, cut = gen("r1", 0, 1, finish="abort"), gen("r2", 0, 1, finish="abort", seq=101)
+    full.payload["sampling_params"] = {"max_new_tokens": 4}  # completion_tokens 4: the whole budget
+    cut.payload["sampling_params"] = {"max_new_tokens": 16}
+    trained = BatchRecord(0, 2.0, Batch([group(3, ["r1"], 1, finish="abort")], 1), 1)
+    assert check("I4", history(wire=[full, cut], batches=[trained])).passed
+    v = check("I4", history(wire=[full, cut], batches=[BatchRecord(0, 2.0, Batch([group(4, ["r2"], 1)], 1), 1)]))
+    assert v.status == "fail" and "r2" in v.witness[0], v.explain()
+
+
 def test_recycled_group_passes_and_no_abort_is_unknown():
     wire = [gen("r1", 0, 1, finish="abort"), gen("r2", 1, 2, seq=101)]
     assert check("I4", history(wire=wire, batches=[BatchRecord(0, 3, Batch([group(3, ["r2"], 1)], 1), 1)])).passed

@@ -29,3 +29,15 @@ def output_versions(output: dict) -> list[int]:
 def finish_type(output: dict) -> str | None:
     reason = output.get("meta_info", {}).get("finish_reason")
     return reason.get("type") if isinstance(reason, dict) else reason
+
+
+def cut_short(payload: Any, output: dict) -> bool:
+    """Whether an output finished with ``finish_reason`` abort before its token budget: a partial answer. One that
+    generated all of its ``max_new_tokens`` before the abort landed is complete (SGLang reports the abort all the
+    same when it arrives in the step that finished the request)."""
+    if finish_type(output) != "abort":
+        return False
+    params = payload.get("sampling_params") if isinstance(payload, dict) else None
+    budget = params.get("max_new_tokens") if isinstance(params, dict) else None
+    tokens = output.get("meta_info", {}).get("completion_tokens")
+    return not (isinstance(budget, int) and isinstance(tokens, int) and tokens >= budget)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..history import DISTURBING_PATHS, TRANSFER_PATHS, History, WireCall
 from .effective import effective, sent_as
-from .labels import finish_type
+from .labels import cut_short, finish_type
 from .registry import check
 from .verdict import Verdict, verdict
 
@@ -144,9 +144,11 @@ def _aborting_calls(h: History) -> dict[tuple[int, str], list[WireCall]]:
 def aborted_never_trained(h: History) -> Verdict:
     """I4: a group with an aborted turn never reaches training unchanged: drop it, recycle it as the pristine
     prompt, or continue the aborted call (partial rollout: the continuing turn names it in ``continues`` and its
-    own call must have finished). Reports how aborted requests were dealt with."""
+    own call must have finished). A turn answered with abort after generating its whole token budget is complete.
+    Reports how aborted requests were dealt with."""
     outputs = h.outputs_by_rid()
-    aborted_rids = {rid for rid, (_, out) in outputs.items() if finish_type(out) == "abort"}
+    aborted_rids = {rid for rid, (call, out) in outputs.items() if cut_short(call.payload, out)}
+    complete = {rid for rid, (call, out) in outputs.items() if finish_type(out) == "abort" and rid not in aborted_rids}
     failures: list[str] = []
     trained = continued = 0
     for rec in h.batches:
@@ -154,7 +156,8 @@ def aborted_never_trained(h: History) -> Verdict:
             for sample in group.samples:
                 trained += 1
                 continued += sum(len(t.continues) for t in sample.turns)
-                bad = [t.rid for t in sample.turns if t.rid in aborted_rids or t.finish_reason == "abort"]
+                bad = [t.rid for t in sample.turns
+                       if t.rid in aborted_rids or (t.finish_reason == "abort" and t.rid not in complete)]
                 if bad:
                     failures.append(
                         f"batch {rec.index}: prompt {group.prompt_index} sample {sample.index} reached training with "

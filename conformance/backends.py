@@ -19,6 +19,8 @@ from typing import Any, Mapping, Protocol
 
 import httpx
 
+from fakes.profiles import DEFAULT_PROFILE
+
 from .wire import PROBE_HEADER, WireLog, WireRecorder
 
 
@@ -91,7 +93,7 @@ class FakeBackendConfig:
     """Knobs of the fake backend."""
 
     engines: int = 2
-    profile: str = "0.5.23"
+    profile: str = DEFAULT_PROFILE
     tokens_per_second: float = 2000.0
     max_running_requests: int = 64
     enable_lora: bool = True

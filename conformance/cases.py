@@ -14,6 +14,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from fakes.profiles import DEFAULT_PROFILE
+
 from . import DEFAULT_INTEGRATION
 from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, Verdict
@@ -98,7 +100,7 @@ def load_integration(spec: str, options: Mapping[str, Any] | None = None) -> Int
 BackendFactory = Callable[[], Backend]
 
 
-def fake_backend_factory(profile: str = "0.5.23", seed: int = 0, engines: int = 2) -> BackendFactory:
+def fake_backend_factory(profile: str = DEFAULT_PROFILE, seed: int = 0, engines: int = 2) -> BackendFactory:
     return lambda: FakeBackend(FakeBackendConfig(engines=engines, profile=profile, seed=seed))
 
 
@@ -156,8 +158,8 @@ def _hung(scenario: str, integration: Integration, backend: Backend, seed: int, 
     return history
 
 
-def run_isolated(scenario: str, spec: str, options: Mapping[str, Any], profile: str = "0.5.23", seed: int = 0,
-                 deadlines: Deadlines = DEADLINES) -> ScenarioResult:
+def run_isolated(scenario: str, spec: str, options: Mapping[str, Any], profile: str = DEFAULT_PROFILE,
+                 seed: int = 0, deadlines: Deadlines = DEADLINES) -> ScenarioResult:
     """:func:`run_one` on the fake backend in a fresh (spawned) process that loads the integration from its spec:
     for adapters with process-global state that must not meet another scenario's."""
     context = multiprocessing.get_context("spawn")

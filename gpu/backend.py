@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from conformance.wire import WireLog
+from fakes.profiles import DEFAULT_PROFILE
 
 from .launch import FAKE, SGLANG, EngineSpec
 from .weights import parameter_specs, read_all_digests, served_weights
@@ -49,7 +50,7 @@ class RayBackendConfig:
     resources_per_engine: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1, "GPU": 1})
     health_timeout_s: float = 600.0
     """Real SGLang loads the model and captures kernels before /health answers: minutes on a cold node."""
-    profile: str = "0.5.23"
+    profile: str = DEFAULT_PROFILE
     """The SGLang release the engines are (a label on real SGLang; the fake is told with its own flag)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the engine processes."""
@@ -66,7 +67,8 @@ class RayBackendConfig:
     own (a real engine's decode speed is not known in advance; the tiny model's context holds 4096 tokens)."""
 
 
-def fake_config(model_path: str | Path, *, engines: int = 2, nodes: int = 2, profile: str = "0.5.23",
+def fake_config(model_path: str | Path, *, engines: int = 2, nodes: int = 2,
+                profile: str = DEFAULT_PROFILE,
                 tokens_per_second: float = 2000.0, enable_lora: bool = True, seed: int = 0,
                 health_timeout_s: float = 30.0, sentinel_seconds: float = 3.0) -> RayBackendConfig:
     """The CPU variant: the fake in each actor, same ARGS, on logical CPUs only."""

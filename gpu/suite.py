@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fakes.profiles import DEFAULT_PROFILE
+
 from .launch import SGLANG, EngineSpec
 
 INSTALL_HINT = "pip install 'weightsync-conformance[gpu]' on the GPU nodes and here"
@@ -43,7 +45,7 @@ class GpuSuite:
     nodes: int = 1
     ray_address: str | None = None
     model_path: str | None = None
-    profile: str = "0.5.23"
+    profile: str = DEFAULT_PROFILE
     seed: int = 0
     health_timeout_s: float = 600.0
     _skip: str | None = field(default=None, init=False)

@@ -14,14 +14,17 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from fakes.releases import fact
+
 from ..history import WireCall
 
 IMPLICIT: dict[tuple[str, str], Any] = {
     ("/pause_generation", "mode"): "abort",
     ("/update_weights_from_disk", "flush_cache"): True,
 }
-"""What SGLang does where its handler takes no such field at all: ≤0.5.4 ``/pause_generation`` has no body and
-always aborts (``http_server.py`` 0.5.2:934); before 0.5.6 a disk update always flushes (no ``flush_cache``)."""
+"""What SGLang does where its handler takes no such field at all: before 0.5.6 ``/pause_generation`` has no body and
+always aborts (``python/sglang/srt/entrypoints/http_server.py`` 0.5.2:934; fact ``pause_modes`` of
+``fakes.releases``); before 0.5.6 a disk update always flushes (no ``flush_cache``: fact ``disk_flush_cache_field``)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,9 +35,9 @@ def _routes(profile: str) -> dict[str, Any]:
 
 
 def pause_takes_mode(profile: str) -> bool:
-    """Whether SGLang ``profile``'s ``/pause_generation`` takes a mode (≥0.5.6); before, every pause aborts."""
-    route = _routes(profile).get("/pause_generation") or {}
-    return route.get("struct") is not None
+    """Whether SGLang ``profile``'s ``/pause_generation`` takes a mode (fact ``pause_modes``: ≥0.5.6); before, every
+    pause aborts."""
+    return bool(fact("pause_modes", profile))
 
 
 def effective_body(call: WireCall, profile: str) -> dict[str, Any] | None:

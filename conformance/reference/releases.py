@@ -1,8 +1,6 @@
 """What the reference cycle does differently per SGLang release, read off the engine's ``/get_server_info``
-``version`` (real SGLang reports its ``__version__`` there; so does the fake, per profile).
-
-Sources: ``docs/sglang-api.md`` §0.1, §2.1, §4, §7.1, and the committed ``io_struct``/``http_server`` snapshots
-(``fakes/snapshots``) of 0.5.4, 0.5.10, 0.5.15 and 0.5.23.
+``version`` (real SGLang reports its ``__version__`` there; so does the fake, per profile). The facts themselves,
+with where each lives in SGLang, are the table in ``fakes.releases`` that the fake's profiles read too.
 """
 
 from __future__ import annotations
@@ -10,16 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-
-def parse_version(text: Any) -> tuple[int, ...]:
-    """``"0.5.15.post1"`` → ``(0, 5, 15)``; ``()`` when the engine does not say."""
-    parts: list[int] = []
-    for part in str(text or "").split("."):
-        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+from fakes.releases import fact, parse_version
 
 
 @dataclass(frozen=True)
@@ -33,30 +22,27 @@ class Release:
     def from_server_info(cls, info: Mapping[str, Any]) -> "Release":
         return cls(parse_version(info.get("version")))
 
-    def _at_least(self, *version: int) -> bool:
-        return not self.version or self.version >= version
-
     @property
     def pause_modes(self) -> bool:
-        """≥0.5.6: ``/pause_generation`` takes a mode. Before, the handler takes no body and every pause aborts, so
-        a fully-async cycle does not pause there: the update itself waits for the requests in flight."""
-        return self._at_least(0, 5, 6)
+        """Fact ``pause_modes``: ``/pause_generation`` takes a mode (≥0.5.6). Before, the handler takes no body and
+        every pause aborts, so a fully-async cycle does not pause there: the update itself waits for the requests in
+        flight."""
+        return bool(fact("pause_modes", self.version))
 
     @property
     def flush_while_retracted(self) -> bool:
-        """Whether ``/flush_cache`` can succeed while paused in retract mode: 0.5.10–0.5.22 count the waiting queue,
-        which the retract filled, as busy, so the flush fails until the engine continues (§7.1; 0.5.23 ignores
-        the waiting queue while paused). There the reference does not flush."""
-        return self._at_least(0, 5, 23) or self.version < (0, 5, 10)
+        """Whether ``/flush_cache`` can succeed while paused in retract mode (facts ``flush_checks_waiting`` and
+        ``flush_ignores_waiting_while_paused``): 0.5.10–0.5.22 count the waiting queue, which the retract filled, as
+        busy, so the flush fails until the engine continues (0.5.23 ignores the waiting queue while paused). There
+        the reference does not flush."""
+        return not fact("flush_checks_waiting", self.version) or \
+            bool(fact("flush_ignores_waiting_while_paused", self.version))
 
     @property
     def lora_tensor_field(self) -> str | None:
-        """``/load_lora_adapter_from_tensors``'s tensor field: none before 0.5.10 (the adapter goes through disk,
-        ``/load_lora_adapter``), ``serialized_tensors`` (one string) up to 0.5.22, ``serialized_named_tensors`` (one
-        string per TP rank) from 0.5.23."""
-        if not self._at_least(0, 5, 10):
-            return None
-        return "serialized_named_tensors" if self._at_least(0, 5, 23) else "serialized_tensors"
+        """Fact ``lora_from_tensors_field``: ``/load_lora_adapter_from_tensors``'s tensor field, None before the
+        route (0.5.10; the adapter goes through disk, ``/load_lora_adapter``)."""
+        return fact("lora_from_tensors_field", self.version)
 
 
 async def release_of(engine: Any) -> Release:

@@ -13,6 +13,7 @@ import pytest
 from conformance.cases import fake_backend_factory, run_one
 from conformance.interface import Capabilities, Sample
 from conformance.reference import ReferenceIntegration, ReferenceManager, ReferenceUpdater
+from conformance.reference.transports import TensorTransport
 from conformance.scenarios import Deadlines
 
 pytestmark = pytest.mark.cpu
@@ -116,3 +117,29 @@ def test_client_side_records_that_ignore_earlier_turns_fail_s2() -> None:
     result = run_one("mixed-versions", integration, fake_backend_factory(), deadlines=FAST)
     assert result.verdicts["S2"].checker_status == "fail", result.verdicts["S2"].explain()
     assert "was sent under versions as old as" in result.verdicts["S2"].witness[0]
+
+
+class FailFastTensorTransport(TensorTransport):
+    """Pushes the engines one after the other and raises at the first refusal: the next engine is never called."""
+
+    async def transfer(self, engines, weights, version) -> None:
+        payload = await self._staged_for(weights, version)
+        for engine in engines:
+            await engine.update_weights_from_tensor(payload)
+        self._staged = None
+
+
+class FailFastIntegration(ReferenceIntegration):
+    def make_transports(self, env):
+        return {**super().make_transports(env), "tensor": FailFastTensorTransport(self.tensor_encoder)}
+
+
+def test_a_cycle_that_fails_at_the_first_refusal_leaves_the_next_one_unused_without_breaking_the_run() -> None:
+    result = run_one("failing-transfer-tensor", FailFastIntegration(name="fail-fast"), fake_backend_factory(),
+                     deadlines=FAST)
+    h = result.history
+    assert h is not None and not h.breaks, [b.message for b in h.breaks]
+    refused = [c for c in h.integration_calls("/update_weights_from_tensor") if c.t_start < h.cycles[0].t_end]
+    assert [c.engine for c in refused] == [0], refused  # engine 1's refusal was never reached
+    bad = {c: v.explain() for c, v in result.verdicts.items() if not v.passed}
+    assert not bad, bad

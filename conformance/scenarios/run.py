@@ -87,7 +87,8 @@ class Run:
         open for that many seconds. The cycle is expected to fail with ``poison`` (weights every engine rejects: the
         last parameter has the wrong shape, so an integration that sends buckets sees its early buckets land first)
         or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
-        wire, while the others load the weights). A cycle that fails unexpectedly, or does not return within
+        wire, while the others load the weights; a cycle may fail fast, at the first refusal, leaving the others
+        unused). A cycle that fails unexpectedly, or does not return within
         ``deadlines.update_s`` (a hang, even when a failure was expected), breaks the run."""
         transport = transport or self.transport
         expect_failure = poison or bool(refuse)
@@ -121,7 +122,7 @@ class Run:
             t1 = time.monotonic()
             await sentinels.release()
         unused = wire.clear_refusals()
-        if unused:
+        if unused and error is None:  # a cycle that failed at the first refusal need not reach the others
             self.history.breaks.append(Breakage("error", f"the injected refusal of {unused} was never used: the "
                                                 "integration did not call that endpoint on that engine during the "
                                                 "cycle", time.monotonic()))

@@ -1,0 +1,189 @@
+"""Adopting the suite the way a framework does, each in a pytest session of its own outside this repository: known
+failures from an expectations file, the suite as importable test classes, and a plugin that leaves every other
+pytest run alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import conformance.mutants  # noqa: F401  imported here, so the in-process sessions below share them (a second
+import conformance.reference  # noqa: F401  import of torch and its kin in one process fails)
+import conformance.suite  # noqa: F401
+import reports.render  # noqa: F401
+
+pytestmark = pytest.mark.cpu
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = str(ROOT / "conformance" / "suite")
+QUIET = ("-p", "no:cacheprovider", "-p", "no:benchmark")
+
+BROKEN = '''
+from conformance.reference import ReferenceIntegration, ReferenceUpdater
+
+class Raising(ReferenceUpdater):
+    async def update(self, weights=None, *, transport="distributed", lora=None):
+        raise ConnectionError("trainer lost")
+
+integration = ReferenceIntegration(name="broken-cycle", updater_cls=Raising)
+'''
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester):
+    """``run(*args)``: the repository's suite module, run as a downstream user runs it (in this process)."""
+    def run(*args: str) -> pytest.RunResult:
+        pytester.chdir()
+        return pytester.runpytest_inprocess(SUITE, *QUIET, "-p", "no:xdist", "-m", "cpu", *args)
+    return run
+
+
+def expectations(pytester: pytest.Pytester, *entries: tuple[str, str]) -> str:
+    text = "".join(f'[[xfail]]\ncase = "{case}"\nreason = "{reason}"\nlink = "https://example.org/{i}"\n\n'
+                   for i, (case, reason) in enumerate(entries))
+    return str(pytester.makefile(".toml", **{"conformance-expectations": text}))
+
+
+# -- known failures as data ---------------------------------------------------------------------------------------
+
+def test_listed_cases_are_strict_expected_failures_and_a_passing_one_is_an_error(pytester: pytest.Pytester,
+                                                                               suite) -> None:
+    """Strict xfail (V1 still fails on the mutant), a glob, a stale entry (I3 passes: delete or narrow), the report
+    keeping expected failures apart with their reasons."""
+    path = expectations(pytester, ("V1-lora", "never stamped, tracked in #123"), ("I3-l*", "abort pauses, #7"))
+    report = pytester.path / "out" / "conformance-result.json"
+    result = suite("--conformance-integration", "conformance.mutants:lora_unstamped", "-k", "lora-fake",
+                   "--conformance-expectations", path, f"--conformance-report={report}", "-rxf")
+    result.assert_outcomes(xfailed=1, failed=1, passed=3)
+    result.stdout.fnmatch_lines_random([
+        "XFAIL*V1-lora-fake* - expected failure (never stamped, tracked in #123 (https://example.org/0)): [[]V1*FAIL",
+        "I3-lora passes now but is listed as an expected failure in conformance-expectations.toml: 'I3-l[*]' "
+        "(abort pauses, #7 (https://example.org/1)): delete the entry or narrow the glob"])
+    cases = {c["case"]: c for c in json.loads(report.read_text())["cases"]}
+    assert cases["V1-lora"]["status"] == "fail" and cases["V1-lora"]["expected"]["outcome"] == "xfail"
+    assert cases["I3-lora"]["expected"]["outcome"] == "unexpected-pass" and "expected" not in cases["P7-lora"]
+    summary = report.with_suffix(".md").read_text()
+    assert "## Expected failures" in summary and "never stamped, tracked in #123" in summary
+    assert "https://example.org/0" in summary
+
+
+def test_an_unknown_case_id_is_a_usage_error_with_the_closest_ids(pytester: pytest.Pytester, suite) -> None:
+    path = expectations(pytester, ("V1-lroa", "typo"))
+    result = suite("--conformance-expectations", path, "-k", "V3-first-drain")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*conformance-expectations.toml: entry 1: 'V1-lroa' matches no case of the suite; "
+                                 "closest: V1-lora*"])
+    assert sum("matches no case" in line for line in result.stderr.lines) == 1  # reported once
+
+
+def test_the_ini_option_finds_the_file(pytester: pytest.Pytester, suite) -> None:
+    expectations(pytester, ("Z9-nothing", "typo"))
+    pytester.makeini("[pytest]\nconformance_expectations = conformance-expectations.toml\n")
+    result = suite("-c", str(pytester.path / "tox.ini"), "-k", "V3-first-drain")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*'Z9-nothing' matches no case of the suite*"])
+
+
+def test_a_listed_case_whose_run_broke_is_a_new_failure_not_the_listed_one(pytester: pytest.Pytester,
+                                                                          suite) -> None:
+    pytester.makepyfile(broken_cycle=BROKEN)
+    pytester.syspathinsert()
+    path = expectations(pytester, ("V1-lora", "labels, #3"))
+    result = suite("--conformance-integration", "broken_cycle:integration", "-k", "V1-lora-fake",
+                   "--conformance-expectations", path)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*V1-lora is listed in conformance-expectations.toml: 'V1-lora' as failing its "
+                                 "invariant, but the run broke (*trainer lost*): that is a new failure*"])
+
+
+# -- the suite as importable test classes -------------------------------------------------------------------------
+
+ADOPTER_TESTS = '''
+import pytest
+from conformance.suite import ConformanceSuite
+
+
+class TestMutant(ConformanceSuite):
+    integration = "conformance.mutants:lora_unstamped"
+    scenarios = ["lora"]
+    backends = ["fake"]
+    marks = {"V1-lora": pytest.mark.xfail(reason="known: never stamped", strict=True)}
+
+
+class TestParametrised(ConformanceSuite):
+    scenarios = ["first-drain"]
+    backends = ["fake"]
+
+    @pytest.fixture(scope="class", params=["reference", "override-one-step"])
+    def conformance_integration(self, request):
+        from conformance.reference import ReferenceIntegration
+        return ReferenceIntegration(name=request.param)
+
+
+def test_our_own_unit_test():
+    assert True
+'''
+
+
+def test_an_adopter_subclasses_the_suite_selects_marks_and_parametrises(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_weight_sync=ADOPTER_TESTS)
+    result = pytester.runpytest_inprocess(*QUIET, "-p", "no:xdist", "-v", "-k", "V1 or I3 or first-drain or own")
+    result.assert_outcomes(xfailed=1, passed=6)
+    result.stdout.fnmatch_lines_random([
+        "*TestMutant::test_case[[]V1-lora-fake[]] XFAIL*",
+        "*TestMutant::test_case[[]I3-lora-fake[]] PASSED*",
+        "*TestParametrised::test_case[[]V3-first-drain-fake-reference[]] PASSED*",
+        "*TestParametrised::test_case[[]S2-first-drain-fake-override-one-step[]] PASSED*",
+        "*test_our_own_unit_test PASSED*"])
+    strict = pytester.runpytest_inprocess(*QUIET, "-p", "no:xdist", "-k", "TestParametrised and V3",
+                                          "--conformance-integration", "no_such_module:x")
+    assert strict.ret == pytest.ExitCode.USAGE_ERROR  # the session's integration is still checked once, up front
+
+
+# -- a plugin that stays out of the way ----------------------------------------------------------------------------
+
+ADOPTER_CONFTEST = '''
+def pytest_addoption(parser):
+    parser.addoption("--model-path", default="/models/ours", help="the framework's own option")
+    parser.addoption("--integration", action="store_true", help="the framework's own integration-test switch")
+'''
+ADOPTER_OWN_TESTS = '''
+import sys
+
+def test_model_path(request):
+    assert request.config.getoption("--model-path") == "/models/llama"
+
+def test_integration_flag(request):
+    assert request.config.getoption("--integration") is True
+
+def test_nothing_of_the_suite_was_imported():
+    # at most the package markers and the fake's table of releases (plain data, for the options' help)
+    heavy = sorted(m for m in sys.modules if m.startswith(("conformance.", "reports", "gpu", "weightsync_conformance.c",
+                                                           "fakes.engine", "fakes.app", "fakes.server")))
+    assert not heavy, heavy
+'''
+
+
+def test_a_project_without_conformance_cases_runs_unchanged(pytester: pytest.Pytester) -> None:
+    """Its conftest defines --model-path and --integration, it runs -n 2 --dist load: the same outcome and output
+    with the plugin as without it (no header line, xdist's own load scheduling, nothing of the suite imported)."""
+    pytester.makeconftest(ADOPTER_CONFTEST)
+    pytester.makepyfile(test_own=ADOPTER_OWN_TESTS)
+    args = ("-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "load", "--model-path", "/models/llama",
+            "--integration")
+    with_plugin = pytester.runpytest_subprocess(*args)
+    without = pytester.runpytest_subprocess(*args, "-p", "no:weightsync_conformance")
+    with_plugin.assert_outcomes(passed=3)
+    without.assert_outcomes(passed=3)
+    assert not [line for line in with_plugin.outlines if "weightsync-conformance:" in line]
+    assert any("scheduling tests via LoadScheduling" in line for line in with_plugin.outlines)
+
+    def body(result: pytest.RunResult) -> list[str]:
+        return sorted(line for line in result.outlines if not line.startswith(("plugins:", "rootdir:", "=====", "[gw"))
+                      and " in " not in line)  # the workers' order varies from run to run
+    assert body(with_plugin) == body(without)
+    helped = pytester.runpytest_subprocess("--help")
+    helped.stdout.fnmatch_lines(["*--conformance-integration=MODULE:ATTR*", "*--conformance-model-path=DIR*"])
+    assert not [line for line in helped.outlines if "alias of --conformance-integration" in line and
+                line.strip().startswith("--integration ")]

@@ -11,12 +11,13 @@ import json
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from fakes.profiles import DEFAULT_PROFILE
 
 from . import DEFAULT_INTEGRATION
+from .anomaly import note
 from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, Verdict
 from .history import Breakage, History
@@ -180,11 +181,11 @@ def evaluate(check: str, history: History) -> Verdict:
     except Exception as exc:
         v = Verdict(check, "unknown", [f"checker raised {type(exc).__name__}: {exc}"])
     if history.breaks:
-        broke = [line for b in history.breaks for line in b.describe()]
-        own = [f"the checker alone answered {v.status}" + (":" if v.witness else "")] + \
-            [f"  {w}" for w in v.witness]
-        v = Verdict(v.check, "fail", ["the run broke, so this case cannot pass:", *broke, *own], v.metrics,
-                    run_broke=True, checker_status=v.status)
+        broke = [a for b in history.breaks for a in b.anomalies()]
+        own = [note(f"the checker alone answered {v.status}" + (":" if v.anomalies else "")),
+               *(replace(a, text=f"  {a.text}") for a in v.anomalies)]
+        v = Verdict(v.check, "fail", metrics=v.metrics, run_broke=True, checker_status=v.status,
+                    anomalies=[note("the run broke, so this case cannot pass:"), *broke, *own])
     return v
 
 

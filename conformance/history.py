@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+from .anomaly import Anomaly
 from .interface import Batch
 
 TRANSFER_PATHS = frozenset({
@@ -112,6 +113,16 @@ class FsEvent:
 
 
 @dataclass
+class Unmet:
+    """A situation the scenario set out to build and could not (the integration's design did not allow it): the
+    checks that needed it answer ``unknown`` with the reason instead of passing; the others judge the run."""
+
+    checks: tuple[str, ...]
+    reason: str
+    t: float
+
+
+@dataclass
 class Injected:
     """A fault the scenario injected itself (so checkers do not blame the integration)."""
 
@@ -161,15 +172,20 @@ class Breakage:
     open_calls: list[OpenCall] = field(default_factory=list)
     """Calls on the wire still unanswered at that moment (what the integration was stuck on)."""
 
-    def describe(self) -> list[str]:
-        """The witness lines: what broke, then the calls it was stuck on (control calls before generates)."""
+    def anomalies(self) -> list[Anomaly]:
+        """What broke, then the calls it was stuck on (control calls before generates)."""
         control = [c for c in self.open_calls if c.path != "/generate"]
         generates = len(self.open_calls) - len(control)
-        lines = [f"{self.kind}: {self.message} (at t={self.t:.3f}s)"]
-        lines += [f"  open call: {c.describe(self.t)}" for c in control[:5]]
+        out = [Anomaly(self.kind, f"{self.kind}: {self.message} (at t={self.t:.3f}s)", times=(self.t,))]
+        out += [Anomaly("open-call", f"  open call: {c.describe(self.t)}", engine=c.engine, times=(c.since,))
+                for c in control[:5]]
         if generates:
-            lines.append(f"  and {generates} /generate call(s) still open")
-        return lines
+            out.append(Anomaly("open-call", f"  and {generates} /generate call(s) still open"))
+        return out
+
+    def describe(self) -> list[str]:
+        """The witness lines: the anomalies' sentences."""
+        return [a.text for a in self.anomalies()]
 
 
 @dataclass
@@ -194,6 +210,11 @@ class History:
     """None when the platform cannot watch the filesystem (checkers answer unknown)."""
     injected: list[Injected] = field(default_factory=list)
     breaks: list[Breakage] = field(default_factory=list)
+    unmet: list[Unmet] = field(default_factory=list)
+    """Situations the scenario could not build, and the checks that needed them."""
+    t_teardown: float | None = None
+    """When the script ended and the teardown began (the manager stopped): calls the integration drops from then on
+    are its shutdown, not lost work."""
     """Why the run broke, if it did (then every case of the scenario fails)."""
     final_labels: list[str | None] = field(default_factory=list)
     engine_truth: dict[str, Any] = field(default_factory=dict)
@@ -268,8 +289,9 @@ class History:
             call.t_end = None if call.t_end is None else call.t_end - t0
         for c in self.cycles:
             c.t_start, c.t_end = c.t_start - t0, c.t_end - t0
-        for item in [*self.batches, *(self.fs or []), *self.injected, *self.breaks]:
+        for item in [*self.batches, *(self.fs or []), *self.injected, *self.breaks, *self.unmet]:
             item.t -= t0
+        self.t_teardown = None if self.t_teardown is None else self.t_teardown - t0
         for injected in self.injected:
             injected.t_end = None if injected.t_end is None else injected.t_end - t0
         for b in self.breaks:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
+
+from ..anomaly import Anomaly, note
 
 Status = Literal["pass", "fail", "unknown"]
 _RANK = {"pass": 0, "unknown": 1, "fail": 2}
@@ -16,38 +18,45 @@ class Verdict:
     check: str
     status: Status
     witness: list[str] = field(default_factory=list)
-    """Concrete evidence: which request, which engine, which version, when. Capped by the checker."""
+    """The anomalies' sentences (given alone, each becomes a ``note``)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     run_broke: bool = False
     """The run broke (an unexpected failure, a hang, a timeout): the case fails whatever the checker said; the
     witness starts with the breakage, then what the checker itself found."""
     checker_status: Status | None = None
     """What the checker alone answered on the history (differs from ``status`` only when the run broke)."""
+    anomalies: list[Anomaly] = field(default_factory=list)
+    """Concrete evidence, as data: which request, which engine, which version, when. Capped by the checker."""
 
     def __post_init__(self) -> None:
         if self.checker_status is None:
             self.checker_status = self.status
+        if not self.anomalies:
+            self.anomalies = [note(str(w)) for w in self.witness]
+        self.witness = [a.text for a in self.anomalies]
 
     @property
     def passed(self) -> bool:
         return self.status == "pass"
 
     def explain(self) -> str:
+        """The pytest failure text: the name, the status, the first ten anomalies' sentences."""
         head = f"[{self.check}] {self.status.upper()}"
-        return "\n  ".join([head, *self.witness[:10]] + ([f"... and {len(self.witness) - 10} more"]
-                                                          if len(self.witness) > 10 else []))
+        lines = [a.text for a in self.anomalies]
+        return "\n  ".join([head, *lines[:10]] + ([f"... and {len(lines) - 10} more"] if len(lines) > 10 else []))
 
 
 MAX_WITNESSES = 20
 
 
-def verdict(failures: list[str], *, vacuous: str | None = None, metrics: dict[str, Any] | None = None) -> Verdict:
+def verdict(failures: Sequence[Anomaly], *, vacuous: str | None = None,
+            metrics: dict[str, Any] | None = None) -> Verdict:
     """Fail with ``failures`` when any; otherwise unknown with the ``vacuous`` reason when set; else pass. The
     check's name is set by its registration (``conformance.checks.registry.check``)."""
     if failures:
-        return Verdict("", "fail", failures[:MAX_WITNESSES], metrics or {})
+        return Verdict("", "fail", metrics=metrics or {}, anomalies=list(failures[:MAX_WITNESSES]))
     if vacuous:
-        return Verdict("", "unknown", [vacuous], metrics or {})
+        return Verdict("", "unknown", metrics=metrics or {}, anomalies=[note(vacuous)])
     return Verdict("", "pass", [], metrics or {})
 
 

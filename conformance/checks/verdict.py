@@ -49,12 +49,14 @@ class Verdict:
 MAX_WITNESSES = 20
 
 
-def verdict(failures: Sequence[Anomaly], *, vacuous: str | None = None,
+def verdict(failures: Sequence[Anomaly | str], *, vacuous: str | None = None,
             metrics: dict[str, Any] | None = None) -> Verdict:
-    """Fail with ``failures`` when any; otherwise unknown with the ``vacuous`` reason when set; else pass. The
-    check's name is set by its registration (``conformance.checks.registry.check``)."""
+    """Fail with ``failures`` when any (a plain sentence is a ``note``: it names nothing the report can highlight);
+    otherwise unknown with the ``vacuous`` reason when set; else pass. The check's name is set by its registration
+    (``conformance.checks.registry.check``)."""
     if failures:
-        return Verdict("", "fail", metrics=metrics or {}, anomalies=list(failures[:MAX_WITNESSES]))
+        anomalies = [f if isinstance(f, Anomaly) else note(f) for f in failures[:MAX_WITNESSES]]
+        return Verdict("", "fail", metrics=metrics or {}, anomalies=anomalies)
     if vacuous:
         return Verdict("", "unknown", metrics=metrics or {}, anomalies=[note(vacuous)])
     return Verdict("", "pass", [], metrics or {})

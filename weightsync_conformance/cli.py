@@ -2,7 +2,11 @@
 Markdown summary, self-contained HTML).
 
     python -m conformance [--integration MODULE:ATTR [--integration-option KEY=VALUE ...]] [--out results/]
-                          [--sglang-profile 0.5.23 | --profiles all|V1,V2] [-- PYTEST ARGS]
+                          [--sglang-profile 0.5.23 | --profiles all|V1,V2] [--expectations FILE]
+                          [--write-expectations FILE] [-- PYTEST ARGS]
+    python -m conformance --list-cases                       the case ids (<invariant>-<scenario>), one a line
+    python -m conformance new-adapter PATH [--sync|--async]  a commented adapter that fails every case with
+                                                             "implement <method>: ..." until it is filled in
 
 With ``--profiles`` the suite runs once per SGLang profile (results in ``OUT/<profile>/``) and prints the
 integration × profile matrix (also written to ``OUT/profiles.md``).
@@ -55,7 +59,57 @@ def _parser() -> argparse.ArgumentParser:
                         help="run once per SGLang profile and print the integration x profile matrix")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-m", dest="marker", default="cpu", help="pytest marker expression (default: cpu)")
+    parser.add_argument("--expectations", default=None, metavar="FILE",
+                        help="known failures (TOML): each listed case runs as a strict expected failure")
+    parser.add_argument("--write-expectations", default=None, metavar="FILE",
+                        help="after the run, write FILE listing every failing case (reason TODO), to adopt in one step")
+    parser.add_argument("--list-cases", action="store_true", help="print every case id and exit")
     return parser
+
+
+def _adapter_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"{PROG} new-adapter", description="write a commented adapter that runs at once and "
+                     "fails every case with 'implement <method>: ...' until it is filled in")
+    parser.add_argument("path", type=Path, help="the adapter module to write (a new .py file)")
+    style = parser.add_mutually_exclusive_group()
+    style.add_argument("--sync", dest="sync", action="store_true",
+                       help="your engine wrapper is blocking (requests): the adapter runs it in threads")
+    style.add_argument("--async", dest="sync", action="store_false", help="your client is async (default)")
+    return parser
+
+
+def _new_adapter(argv: list[str]) -> int:
+    from conformance.scaffold import write_adapter
+
+    try:
+        args = _adapter_parser().parse_args(argv)
+        path = write_adapter(args.path, args.sync)
+    except (UsageError, ValueError) as exc:
+        print(f"{PROG} new-adapter: error: {exc}", file=sys.stderr)
+        return 2
+    module = path.stem
+    print(f"wrote {path}; run it (every case fails with what to implement first):\n"
+          f"  cd {path.parent} && pytest -m cpu --pyargs conformance.suite --conformance-integration {module}:integration")
+    return 0
+
+
+def _list_cases() -> str:
+    from conformance.cases import CASES
+
+    width = max(len(c.id) for c in CASES)
+    return "\n".join(f"{c.id:<{width}}  scenario={c.scenario} invariant={c.check}" for c in CASES)
+
+
+def _write_expectations(path: Path, report: Path | None, spec: str) -> None:
+    """Every failing case of the run's result into an expectations file (reason TODO)."""
+    from conformance.expectations import render_expectations
+
+    if report is None:
+        raise UsageError(f"--write-expectations: the run wrote no result, so {path} was not written")
+    cases = json.loads(report.read_text())["cases"]
+    failing = [(c["case"], c["backend"]) for c in cases if c["status"] in ("fail", "unknown", "error")]
+    path.write_text(render_expectations(failing, f"written from a run of {spec}"))
+    print(f"expectations: {len(failing)} failing case(s) written to {path} (reason TODO; then burn the list down)")
 
 
 def _profiles(value: str | None, default: str) -> list[str]:
@@ -89,10 +143,11 @@ def _run(args: argparse.Namespace, extra: list[str], spec: str, profile: str, ou
     plugin = [] if plugin_installed() else ["-p", PLUGIN, "--noconftest"]
     pytest_args = ["--pyargs", "conformance.suite", "-m", args.marker, *plugin,
                    "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                   f"--sglang-profile={profile}", f"--conformance-seed={args.seed}",
-                   f"--conformance-report={report}", f"--integration={spec}",
-                   *(f"--integration-option={o}" for o in args.integration_option),
-                   *(["--isolate-scenarios"] if args.isolate_scenarios else []),
+                   f"--conformance-sglang-profile={profile}", f"--conformance-seed={args.seed}",
+                   f"--conformance-report={report}", f"--conformance-integration={spec}",
+                   *(f"--conformance-integration-option={o}" for o in args.integration_option),
+                   *(["--conformance-isolate-scenarios"] if args.isolate_scenarios else []),
+                   *([f"--conformance-expectations={Path(args.expectations).resolve()}"] if args.expectations else []),
                    *extra]  # joined forms: pytest must not take them for paths
     started = time.time()
     code = int(pytest.main(pytest_args))
@@ -116,21 +171,48 @@ def _matrix(spec: str, rows: list[tuple[str, int, Path | None]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _writable_dir(path: Path) -> Path:
+    """``path`` created (with its parents), or UsageError saying why it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot create the report folder ({exc.strerror or exc}); choose a "
+                         f"writable path") from None
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["new-adapter"]:
+        return _new_adapter(argv[1:])
     try:
         args, extra = _parser().parse_known_args(argv)
+        if args.list_cases:
+            print(_list_cases())
+            return 0
         extra = extra[1:] if extra[:1] == ["--"] else extra  # "-- PYTEST ARGS": pytest's own, not paths
         profiles = _profiles(args.profiles, args.sglang_profile)
         spec = _check_integration(args)
+        out = _writable_dir(Path(args.out))
+        if args.write_expectations and len(profiles) > 1:
+            raise UsageError("--write-expectations takes one profile (the file lists one run's failures)")
+        if args.expectations and not Path(args.expectations).is_file():
+            raise UsageError(f"--expectations {args.expectations}: no such file (write one with "
+                             f"--write-expectations {args.expectations})")
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     if len(profiles) == 1:
         code, report = _run(args, extra, spec, profiles[0], out)
         if report is not None:
             print(f"\nconformance result: {report} (summary {report.with_suffix('.md')})\n"
                   f"HTML report: {report.with_suffix('.html')}")
+        if args.write_expectations:
+            try:
+                _write_expectations(Path(args.write_expectations), report, spec)
+            except (UsageError, OSError) as exc:
+                print(f"{PROG}: error: {exc}", file=sys.stderr)
+                return 2
         return code
     rows = [(profile, *_run(args, extra, spec, profile, out / profile)) for profile in profiles]
     matrix = _matrix(spec, rows)

@@ -18,7 +18,7 @@ import asyncio
 import random
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from . import weights as W
 from .app import make_app
@@ -141,6 +141,8 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         self.startup_weight_version = weight_version
         self.crashed = False
         self.crash_reason: str | None = None
+        self.on_crash: Callable[[str], None] | None = None
+        """Called with the reason when the engine crashes (the drop-in server exits there, as SGLang does)."""
         self.closed = False
         # tokenizer-side state
         self.paused = False  # TokenizerManager.is_pause

@@ -239,6 +239,8 @@ class EngineLoop:
         self.crash_reason = reason
         self._event("engine.crash", reason=reason)
         self._fail_calls(EngineCrashed(reason))
+        if self.on_crash is not None:
+            self.on_crash(reason)
 
     async def aclose(self) -> None:
         """Shut the engine down: stop the ticker, release hung calls (they answer 503)."""

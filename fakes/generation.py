@@ -153,13 +153,15 @@ class GenerationMixin:
         """``GenerateReqInput.normalize_batch_and_arguments``: expand batch and ``n>1`` into items with rids.
         Returns (items, whether the answer is a list). Raises ValueError with SGLang's messages."""
         text, input_ids = obj.get("text"), obj.get("input_ids")
-        if (text is None) == (input_ids is None):
+        # GenerateReqInput._validate_inputs refuses only none of text/input_ids/input_embeds, or all three (0.5.15,
+        # 0.5.23 managers/io_struct.py); given text and input_ids, _tokenize_one_request uses the input_ids.
+        if text is None and input_ids is None:
             raise ValueError("Either text, input_ids or input_embeds should be provided.")
-        if text is not None and self.skip_tokenizer_init:  # tokenizer_manager._tokenize_one_request
+        if input_ids is None and self.skip_tokenizer_init:  # tokenizer_manager._tokenize_one_request
             raise ValueError(
                 "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide "
                 "input_ids or re-initialize the engine with skip_tokenizer_init=False.")
-        if text is not None:
+        if input_ids is None:
             is_batch = isinstance(text, list)
             prompts = [encode_text(t) for t in (text if is_batch else [text])]
         else:

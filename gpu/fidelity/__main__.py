@@ -1,0 +1,128 @@
+"""``python -m gpu.fidelity --release 0.5.23``: the fidelity script on the fake and on real SGLang, diffed.
+
+Both engines are started with the same launch line (:data:`gpu.sglang_cpu.CPU_FLAGS`), the fake as the drop-in
+``python -m fakes.launch_server`` with ``--fake-profile RELEASE``, real SGLang from the release's CPU environment
+(``python -m gpu.sglang_cpu install``). Every divergence is printed with both answers and compared with the
+committed list ``gpu/fidelity/divergences-RELEASE.json`` (each entry explained): exit 0 when they match, 1 on a
+divergence not listed or a listed one that no longer happens, 2 on bad input or an environment that is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpu.engine import EngineProcess, EngineStartError
+from gpu.launch import FAKE, SGLANG, EngineSpec
+from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, RELEASES, python_of, status
+
+from .script import diff, run_script
+
+HERE = Path(__file__).resolve().parent
+START_TIMEOUT_S = 240.0
+
+
+def divergences_file(release: str) -> Path:
+    return HERE / f"divergences-{release}.json"
+
+
+def known(release: str) -> list[dict[str, Any]]:
+    """The committed divergences of ``release`` (each with ``why``)."""
+    path = divergences_file(release)
+    return json.loads(path.read_text())["divergences"] if path.exists() else []
+
+
+def key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (entry["step"], entry["field"], json.dumps(entry["fake"], sort_keys=True),
+            json.dumps(entry["real"], sort_keys=True))
+
+
+def spec(model_dir: Path, fake: bool, release: str) -> EngineSpec:
+    flags = tuple(f for f in CPU_FLAGS if f != "--disable-cuda-graph")
+    fake_args = ("--fake-profile", release, "--fake-tokens-per-second", "400") if fake else ()
+    return EngineSpec(model_path=str(model_dir), extra_args=flags, fake_args=fake_args)
+
+
+def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path | None) -> tuple[dict, dict]:
+    """Start one engine, run the script on it, stop it; the observations and what the start cost."""
+    python = None if fake else str(python_of(venv))
+    engine = EngineProcess(spec(model_dir, fake, release), FAKE if fake else SGLANG, env=CPU_ENV,
+                           name=f"fidelity-{'fake' if fake else 'sglang'}-{release}", python=python)
+    started = time.monotonic()
+    try:
+        engine.start(START_TIMEOUT_S)
+        cost = {"start_s": round(time.monotonic() - started, 1), "rss_gb": rss_gb(engine.process.pid)}
+        began = time.monotonic()
+        seen = asyncio.run(run_script(engine.url, model_dir, work / ("fake" if fake else "real"), release))
+        cost["script_s"] = round(time.monotonic() - began, 1)
+        return seen, cost
+    finally:
+        engine.stop()
+
+
+def rss_gb(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants, GB (Linux ``/proc``)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return round(total / 1e9, 2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpu.fidelity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--release", required=True, choices=RELEASES)
+    parser.add_argument("--venv", type=Path, help="the release's real-SGLang environment (default: the installer's)")
+    parser.add_argument("--json", type=Path, help="write both engines' observations and the diff here")
+    parser.add_argument("--update", action="store_true",
+                        help="rewrite the committed list with what was found (keeps the explanations)")
+    args = parser.parse_args(argv)
+    env = status(args.release, args.venv, import_check=False)
+    if not env.usable:
+        print(f"gpu.fidelity: {env.reason}", file=sys.stderr)
+        return 2
+    from gpu.tiny_model import write_model
+
+    with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-") as tmp:
+        work = Path(tmp)
+        model_dir = write_model(work / "model")
+        try:
+            fake, fake_cost = run_engine(model_dir, work, args.release, True, None)
+            real, real_cost = run_engine(model_dir, work, args.release, False, env.venv)
+        except EngineStartError as error:
+            print(f"gpu.fidelity: an engine did not start: {str(error).splitlines()[0]}", file=sys.stderr)
+            return 1
+    found = diff(fake, real)
+    print(f"sglang {args.release}: fake {fake_cost}, real {real_cost}; {len(found)} divergences")
+    listed = {key(e): e for e in known(args.release)}
+    new = [d for d in found if key(d) not in listed]
+    gone = [e for k, e in listed.items() if k not in {key(d) for d in found}]
+    for d in found:
+        mark = "  listed" if key(d) in listed else "  NEW   "
+        print(f"{mark} {d['step']} / {d['field']}: fake {json.dumps(d['fake'])} | real {json.dumps(d['real'])}")
+    for e in gone:
+        print(f"  GONE    {e['step']} / {e['field']}: listed, no longer diverges (remove it)")
+    if args.json:
+        args.json.write_text(json.dumps({"fake": fake, "real": real, "diff": found, "cost": {
+            "fake": fake_cost, "real": real_cost}}, indent=1))
+    if args.update:
+        entries = [{**d, "why": listed.get(key(d), {}).get("why", "TODO")} for d in found]
+        divergences_file(args.release).write_text(json.dumps(
+            {"release": args.release, "divergences": entries}, indent=1) + "\n")
+    return 1 if new or gone else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

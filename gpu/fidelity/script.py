@@ -1,0 +1,395 @@
+"""The fidelity script: one fixed sequence of weight-sync calls, sent to an engine, each answer normalised.
+
+:func:`run_script` drives one engine (the fake or real SGLang of one release, started with the same launch line)
+through the weight-sync surface and returns ``{step: {field: value}}``: status codes, ``success``, the class of the
+message (its text with numbers, paths and ids masked), ``finish_reason``, the ``meta_info`` keys present, version
+labels and spans, ``num_paused_requests``, the fields of ``/model_info`` and ``/get_server_info`` the suite reads,
+and after every update which checkpoint the engine holds (digests over ``/get_weights_by_name``). Two engines of
+the same release must give the same observations; :func:`diff` lists where they do not.
+
+A request "running" at a pause is made so: a streamed ``/generate`` whose first chunk arrived (it is in the
+scheduler), with ``ignore_eos`` and a budget it cannot finish before the pause. Whether it was still running is
+recorded (``running_at_pause``), so a step whose situation did not happen shows as such, never as agreement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import re
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping
+
+import httpx
+import torch
+
+from gpu.weights import blob_from_values, parameter_specs, read_weights
+
+Observation = dict[str, Any]
+LONG_TOKENS = 160
+"""Budget of the request held across a pause: the pause is sent as its first token arrives, so it is resident then
+unless the engine decodes 160 tokens in that moment (≈ 0.4 s at SGLang's 350 tokens/s on 2 quiet cores)."""
+CALL_TIMEOUT_S = 120.0
+
+
+def message_class(text: Any) -> str | None:
+    """A message with what varies between runs masked: paths, ids, numbers, versions, quoted names."""
+    if not isinstance(text, str):
+        return None
+    if "validation error" in text:  # pydantic's rendering of a bad body (wording differs between releases)
+        return "<validation error>"
+    text = re.sub(r"/[\w./-]+", "<path>", text)
+    text = re.sub(r"\b[0-9a-f]{16,}\b", "<id>", text)
+    text = re.sub(r"\bv\d+\b", "<v>", text)
+    text = re.sub(r"\d+(\.\d+)?", "<n>", text)
+    return text.strip()[:160]
+
+
+def normalise(response: httpx.Response) -> Observation:
+    """Status, and for a JSON object its keys, ``success``, message class and the weight-sync fields."""
+    seen: Observation = {"status": response.status_code}
+    try:
+        body = response.json()
+    except ValueError:
+        seen["text"] = message_class(response.text)
+        return seen
+    if isinstance(body, dict):
+        seen["keys"] = sorted(body)
+        for key in ("success", "num_paused_requests", "new_version", "status", "object", "type", "code"):
+            if key in body:
+                seen["body." + key] = body[key]
+        for key in ("message", "detail", "error"):
+            if key in body:
+                seen["body." + key] = message_class(body[key] if isinstance(body[key], str) else json.dumps(body[key]))
+    else:
+        seen["body"] = "null" if body is None else type(body).__name__
+    return seen
+
+
+def generation(meta: Mapping[str, Any] | None, budget: int) -> Observation:
+    """What a finished ``/generate`` says about versions and how it ended (not its tokens)."""
+    if meta is None:
+        return {"finished": False}
+    finish = meta.get("finish_reason") or {}
+    spans = meta.get("weight_versions")
+    seen: Observation = {
+        "meta_info keys": sorted(meta),
+        "finish_reason.type": finish.get("type"),
+        "finish_reason.message": message_class(finish.get("message")),
+        "full budget": meta.get("completion_tokens") == budget,
+        "weight_version": meta.get("weight_version"),
+    }
+    if spans is not None:
+        seen["span versions"] = [s.get("version") for s in spans]
+        seen["spans cover the output"] = (bool(spans) and spans[0].get("start") == 0
+                                          and spans[-1].get("end") == meta.get("completion_tokens")
+                                          and all(a.get("end") == b.get("start") for a, b in zip(spans, spans[1:])))
+    for key in ("num_retractions", "total_retractions"):
+        if key in meta:
+            seen[key] = min(int(meta[key]), 1)
+    return seen
+
+
+class Held:
+    """A streamed ``/generate`` kept running in the background; :meth:`started` once its first chunk arrived."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS) -> None:
+        self.budget = budget
+        self.first = asyncio.Event()
+        self.meta: dict[str, Any] | None = None
+        self.status: int | None = None
+        self.task = asyncio.ensure_future(self._run(client, url))
+
+    async def _run(self, client: httpx.AsyncClient, url: str) -> None:
+        body = {"input_ids": [5, 6, 7, 8], "stream": True,
+                "sampling_params": {"max_new_tokens": self.budget, "temperature": 0, "ignore_eos": True}}
+        try:
+            async with client.stream("POST", url + "/generate", json=body) as response:
+                self.status = response.status_code
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    self.first.set()
+                    self.meta = chunk.get("meta_info", self.meta)
+        except httpx.HTTPError:
+            pass  # the server went away mid-answer: result() shows it unfinished
+        finally:
+            self.first.set()
+
+    async def started(self) -> bool:
+        await asyncio.wait_for(self.first.wait(), CALL_TIMEOUT_S)
+        return not self.task.done()
+
+    async def result(self) -> Observation:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), CALL_TIMEOUT_S)
+        except (httpx.HTTPError, asyncio.TimeoutError) as error:
+            return {"error": type(error).__name__}
+        done = self.meta is not None and (self.meta.get("finish_reason") is not None)
+        return generation(self.meta if done else None, self.budget)
+
+
+class Checkpoints:
+    """The checkpoints the script loads: the served one (``m0``) and perturbed copies written beside it."""
+
+    def __init__(self, model_dir: Path, work: Path) -> None:
+        self.model_dir = Path(model_dir)
+        self.weights = {"m0": read_weights(self.model_dir)}
+        self.specs = parameter_specs(self.weights["m0"])
+        self.paths = {"m0": self.model_dir}
+        for label, scale in (("m1", 1.5), ("m2", -1.0)):
+            self.weights[label] = {n: (t.float() * scale).to(t.dtype) for n, t in self.weights["m0"].items()}
+            self.paths[label] = self._write(work / label, self.weights[label])
+        self.digests = {label: {n: _digest(t) for n, t in w.items()} for label, w in self.weights.items()}
+
+    def _write(self, path: Path, weights: Mapping[str, torch.Tensor]) -> Path:
+        import shutil
+
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        for f in self.model_dir.iterdir():
+            if f.suffix != ".safetensors" and f.is_file():
+                shutil.copy(f, path / f.name)
+        save_file(dict(weights), str(path / "model.safetensors"), metadata={"format": "pt"})
+        return path
+
+    def held(self, digests: Mapping[str, str]) -> str:
+        """Which checkpoint the engine holds, parameter by parameter ("m1", or "m0 except 3 of m2", ...)."""
+        labels = {}
+        for name, digest in digests.items():
+            labels[name] = next((label for label, d in self.digests.items() if d.get(name) == digest), "other")
+        counts: dict[str, int] = {}
+        for label in labels.values():
+            counts[label] = counts.get(label, 0) + 1
+        return ", ".join(f"{label}:{n}" for label, n in sorted(counts.items()))
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    from fakes.weights import TensorBlob
+
+    return TensorBlob.from_torch(tensor).digest()
+
+
+def forking_pickle_b64(named: list[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's ``MultiprocessingSerializer.serialize(named, output_str=True)`` from this process: a ForkingPickler
+    pickle (tensors in shared memory, ``file_system`` strategy: doc §8), base64."""
+    import torch.multiprocessing as mp
+    from multiprocessing.reduction import ForkingPickler
+
+    mp.set_sharing_strategy("file_system")
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(named)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def safetensors_b64(named: list[tuple[str, torch.Tensor]]) -> str:
+    from conformance.reference.transports import encode_safetensors_b64
+
+    return encode_safetensors_b64(named)
+
+
+async def run_script(url: str, model_dir: Path, work: Path, release: str) -> dict[str, Observation]:
+    """Drive the engine at ``url`` (serving ``model_dir``, label ``default``) through the script; a connection
+    lost mid-script ends it, recorded as ``server lost`` at the step it happened."""
+    out: dict[str, Observation] = {}
+    try:
+        return await _script(url, model_dir, work, release, out)
+    except httpx.HTTPError as error:
+        out["server lost"] = {"at": list(out)[-1] if out else None, "error": type(error).__name__}
+        return out
+
+
+async def _script(url: str, model_dir: Path, work: Path, release: str,
+                  out: dict[str, Observation]) -> dict[str, Observation]:
+    ckpt = Checkpoints(model_dir, work)
+    sessions = release == "0.5.23"
+    timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+
+        async def call(step: str, path: str, body: Any = None, method: str = "POST", **extra: Any) -> httpx.Response:
+            kwargs: dict[str, Any] = {"json": body} if body is not None and not isinstance(body, bytes) else {}
+            if isinstance(body, bytes):
+                kwargs = {"content": body, "headers": {"content-type": "application/json"}}
+            try:
+                response = await client.request(method, url + path, **kwargs)
+            except httpx.HTTPError as error:
+                out[step] = {"error": type(error).__name__}
+                raise
+            out[step] = {**normalise(response), **extra}
+            return response
+
+        async def weights(step: str) -> None:
+            from gpu.weights import read_engine_digests
+
+            out[step] = {"holds": ckpt.held(await read_engine_digests(url, ckpt.specs))}
+
+        async def label(step: str) -> None:
+            info = (await client.get(url + "/model_info")).json()
+            out[step] = {"weight_version": info.get("weight_version")}
+
+        async def held_pause(mode: str, step: str) -> tuple[Held, bool]:
+            held = Held(client, url)
+            running = await held.started()
+            await call(step, "/pause_generation", {"mode": mode})
+            running = running and not held.task.done()
+            out[step]["running_at_pause"] = running
+            return held, running
+
+        # -- what the engine reports at start --
+        await call("health", "/health", method="GET")
+        info = (await call("model_info", "/model_info", method="GET")).json()
+        out["model_info"].update({k: info.get(k) for k in ("weight_version", "is_generation")})
+        out["model_info"]["model_path is the served dir"] = info.get("model_path") == str(model_dir)
+        server = (await call("get_server_info", "/get_server_info", method="GET")).json()
+        out["get_server_info"] = {"status": out["get_server_info"]["status"], "version": server.get("version"),
+                                  "weight_version": server.get("weight_version"), "tp_size": server.get("tp_size"),
+                                  "dp_size": server.get("dp_size"),
+                                  "model_path is the served dir": server.get("model_path") == str(model_dir)}
+        await call("get_weight_version", "/get_weight_version", method="GET")
+        await weights("weights at start")
+
+        # -- generate --
+        for step, body in (("generate text", {"text": "hello", "sampling_params": {"max_new_tokens": 8,
+                                                                                   "temperature": 0}}),
+                           ("generate input_ids", {"input_ids": [1, 2, 3], "sampling_params": {
+                               "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})):
+            response = await call(step, "/generate", body)
+            budget = body["sampling_params"]["max_new_tokens"]
+            out[step].update(generation(response.json().get("meta_info"), budget))
+            out[step]["output_ids length"] = len(response.json().get("output_ids", []))
+        await call("generate without prompt", "/generate", {"sampling_params": {"max_new_tokens": 2}})
+        await call("generate with text and input_ids", "/generate",
+                   {"text": "a", "input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
+
+        # -- pause in_place, relabel, disk update without flush, continue --
+        held, running = await held_pause("in_place", "pause in_place (request running)")
+        await call("relabel v1 without abort (paused)", "/update_weight_version",
+                   {"new_version": "v1", "abort_all_requests": False})
+        await call("disk m1 flush_cache false (paused in place)", "/update_weights_from_disk",
+                   {"model_path": str(ckpt.paths["m1"]), "flush_cache": False})
+        await weights("weights after disk m1")
+        await call("flush_cache (paused in place, request resident)", "/flush_cache")
+        await call("continue after in_place", "/continue_generation", {})
+        out["request held across in_place"] = await held.result()
+        await label("label after v1")
+
+        # -- retract --
+        held, running = await held_pause("retract", "pause retract (request running)")
+        await call("relabel v2 without abort (retracted)", "/update_weight_version",
+                   {"new_version": "v2", "abort_all_requests": False})
+        await call("flush_cache (paused retract)", "/flush_cache")
+        await call("continue after retract", "/continue_generation", {})
+        out["request held across retract"] = await held.result()
+
+        # -- abort pause, default-abort relabel --
+        held, running = await held_pause("abort", "pause abort (request running)")
+        out["request under pause abort"] = await held.result()
+        await call("continue after abort", "/continue_generation", {})
+        held = Held(client, url)
+        running = await held.started()
+        await call("relabel v3 (abort_all_requests default)", "/update_weight_version", {"new_version": "v3"},
+                   running_at_call=running)
+        out["request under default relabel"] = await held.result()
+        await label("label after v3")
+
+        # -- tensor updates --
+        named = [(n, t) for n, t in ckpt.weights["m2"].items()]
+        if sessions:
+            await call("tensor outside a session", "/update_weights_from_tensor",
+                       {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False})
+            await call("begin_weight_update", "/begin_weight_update", {})
+            await call("begin_weight_update again", "/begin_weight_update", {})
+        await call("tensor bad base64", "/update_weights_from_tensor",
+                   {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
+        await call("tensor m2 (ForkingPickler, file_system)", "/update_weights_from_tensor",
+                   {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False,
+                    "weight_version": "v4"})
+        await weights("weights after tensor m2")
+        await label("label after tensor v4")
+
+        # -- distributed (gloo) --
+        await distributed_steps(call, ckpt, out, sessions)
+        await weights("weights after distributed m1")
+        if sessions:
+            await call("end_weight_update", "/end_weight_update", {})
+            await call("end_weight_update again", "/end_weight_update", {})
+
+        # -- misc control surface --
+        await call("flush_cache idle", "/flush_cache")
+        await call("get_weights_by_name unknown", "/get_weights_by_name", {"name": "no.such.weight"})
+        await call("release_memory_occupation", "/release_memory_occupation", {})
+        await call("resume_memory_occupation", "/resume_memory_occupation", {})
+        await call("weights_checker checksum", "/weights_checker", {"action": "checksum"})
+        await call("relabel with a number", "/update_weight_version", {"new_version": 7})
+        await call("relabel without body", "/update_weight_version", b"")
+        await call("pause with a bad mode", "/pause_generation", {"mode": "bogus"})
+        await call("disk not json", "/update_weights_from_disk", b"{not json")
+        await call("disk missing path", "/update_weights_from_disk", {"model_path": str(work / "absent")})
+        await call("disk m0 flush_cache false (idle)", "/update_weights_from_disk",
+                   {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "v5"})
+        await weights("weights after disk m0")
+        await label("label after disk v5")
+
+        # -- last, the calls that end a real server; the first one that does ends the script ("server lost") --
+        held, running = await held_pause("in_place", "pause in_place before the flushing disk update")
+        await call("disk m1 flush_cache default (paused in place, request running)", "/update_weights_from_disk",
+                   {"model_path": str(ckpt.paths["m1"]), "weight_version": "v6"})  # 0.5.10/0.5.15: exits
+        await label("label after the flushing disk update")
+        await weights("weights after the flushing disk update")
+        await call("continue at the end", "/continue_generation", {})
+        out["request held across the flushing disk update"] = await held.result()
+        if sessions:
+            await call("begin_weight_update at the end", "/begin_weight_update", {})
+        await call("distributed unknown group", "/update_weights_from_distributed",  # 0.5.10/0.5.15: exits
+                   {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "group_name": "nope",
+                    "flush_cache": False})
+        await call("tensor safetensors payload", "/update_weights_from_tensor",  # exits: SafeUnpickler raises
+                   {"serialized_named_tensors": [safetensors_b64(named[:1])], "flush_cache": False})
+        await call("health after the safetensors payload", "/health", method="GET")
+    return out
+
+
+async def distributed_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Checkpoints,
+                            out: dict[str, Observation], sessions: bool) -> None:
+    """A one-engine gloo group (this process is rank 0, keyed as SGLang keys its ranks), m1 broadcast into it."""
+    import torch.distributed as dist
+
+    from conformance.reference.transports import DistributedTransport
+
+    transport = DistributedTransport(timeout_s=60.0)
+    name = f"fidelity_{uuid.uuid4().hex[:8]}"
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+    loop = asyncio.get_running_loop()
+    rank0 = loop.run_in_executor(None, transport._new_group, store, name, 2)
+    await call("init_weights_update_group (gloo)", "/init_weights_update_group", {
+        "master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1, "world_size": 2,
+        "group_name": name, "backend": "gloo"})
+    group = await asyncio.wait_for(rank0, 60.0)
+    names = list(ckpt.weights["m1"])
+    tensors = [ckpt.weights["m1"][n].contiguous() for n in names]
+    body = {"names": names, "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+            "shapes": [list(t.shape) for t in tensors], "group_name": name, "flush_cache": False}
+    broadcast = loop.run_in_executor(None, transport._broadcast, group, tensors)
+    await call("distributed m1", "/update_weights_from_distributed", body)
+    await asyncio.wait_for(broadcast, 60.0)
+    await call("destroy group", "/destroy_weights_update_group", {"group_name": name})
+    await call("destroy group again", "/destroy_weights_update_group", {"group_name": name})
+    group.shutdown()
+
+
+def diff(fake: Mapping[str, Observation], real: Mapping[str, Observation]) -> list[dict[str, Any]]:
+    """Every (step, field) where the two engines answered differently, with both answers."""
+    found = []
+    for step in list(dict.fromkeys([*real, *fake])):
+        a, b = fake.get(step, {"absent": True}), real.get(step, {"absent": True})
+        for field in list(dict.fromkeys([*b, *a])):
+            if a.get(field, "<absent>") != b.get(field, "<absent>"):
+                found.append({"step": step, "field": field, "fake": a.get(field, "<absent>"),
+                              "real": b.get(field, "<absent>")})
+    return found

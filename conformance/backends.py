@@ -34,6 +34,9 @@ class Backend(Protocol):
     sentinel_tokens: int
     """Decode budget of the suite's long-lived requests (:mod:`conformance.sentinels`): seconds of decoding on
     this backend, so they outlive an update cycle yet end on their own if nobody aborts them."""
+    decode_tokens_per_s: float
+    """How fast one request decodes on this backend (configured on the fake, measured on real engines): the
+    scenarios size the integration's turns by it."""
 
     def start(self) -> None: ...
 
@@ -109,6 +112,7 @@ class FakeBackend:
         self.config = config or FakeBackendConfig()
         self.profile = self.config.profile
         self.sentinel_tokens = int(SENTINEL_SECONDS * self.config.tokens_per_second)
+        self.decode_tokens_per_s = self.config.tokens_per_second
         self.wire = WireLog()
         self.urls: list[str] = []
         self._engines: list[Any] = []

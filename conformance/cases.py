@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from fakes.profiles import DEFAULT_PROFILE
 
 from . import DEFAULT_INTEGRATION
-from .anomaly import note
+from .anomaly import Anomaly, note
 from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, Verdict
 from .history import Breakage, History
@@ -174,12 +174,18 @@ def _run_in_child(scenario: str, spec: str, options: dict[str, Any], profile: st
 
 
 def evaluate(check: str, history: History) -> Verdict:
-    """Run one checker; a checker that raises answers unknown with the error (never a pass). When the run broke
-    (an unexpected failure, a hang, a timeout) the case fails, with the breakage first in the witness."""
+    """Run one checker; a checker that raises answers unknown with the error (never a pass), and so does one that
+    passed on a situation the scenario could not build (``History.unmet``). When the run broke (an unexpected
+    failure, a hang, a timeout) the case fails, with the breakage first in the witness."""
     try:
         v = CHECKS[check](history)
     except Exception as exc:
         v = Verdict(check, "unknown", [f"checker raised {type(exc).__name__}: {exc}"])
+    unmet = [u.reason for u in history.unmet if check in u.checks]
+    if unmet and v.status == "pass":  # a failure found stands; a pass on a situation never built does not
+        v = Verdict(v.check, "unknown", metrics=v.metrics,
+                    anomalies=[note("the scenario could not build the situation this check needs:"),
+                               *(Anomaly("unmet", f"  {reason}") for reason in unmet)])
     if history.breaks:
         broke = [a for b in history.breaks for a in b.anomalies()]
         own = [note(f"the checker alone answered {v.status}" + (":" if v.anomalies else "")),

@@ -14,11 +14,12 @@ any other. Being at the wire, the same fault works in front of fake and real eng
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from .history import WireCall
@@ -51,6 +52,15 @@ class _Refusal:
     used: int = 0
 
 
+@dataclass
+class _Hold:
+    paths: frozenset[str]
+    ready: Callable[[int], bool]
+    timeout_s: float
+    passed: set[int] = field(default_factory=set)
+    """Engines whose first held call went on."""
+
+
 class WireLog:
     """Thread-safe, append-only list of wire calls shared by every engine's recorder; ``clock`` stamps them
     (monotonic seconds; the replay passes its virtual clock)."""
@@ -62,6 +72,7 @@ class WireLog:
         self._lock = threading.Lock()
         self._refusals: dict[tuple[int, str], _Refusal] = {}
         self._listeners: list[Callable[[WireCall, bool], None]] = []
+        self._hold: _Hold | None = None
 
     def listen(self, listener: Callable[[WireCall, bool], None]) -> Callable[[], None]:
         """Call ``listener(call, answered)`` (from the recorder's thread) when a call is sent (``answered`` False)
@@ -98,6 +109,30 @@ class WireLog:
             unused = sorted(key for key, refusal in self._refusals.items() if not refusal.used)
             self._refusals.clear()
             return unused
+
+    def hold_first(self, paths: frozenset[str], ready: Callable[[int], bool], timeout_s: float) -> None:
+        """Hold the integration's first call to one of ``paths`` on each engine, before it goes on to the engine,
+        until ``ready(engine)`` is true (at most ``timeout_s``), until :meth:`release_holds`."""
+        with self._lock:
+            self._hold = _Hold(paths, ready, timeout_s)
+
+    def release_holds(self) -> None:
+        with self._lock:
+            self._hold = None
+
+    async def held(self, call: WireCall) -> None:
+        """Wait while ``call`` is held (:meth:`hold_first`); its start is then stamped when it goes on."""
+        with self._lock:
+            hold = self._hold
+            if hold is None or call.origin != "integration" or call.path not in hold.paths \
+                    or call.engine in hold.passed:
+                return
+            hold.passed.add(call.engine)
+        deadline = self.clock() + hold.timeout_s
+        while self._hold is hold and self.clock() < deadline and not hold.ready(call.engine):
+            await asyncio.sleep(0.001)
+        with self._lock:
+            call.t_start = self.clock()
 
     def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration") -> WireCall:
         with self._lock:
@@ -163,6 +198,7 @@ class WireRecorder:
         call = self.log.open(self.engine, scope["method"], scope["path"],
                              _decode(bytes(body), headers.get("content-type", "application/json")),
                              origin="sentinel" if SENTINEL_HEADER in names else "integration")
+        await self.log.held(call)
         refusal = self.log.take_refusal(self.engine, scope["path"])
         if refusal is not None:
             await self._refuse(call, send, *refusal)

@@ -26,19 +26,20 @@ def _run(script) -> list[str]:
             run_scenario(scenario, load_integration(DEFAULT_INTEGRATION), backend), 40))
     finally:
         backend.stop()
-    return [b.message for b in history.breaks] + [c.error for c in history.cycles if c.error]
+    return [b.message for b in history.breaks] + [c.error for c in history.cycles if c.error] + \
+        [u.reason for u in history.unmet]
 
 
 def test_update_waits_for_every_engine_even_from_a_full_buffer() -> None:
     """Regression (CI flake): from a full buffer, consuming one batch frees one group at a time, on alternating
     engines, so "drain only when nothing is in flight" never had both engines decoding at once (livelock until
-    the 10 s timeout). The wait must keep consuming until every engine is decoding."""
+    the 10 s timeout). The wait must keep consuming until every engine holds a request still decoding."""
 
     async def script(run: Run) -> None:
         await run.start()
         await run.until_producer_blocked()
         for _ in range(3):
-            await run.update(in_flight=0.005)
+            await run.update(resident=True)
             await run.until_producer_blocked()
 
     assert _run(script) == []

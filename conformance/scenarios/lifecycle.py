@@ -5,9 +5,11 @@ with the model-based run (``conformance.machine``), so both record the same hist
 from __future__ import annotations
 
 import itertools
+import math
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +19,7 @@ from ..history import Breakage, History
 from ..interface import BuildEnv, Integration, Prompt, Roles
 from .definition import Scenario
 from .errors import RunBroken, ScenarioTimeout, bounded, open_calls
-from .run import DEADLINES, Deadlines, Run
+from .run import DEADLINES, TURN_S, Deadlines, Run, decode_rate
 from .trainer import Trainer
 
 
@@ -31,6 +33,16 @@ def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve th
             i = next(counter)
         return Prompt(i, template.format(i=i, seed=seed))
     return next_prompt
+
+
+def for_backend(scenario: Scenario, backend: Backend) -> Scenario:
+    """``scenario`` with turns long enough on ``backend`` that a request of the integration seen in flight when a
+    cycle starts is still decoding when the cycle reaches its engine (:data:`~conformance.scenarios.run.TURN_S`
+    of decoding at the backend's measured speed, at least the scenario's own ``max_new_tokens``)."""
+    tokens = math.ceil(TURN_S * decode_rate(backend))
+    if tokens <= scenario.rollout.max_new_tokens:
+        return scenario
+    return replace(scenario, rollout=replace(scenario.rollout, max_new_tokens=tokens))
 
 
 def new_history(scenario: Scenario, integration: Integration, backend: Backend, seed: int) -> History:
@@ -62,7 +74,7 @@ def new_run(scenario: Scenario, integration: Integration, backend: Backend, role
 async def run_scenario(scenario: Scenario, integration: Integration, backend: Backend, seed: int = 0,
                        deadlines: Deadlines = DEADLINES) -> History:
     """Run ``scenario`` against ``integration`` on a started ``backend``; never raises for integration bugs."""
-    scenario = scenario.resolve(integration)
+    scenario = for_backend(scenario.resolve(integration), backend)
     history = new_history(scenario, integration, backend, seed)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
@@ -80,6 +92,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
             history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}", time.monotonic(),
                                            open_calls(backend.wire)))
         finally:
+            history.t_teardown = time.monotonic()
             if roles is not None:
                 for name, closer in (("Manager.stop()", roles.manager.stop), ("Roles.close()", roles.close)):
                     if closer is None:

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..backends import Backend, digest_of, probe_labels, probe_post
+from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
 from ..checks.labels import finish_type
-from ..history import BatchRecord, Breakage, History, Injected, UpdateCycle
+from ..history import DISTURBING_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
 from ..interface import RolloutConfig, Roles, Updater
 from ..sentinels import Sentinels, adapters_in_use
 from .errors import Hang, ScenarioTimeout, UnexpectedUpdateFailure, bounded, wait_for_condition
@@ -53,6 +53,17 @@ front of real SGLang. Needed for the tensor transport: SGLang answers a tensor l
 killing the server, not with a 400."""
 STALL_S = 0.1
 """How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
+TURN_S = 0.15
+"""How long one of the integration's turns decodes, at least (the scenarios raise ``max_new_tokens`` to that at the
+backend's decode speed): a request sent at most half of it before a cycle starts is still decoding when the cycle
+reaches its engine, whatever the cycle does first."""
+
+
+def decode_rate(backend: Backend) -> float:
+    """Tokens per second one request decodes at on ``backend`` (from its long-lived requests' budget when it does not
+    say)."""
+    rate = getattr(backend, "decode_tokens_per_s", None)
+    return float(rate) if rate else backend.sentinel_tokens / SENTINEL_SECONDS
 
 
 @dataclass
@@ -78,13 +89,15 @@ class Run:
         await bounded(self.roles.manager.start(), self.deadlines.wait_s, "Manager.start()", self.backend.wire)
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
-                     refuse: Sequence[int] = (), in_flight: float | None = None) -> int | None:
+                     refuse: Sequence[int] = (), resident: bool = False) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it.
 
         Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
         (:mod:`conformance.sentinels`), sent before the cycle and released once the integration continued that
-        engine. With ``in_flight`` the cycle also waits until every engine has one of the integration's generates
-        open for that many seconds. The cycle is expected to fail with ``poison`` (weights every engine rejects: the
+        engine. With ``resident`` the cycle also starts only once every engine the integration sends requests to
+        holds one of them that is still decoding when the cycle reaches it (:meth:`until_resident`), and the cycle's
+        first pause, bump or transfer on each engine is held at the wire (for at most two turns) until that engine
+        holds one (a cycle may take a while before its first pause: a process group to build). The cycle is expected to fail with ``poison`` (weights every engine rejects: the
         last parameter has the wrong shape, so an integration that sends buckets sees its early buckets land first)
         or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
         wire, while the others load the weights; a cycle may fail fast, at the first refusal, leaving the others
@@ -98,8 +111,8 @@ class Run:
         adapter = self.trainer.lora(step) if lora else None
         labels_before, published_before, counter_before = await probe_labels(urls), manager.weight_version, \
             self.updater.version
-        if in_flight is not None:
-            await self.until_in_flight(1, min_age_s=in_flight)
+        if resident:
+            await self.until_resident(index)
         sentinels = Sentinels(urls, wire, self.backend.sentinel_tokens, f"c{index}",
                               adapters_in_use(wire, len(urls)), self.history)
         try:
@@ -108,6 +121,8 @@ class Run:
             raise ScenarioTimeout(str(exc)) from None
         for engine in refuse:
             self._refuse_transfer(engine, transport)
+        if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
+            wire.hold_first(DISTURBING_PATHS, self.holds_young, 2 * TURN_S)
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
@@ -120,6 +135,7 @@ class Run:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             t1 = time.monotonic()
+            wire.release_holds()
             await sentinels.release()
         unused = wire.clear_refusals()
         if unused and error is None:  # a cycle that failed at the first refusal need not reach the others
@@ -163,15 +179,71 @@ class Run:
         self.updater = self.roles.new_updater()
         self.cell += 1
 
+    def unmet(self, checks: tuple[str, ...], reason: str) -> None:
+        """Record a situation this run could not build: ``checks``, which needed it, answer unknown with ``reason``
+        (the others judge the run as it went)."""
+        self.history.unmet.append(Unmet(checks, reason, time.monotonic()))
+
+    def used_engines(self) -> list[int]:
+        """The engines the integration has sent ``/generate`` calls to so far (a sticky or least-loaded router may
+        use only some of them)."""
+        return sorted({c.engine for c in self._generates()})
+
+    def _generates(self) -> list[WireCall]:
+        return [c for c in self.backend.wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
+
+    async def until_resident(self, cycle: int) -> None:
+        """Wait until every engine the integration uses holds one of its ``/generate`` calls sent less than half its
+        decode time ago (its ``max_new_tokens`` at :func:`decode_rate`; at least :data:`TURN_S`), so it is still
+        decoding when the cycle reaches that engine, whatever the cycle does first. Batches are consumed while the
+        producer stalls, as :meth:`until_in_flight` does. When that does not happen within ``deadlines.wait_s`` the
+        cycle runs all the same and I1-I2 answers unknown for it (an integration whose own requests never overlap
+        an update is not shown to spare them)."""
+        start = time.monotonic()
+        deadline, stalled_since, consumed = start + self.deadlines.wait_s, start, 0
+        while True:
+            now, calls = time.monotonic(), self._generates()
+            used = sorted({c.engine for c in calls})
+            missing = [e for e in used if not any(c.engine == e and self._young(c, now) for c in calls)]
+            if used and not missing:
+                return
+            if now > deadline:
+                self.unmet(("I1-I2",), f"before update cycle {cycle}, engine(s) {missing or 'all'} held none of the "
+                           f"integration's requests sent less than half a turn ago within {self.deadlines.wait_s:.0f}s "
+                           f"({consumed} batch(es) consumed meanwhile): what its cycles do to its own requests in "
+                           f"flight is not shown")
+                return
+            if now - stalled_since > STALL_S:
+                await self.drain(max(1, len(used)))
+                consumed += max(1, len(used))
+                stalled_since = time.monotonic()
+            await asyncio.sleep(0.002)
+
+    def _young(self, call: WireCall, now: float) -> bool:
+        """Whether ``call`` is open and was sent less than half its decode time ago (its ``max_new_tokens`` at
+        :func:`decode_rate`)."""
+        params = call.payload.get("sampling_params") if isinstance(call.payload, dict) else None
+        budget = params.get("max_new_tokens") if isinstance(params, dict) else None
+        lasts = (budget if isinstance(budget, int) else self.rollout.max_new_tokens) / decode_rate(self.backend)
+        return call.t_end is None and now - call.t_start <= lasts / 2
+
+    def holds_young(self, engine: int) -> bool:
+        """Whether ``engine`` holds one of the integration's requests still decoding for a while (or is not one the
+        integration uses, so none will come)."""
+        now, calls = time.monotonic(), self._generates()
+        return engine not in {c.engine for c in calls} or any(c.engine == engine and self._young(c, now)
+                                                                  for c in calls)
+
     async def until_in_flight(self, per_engine: int = 1, min_age_s: float = 0.0) -> None:
-        """Wait until every engine has ``per_engine`` generates in flight (open for at least ``min_age_s``, i.e.
+        """Wait until every engine the integration uses has ``per_engine`` generates in flight (open for at least ``min_age_s``, i.e.
         decoding by then). While that does not happen, one batch per engine is consumed every ``STALL_S``, as a
         trainer would: a producer blocked on a full buffer restarts one group per consumed batch, so consuming one
         at a time (or only once it went idle) can leave the engines taking turns forever, never decoding at once."""
-        wire, engines = self.backend.wire, len(self.backend.urls)
+        wire = self.backend.wire
         start = time.monotonic()
         deadline, stalled_since, consumed = start + self.deadlines.wait_s, start, 0
-        while not all(wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in range(engines)):
+        while not (engines := self.used_engines()) or not all(
+                wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in engines):
             now = time.monotonic()
             if now > deadline:
                 raise ScenarioTimeout(f"timed out after {self.deadlines.wait_s:.0f}s waiting for {per_engine} "
@@ -179,21 +251,23 @@ class Run:
                                       f"call(s) in flight on every engine (in flight: {wire.in_flight()}; "
                                       f"{consumed} batch(es) consumed meanwhile to unblock the producer)")
             if now - stalled_since > STALL_S:
-                await self.drain(engines)
-                consumed += engines
+                await self.drain(max(1, len(engines)))
+                consumed += max(1, len(engines))
                 stalled_since = time.monotonic()
             await asyncio.sleep(0.002)
 
     async def until_next_call(self) -> None:
-        """Wait until every engine finished one more of the integration's ``/generate`` calls and has a call in
-        flight that was sent after it (the next turn of a multi-turn sample, for a producer that keeps its
+        """Wait until every engine the integration uses finished one more of its ``/generate`` calls and has a call
+        in flight that was sent after it (the next turn of a multi-turn sample, for a producer that keeps its
         samples on one engine)."""
-        wire, engines = self.backend.wire, len(self.backend.urls)
         since = time.monotonic()
 
         def progressed() -> bool:
-            calls = [c for c in wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
-            for engine in range(engines):
+            calls = self._generates()
+            engines = sorted({c.engine for c in calls})
+            if not engines:
+                return False
+            for engine in engines:
                 done = [c.t_end for c in calls if c.engine == engine and c.t_end is not None and c.t_end >= since]
                 if not done or not any(c.engine == engine and c.t_end is None and c.t_start >= min(done)
                                        for c in calls):
@@ -217,13 +291,14 @@ class Run:
     async def abort_in_flight(self) -> None:
         """Abort the requests every engine holds, as an operator or a crash would (not the integration's doing).
         So that some are held, the suite freezes the engines first (``pause`` in place, its own call; on ≤0.5.4
-        that pause already aborts everything), checks on the wire that each held an integration request sent
-        before, aborts everything (SGLang answers frozen requests once they continue) and continues the engines;
+        that pause already aborts everything), checks on the wire that each engine the integration uses held one of
+        its requests sent before, aborts everything (SGLang answers frozen requests once they continue) and continues the engines;
         it retries while an engine held nothing."""
         wire, urls = self.backend.wire, self.backend.urls
         deadline = time.monotonic() + self.deadlines.wait_s
         while True:
             await self.until_in_flight(1)
+            used = set(self.used_engines())
             mark = time.monotonic()
             injected = [Injected(mark, "abort", engine, "the suite froze the engine (pause in_place) and aborted "
                                  "every request it held (abort_all)") for engine in range(len(urls))]
@@ -237,8 +312,9 @@ class Run:
             for item in injected:
                 item.t_end = time.monotonic()
             await asyncio.gather(*(probe_post(url, "/continue_generation", {}) for url in urls))
-            if len(held) == len(urls):
+            if used <= held:
                 return
             if time.monotonic() > deadline:
-                raise ScenarioTimeout(f"no request was held by every engine to abort within "
-                                      f"{self.deadlines.wait_s:.0f}s (engines holding one: {sorted(held)})")
+                raise ScenarioTimeout(f"no request was held by every engine the integration uses ({sorted(used)}) to "
+                                      f"abort within {self.deadlines.wait_s:.0f}s (engines holding one: "
+                                      f"{sorted(held)})")

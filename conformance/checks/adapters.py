@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..anomaly import Anomaly
 from ..history import History
 from .registry import check
 from .verdict import Verdict, verdict
@@ -17,7 +18,7 @@ def adapter_not_unloaded_in_use(h: History) -> Verdict:
     first waits for every request that uses the adapter, and a paused request never finishes, so the update
     deadlocks (miles #2780: refresh an adapter by loading a new name, or upsert, never unload + load while paused).
     An unload while the engine runs only waits for its users and is fine."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     unloads = list(h.integration_calls("/unload_lora_adapter"))
     for call in unloads:
         name = call.payload.get("lora_name") if isinstance(call.payload, dict) else None
@@ -30,9 +31,12 @@ def adapter_not_unloaded_in_use(h: History) -> Verdict:
             rids = [w.payload.get("rid") for w in users][:3]
             answer = ("got no answer" + (f" (dropped at t={call.t_end:.3f}s)" if call.t_end is not None else "")
                       if call.status is None else f"answered {call.status} at t={call.t_end:.3f}s")
-            failures.append(f"engine {call.engine}: adapter {name!r} was unloaded at t={call.t_start:.3f}s while the "
-                            f"engine was paused (since t={pause.t_start:.3f}s) with {len(users)} request(s) using it "
-                            f"resident (e.g. {rids}); SGLang waits for them and a paused request never finishes, so "
-                            f"the update deadlocks (the unload {answer})")
+            failures.append(Anomaly(
+                "unload-in-use",
+                f"engine {call.engine}: adapter {name!r} was unloaded at t={call.t_start:.3f}s while the "
+                f"engine was paused (since t={pause.t_start:.3f}s) with {len(users)} request(s) using it "
+                f"resident (e.g. {rids}); SGLang waits for them and a paused request never finishes, so "
+                f"the update deadlocks (the unload {answer})",
+                engine=call.engine, rids=tuple(str(r) for r in rids), times=(pause.t_start, call.t_start)))
     vacuous = None if unloads else "no LoRA adapter was ever unloaded (replaced) during the run"
     return verdict(failures, vacuous=vacuous, metrics={"unloads": len(unloads)})

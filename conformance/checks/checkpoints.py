@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from ..anomaly import Anomaly
 from ..history import History
 from .registry import check
 from .verdict import Verdict, verdict
@@ -23,23 +24,31 @@ def atomic_checkpoints(h: History) -> Verdict:
         return verdict([], vacuous="no disk update ran")
     if h.fs is None:
         return verdict([], vacuous="this platform cannot watch the checkpoint directory")
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     names = {PurePath(str(w.payload.get("model_path", ""))).name for w in loads}
     for name in sorted(names):
         arrivals = [e for e in h.fs if e.name == name and e.kind in ("created", "moved_in")]
         if not arrivals:
-            failures.append(f"checkpoint {name!r} was sent to the engines but never appeared in the watched "
-                            f"checkpoint directory (written elsewhere?)")
+            failures.append(Anomaly(
+                "checkpoint-not-seen",
+                f"checkpoint {name!r} was sent to the engines but never appeared in the watched "
+                f"checkpoint directory (written elsewhere?)"))
         mine = [w for w in loads if PurePath(str(w.payload.get("model_path"))).name == name]
         last_load, first_load = max((w.t_end or w.t_start) for w in mine), min(w.t_start for w in mine)
         for e in arrivals:
             if e.kind == "created":
-                failures.append(f"checkpoint {name!r} was created in place at t={e.t:.3f}s, not renamed into place, "
-                                f"so while it is being written a reader of the directory sees it incomplete (the "
-                                f"first engine was told to load it at t={first_load:.3f}s); write it to a temp dir and "
-                                f"rename it")
+                failures.append(Anomaly(
+                    "checkpoint-in-place",
+                    f"checkpoint {name!r} was created in place at t={e.t:.3f}s, not renamed into place, "
+                    f"so while it is being written a reader of the directory sees it incomplete (the "
+                    f"first engine was told to load it at t={first_load:.3f}s); write it to a temp dir and "
+                    f"rename it",
+                    times=(e.t, first_load)))
         for e in h.fs:
             if e.name == name and e.kind in ("deleted", "moved_out") and first_load <= e.t < last_load:
-                failures.append(f"checkpoint {name!r} was removed at t={e.t:.3f}s before the last engine finished "
-                                f"loading it at t={last_load:.3f}s")
+                failures.append(Anomaly(
+                    "checkpoint-removed",
+                    f"checkpoint {name!r} was removed at t={e.t:.3f}s before the last engine finished "
+                    f"loading it at t={last_load:.3f}s",
+                    times=(e.t, last_load)))
     return verdict(failures, metrics={"checkpoints": len(names)})

@@ -3,6 +3,7 @@ sent), C2 (flush contract), P1 (order inside a cycle)."""
 
 from __future__ import annotations
 
+from ..anomaly import Anomaly
 from ..history import TRANSFER_PATHS, History, WireCall
 from .effective import effective, sent_as
 from .registry import check
@@ -26,7 +27,7 @@ def pause_paired_with_resume(h: History) -> Verdict:
     """I6: every pause is followed by a continue on the same engine before its cycle ends (also when the cycle
     failed), and every weight-update session opened in a cycle is closed in it. Pausing an engine that is
     already paused means an earlier cycle left it paused."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     pairs = (("/pause_generation", "/continue_generation", "paused"),
              ("/begin_weight_update", "/end_weight_update", "mid-session"))
     windows = [(c.t_start, c.t_end, c) for c in h.cycles] + [(float("-inf"), float("inf"), None)]
@@ -37,8 +38,11 @@ def pause_paired_with_resume(h: History) -> Verdict:
                 open_call: WireCall | None = None
                 for call in inside:
                     if call.path == opened_path and open_call is not None and cycle is None:
-                        failures.append(f"engine {engine}: {opened_path} at t={call.t_start:.3f}s while still {state} "
-                                        f"since t={open_call.t_start:.3f}s")
+                        failures.append(Anomaly(
+                            "paused-twice",
+                            f"engine {engine}: {opened_path} at t={call.t_start:.3f}s while still {state} "
+                            f"since t={open_call.t_start:.3f}s",
+                            engine=engine, times=(open_call.t_start, call.t_start)))
                     if call.path == opened_path:
                         open_call = open_call or call
                     else:
@@ -46,8 +50,11 @@ def pause_paired_with_resume(h: History) -> Verdict:
                 if open_call is not None:
                     where = (f"in cycle {cycle.index} ({'failed: ' + str(cycle.error) if not cycle.ok else 'ok'})"
                              if cycle else "and by the end of the run")
-                    failures.append(f"engine {engine}: {opened_path} at t={open_call.t_start:.3f}s {where} was not "
-                                    f"followed by {closed_path}: the engine was left {state}")
+                    failures.append(Anomaly(
+                        "left-paused",
+                        f"engine {engine}: {opened_path} at t={open_call.t_start:.3f}s {where} was not "
+                        f"followed by {closed_path}: the engine was left {state}",
+                        engine=engine, cycle=cycle.index if cycle else None, times=(open_call.t_start,)))
     pauses = sum(1 for c in h.wire if c.path == "/pause_generation")
     return verdict(failures, vacuous=None if pauses else "no engine was ever paused",
                    metrics={"pauses": pauses})
@@ -61,7 +68,7 @@ def failures_are_fatal(h: History) -> Verdict:
     """P5: an engine-reported failure (non-200, ``success: false``) during a cycle makes the update raise, unless
     the same call was retried on that engine and then succeeded (a flush back-off, a retried transfer): that
     recovery passes, and is reported."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     seen = retried = 0
     for c in h.cycles:
         attempts: dict[tuple[int, str], list[WireCall]] = {}
@@ -80,8 +87,11 @@ def failures_are_fatal(h: History) -> Verdict:
                 first = refused[0]
                 tries = f" (and {len(refused) - 1} retr{'y' if len(refused) == 2 else 'ies'}, refused too)" \
                     if len(refused) > 1 else ""
-                failures.append(f"engine {engine} answered {first.status} {first.response!r} to {path} in cycle "
-                                f"{c.index}{tries}, yet the updater returned version {c.returned} and published it")
+                failures.append(Anomaly(
+                    "failure-ignored",
+                    f"engine {engine} answered {first.status} {first.response!r} to {path} in cycle "
+                    f"{c.index}{tries}, yet the updater returned version {c.returned} and published it",
+                    engine=engine, cycle=c.index, versions=(c.returned,), times=(first.t_start,)))
     return verdict(failures,
                    vacuous=None if seen else "no engine reported a failure during any cycle",
                    metrics={"failures": seen, "recovered_by_retry": retried})
@@ -101,7 +111,7 @@ def pause_mode_sent(h: History) -> Verdict:
     """I3: every pause takes effect in the mode the integration runs in, and never in ``abort``: a fully-async
     integration that pauses in abort mode kills every request in flight. Read from the wire as SGLang reads it:
     a body without ``mode`` (``{}``) pauses in abort mode, and so does every pause on ≤0.5.4 (no body taken)."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     pauses = list(h.integration_calls("/pause_generation"))
     for call in pauses:
         mode = _pause_mode(call, h.profile)
@@ -109,11 +119,17 @@ def pause_mode_sent(h: History) -> Verdict:
             continue  # SGLang rejected the body: nothing was paused (P5 judges the refusal)
         sent = sent_as(call, "mode", h.profile)
         if mode == "abort":
-            failures.append(f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s pauses in abort "
-                            f"mode ({sent}): every request in the engine is aborted")
+            failures.append(Anomaly(
+                "abort-mode-pause",
+                f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s pauses in abort "
+                f"mode ({sent}): every request in the engine is aborted",
+                engine=call.engine, times=(call.t_start,)))
         elif h.pause_mode is not None and mode != h.pause_mode:
-            failures.append(f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s ({sent}) pauses "
-                            f"in {mode} mode, but the integration was asked to run in {h.pause_mode}")
+            failures.append(Anomaly(
+                "wrong-pause-mode",
+                f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s ({sent}) pauses "
+                f"in {mode} mode, but the integration was asked to run in {h.pause_mode}",
+                engine=call.engine, times=(call.t_start,)))
     return verdict(failures, vacuous=None if pauses else "the integration never paused",
                    metrics={"pauses": len(pauses)})
 
@@ -128,7 +144,7 @@ def flush_contract(h: History) -> Verdict:
     """C2: never flush while an engine is paused in place, explicitly (``/flush_cache``) or by a transfer whose
     effective ``flush_cache`` is true (SGLang's default on every transfer endpoint): its resident requests make
     SGLang refuse (0.5.23) or crash the scheduler (≤0.5.16). The pause mode is the one SGLang read off the wire."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     in_place = 0
     engines = sorted({w.engine for w in h.integration_calls()})
     for engine in engines:
@@ -140,13 +156,19 @@ def flush_contract(h: History) -> Verdict:
                 if not pause.t_start <= call.t_start < end:
                     continue
                 if call.path == "/flush_cache":
-                    failures.append(f"engine {engine}: /flush_cache at t={call.t_start:.3f}s while paused in_place "
-                                    f"(answered {call.status}): SGLang refuses it with requests resident (0.5.23) or "
-                                    f"crashes the scheduler (<=0.5.16)")
+                    failures.append(Anomaly(
+                        "flush-while-paused",
+                        f"engine {engine}: /flush_cache at t={call.t_start:.3f}s while paused in_place "
+                        f"(answered {call.status}): SGLang refuses it with requests resident (0.5.23) or "
+                        f"crashes the scheduler (<=0.5.16)",
+                        engine=engine, times=(call.t_start,)))
                 elif call.path in TRANSFER_PATHS and effective(call, "flush_cache", h.profile) is True:
-                    failures.append(f"engine {engine}: {call.path} at t={call.t_start:.3f}s flushes the cache "
-                                    f"({sent_as(call, 'flush_cache', h.profile)}) while paused in_place "
-                                    f"(answered {call.status})")
+                    failures.append(Anomaly(
+                        "flush-while-paused",
+                        f"engine {engine}: {call.path} at t={call.t_start:.3f}s flushes the cache "
+                        f"({sent_as(call, 'flush_cache', h.profile)}) while paused in_place "
+                        f"(answered {call.status})",
+                        engine=engine, times=(call.t_start,)))
     return verdict(failures, vacuous=None if in_place else "no engine was paused in place",
                    metrics={"in_place_pauses": in_place})
 
@@ -159,7 +181,7 @@ def cycle_order(h: History) -> Verdict:
     accepted anywhere between the pause and the continue (SGLang itself flushes after loading by default)."""
     rank = {"/pause_generation": 0, "/begin_weight_update": 2, **{p: 3 for p in TRANSFER_PATHS},
             "/update_weight_version": 4, "/end_weight_update": 5, "/continue_generation": 6}
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     for c in h.cycles:
         if not c.ok:
             continue
@@ -168,13 +190,19 @@ def cycle_order(h: History) -> Verdict:
             steps = [w.path for w in calls if w.path != "/flush_cache"]
             for a, b in zip(steps, steps[1:]):
                 if rank[b] < rank[a] and not (a in TRANSFER_PATHS and b in TRANSFER_PATHS):
-                    failures.append(f"cycle {c.index}, engine {engine}: {b} came after {a} (calls: {steps})")
+                    failures.append(Anomaly(
+                        "cycle-order",
+                        f"cycle {c.index}, engine {engine}: {b} came after {a} (calls: {steps})",
+                        engine=engine, cycle=c.index))
                     break
             pause = next((w.t_start for w in calls if w.path == "/pause_generation"), None)
             resume = next((w.t_start for w in calls if w.path == "/continue_generation"), None)
             for flush in (w for w in calls if w.path == "/flush_cache" and w.ok):
                 if pause is not None and (flush.t_start < pause or resume is not None and flush.t_start > resume):
-                    failures.append(f"cycle {c.index}, engine {engine}: /flush_cache at t={flush.t_start:.3f}s "
-                                    f"outside the pause (paused at t={pause:.3f}s"
-                                    f"{f', continued at t={resume:.3f}s' if resume is not None else ''})")
+                    failures.append(Anomaly(
+                        "flush-outside-pause",
+                        f"cycle {c.index}, engine {engine}: /flush_cache at t={flush.t_start:.3f}s "
+                        f"outside the pause (paused at t={pause:.3f}s"
+                        f"{f', continued at t={resume:.3f}s' if resume is not None else ''})",
+                        engine=engine, cycle=c.index, times=(flush.t_start,)))
     return verdict(failures, vacuous=None if h.cycles else "no update cycle ran")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..history import DISTURBING_PATHS, TRANSFER_PATHS, History, WireCall
+from ..anomaly import Anomaly, note
+from ..history import DISTURBING_PATHS, TRANSFER_PATHS, History, UpdateCycle, WireCall
 from .effective import effective, sent_as
 from .labels import cut_short, finish_type
 from .registry import check
@@ -53,13 +54,18 @@ def no_aborts_on_update(h: History) -> Verdict:
     answer is unknown. An aborted request that a later call continued (partial rollout) still fails I2 (the
     recompute is a real cost) but is not a lost sample. Reports per ``/generate`` call the aborted-request rate,
     the aborted-sample rate (aborted and not continued: lost or trained truncated), the tokens prefilled again for
-    continued requests, and how often the integration's own requests were resident at the pause."""
-    failures: list[str] = []
+    continued requests, and how often the integration's own requests were resident at the pause. A request the
+    integration drops itself around an update (the connection closed before an answer) is lost work too: it counts
+    and fails like an engine abort."""
+    failures: list[Anomaly] = []
     for (engine, path), calls in sorted(_aborting_calls(h).items()):
         first = calls[0]
-        failures.append(f"engine {engine}: {len(calls)} POST {path} call(s) abort every request in the engine "
-                        f"(first at t={first.t_start:.3f}s: {sent_as(first, 'abort_all_requests', h.profile)}; "
-                        f"SGLang reads abort_all_requests as true)")
+        failures.append(Anomaly(
+            "aborting-call",
+            f"engine {engine}: {len(calls)} POST {path} call(s) abort every request in the engine "
+            f"(first at t={first.t_start:.3f}s: {sent_as(first, 'abort_all_requests', h.profile)}; "
+            f"SGLang reads abort_all_requests as true)",
+            engine=engine, times=(first.t_start,)))
     continued = _continued(h)
     total = aborted = resumed = recompute = 0
     for call in h.wire:
@@ -89,10 +95,26 @@ def no_aborts_on_update(h: History) -> Verdict:
                             f"sample lost, {cost} tokens prefilled again)")
             else:
                 who = f"the suite's long-lived request {meta.get('id')} (engine {call.engine})"
-            failures.append(f"{who}, sent at t={call.t_start:.3f}s, was aborted at t={call.t_end:.3f}s {where} after "
-                            f"{tokens} tokens (finish_reason abort: {reason!r}){_cause(h, call)}{then}")
+            failures.append(Anomaly(
+                "aborted-request",
+                f"{who}, sent at t={call.t_start:.3f}s, was aborted at t={call.t_end:.3f}s {where} after "
+                f"{tokens} tokens (finish_reason abort: {reason!r}){_cause(h, call)}{then}",
+                engine=call.engine, rids=(str(meta.get("id")),), cycle=cycle.index if cycle else None,
+                times=(call.t_start, call.t_end)))
+    for call, cycle in _dropped(h):
+        aborted += 1
+        rid = str(call.payload.get("rid")) if isinstance(call.payload, dict) else "?"
+        resumed += rid in continued
+        failures.append(Anomaly(
+            "dropped-request",
+            f"request {rid} (engine {call.engine}), sent at t={call.t_start:.3f}s, was dropped by the integration at "
+            f"t={call.t_end:.3f}s, {'during' if call.t_end <= cycle.t_end else 'just after'} update cycle "
+            f"{cycle.index} (cell {cycle.cell}), before the engine answered: the connection closed, so its work is "
+            f"lost like an abort's, with no abort on the wire",
+            engine=call.engine, rids=(rid,), cycle=cycle.index, times=(call.t_start, call.t_end)))
     if aborted:
-        failures.insert(0, f"{aborted} of {total} requests ({aborted / total:.0%}) were aborted during update cycles")
+        failures.insert(0, note(
+            f"{aborted} of {total} requests ({aborted / total:.0%}) were aborted during update cycles"))
     pairs, idle, own = 0, [], 0
     for c in h.cycles:
         for engine in sorted({w.engine for w in h.cycle_calls(c)}):
@@ -117,6 +139,24 @@ def no_aborts_on_update(h: History) -> Verdict:
     if not pairs:
         vacuous = "no update cycle touched an engine" if h.cycles else "no update cycle ran"
     return verdict(failures, vacuous=vacuous, metrics=metrics)
+
+
+AROUND_S = 1.0
+"""How long after a cycle ended a request the integration drops still counts as lost to that update (a manager
+that drops and regenerates its requests when it sees the new version)."""
+
+
+def _dropped(h: History) -> list[tuple[WireCall, UpdateCycle]]:
+    """The integration's ``/generate`` calls it closed before any answer (no status) during an update cycle or
+    within :data:`AROUND_S` after it, before the teardown, with the cycle."""
+    found = []
+    for call in h.integration_calls("/generate"):
+        if call.status is not None or call.t_end is None or (h.t_teardown is not None and call.t_end >= h.t_teardown):
+            continue
+        cycle = next((c for c in h.cycles if c.t_start <= call.t_end <= c.t_end + AROUND_S), None)
+        if cycle is not None and not any(i.excuses(call) for i in h.injected):
+            found.append((call, cycle))
+    return found
 
 
 def _continued(h: History) -> dict[str, str]:
@@ -149,7 +189,7 @@ def aborted_never_trained(h: History) -> Verdict:
     outputs = h.outputs_by_rid()
     aborted_rids = {rid for rid, (call, out) in outputs.items() if cut_short(call.payload, out)}
     complete = {rid for rid, (call, out) in outputs.items() if finish_type(out) == "abort" and rid not in aborted_rids}
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     trained = continued = 0
     for rec in h.batches:
         for group in rec.batch.groups:
@@ -159,10 +199,12 @@ def aborted_never_trained(h: History) -> Verdict:
                 bad = [t.rid for t in sample.turns
                        if t.rid in aborted_rids or (t.finish_reason == "abort" and t.rid not in complete)]
                 if bad:
-                    failures.append(
+                    failures.append(Anomaly(
+                        "aborted-trained",
                         f"batch {rec.index}: prompt {group.prompt_index} sample {sample.index} reached training with "
                         f"turn(s) {bad} that the engine finished with finish_reason abort (partial output, not "
-                        f"continued)")
+                        f"continued)",
+                        rids=tuple(bad), batch=rec.index, prompt=group.prompt_index))
     vacuous = None if aborted_rids else "no request was aborted during the run, so the recycle path never ran"
     return verdict(failures, vacuous=vacuous,
                    metrics={"aborted_requests": len(aborted_rids), "trained_samples": trained,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..anomaly import Anomaly
 from ..history import History, WireCall
 from ..interface import Group
 from .labels import output_versions
@@ -44,7 +45,7 @@ def oldest_version(h: History) -> Verdict:
     per-token span, ignoring non-numeric labels ("default"); with client-side versions, over the versions
     published when each call was sent."""
     outputs = h.outputs_by_rid()
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     groups = unjoined = 0
     for rec in h.batches:
         for g in rec.batch.groups:
@@ -52,8 +53,11 @@ def oldest_version(h: History) -> Verdict:
             truth, missing = _true_oldest(h, g, outputs)
             if missing:
                 unjoined += 1
-                failures.append(f"batch {rec.index}: prompt {g.prompt_index} names turn rid(s) {missing[:3]} that no "
-                                f"engine answered (the suite cannot verify its versions)")
+                failures.append(Anomaly(
+                    "unjoined-group",
+                    f"batch {rec.index}: prompt {g.prompt_index} names turn rid(s) {missing[:3]} that no "
+                    f"engine answered (the suite cannot verify its versions)",
+                    rids=tuple(missing[:3]), batch=rec.index, prompt=g.prompt_index, times=(rec.t,)))
                 continue
             if g.oldest_version != truth:
                 if h.stamps_engines:
@@ -62,8 +66,11 @@ def oldest_version(h: History) -> Verdict:
                 else:
                     recorded = {t.rid: t.policy_version for s in g.samples for t in s.turns}
                     source, what = "turn versions", "was sent under versions as old as"
-                failures.append(f"batch {rec.index}: prompt {g.prompt_index} {what} {truth} but the integration "
-                                f"recorded oldest {g.oldest_version} ({source} {recorded})")
+                failures.append(Anomaly(
+                    "oldest-version",
+                    f"batch {rec.index}: prompt {g.prompt_index} {what} {truth} but the integration "
+                    f"recorded oldest {g.oldest_version} ({source} {recorded})",
+                    batch=rec.index, prompt=g.prompt_index, versions=(truth, g.oldest_version), times=(rec.t,)))
     return verdict(failures, vacuous=None if groups else "no batch was consumed",
                    metrics={"groups": groups, "unjoined_groups": unjoined})
 
@@ -80,7 +87,7 @@ def staleness_bound(h: History) -> Verdict:
     if h.max_staleness is None:
         return verdict([], vacuous="the scenario runs without a staleness bound")
     outputs = h.outputs_by_rid()
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     measured: list[int] = []
     for rec in h.batches:
         current = rec.published_truth
@@ -91,11 +98,17 @@ def staleness_bound(h: History) -> Verdict:
             staleness = current - oldest
             measured.append(staleness)
             if staleness > h.max_staleness:
-                failures.append(f"batch {rec.index}: prompt {g.prompt_index} was trained with staleness {staleness} "
-                                f"(generated under version {oldest}, consumed at version {current}) > bound "
-                                f"{h.max_staleness}")
+                failures.append(Anomaly(
+                    "over-staleness-bound",
+                    f"batch {rec.index}: prompt {g.prompt_index} was trained with staleness {staleness} "
+                    f"(generated under version {oldest}, consumed at version {current}) > bound "
+                    f"{h.max_staleness}",
+                    batch=rec.index, prompt=g.prompt_index, versions=(oldest, current), times=(rec.t,)))
             elif staleness < 0:
-                failures.append(f"batch {rec.index}: prompt {g.prompt_index} has negative staleness {staleness}")
+                failures.append(Anomaly(
+                    "negative-staleness",
+                    f"batch {rec.index}: prompt {g.prompt_index} has negative staleness {staleness}",
+                    batch=rec.index, prompt=g.prompt_index, versions=(oldest, current), times=(rec.t,)))
     at_bound = sum(s == h.max_staleness for s in measured)
     metrics = {"groups_measured": len(measured), "staleness_max": max(measured, default=None),
                "staleness_mean": sum(measured) / len(measured) if measured else None, "groups_at_bound": at_bound}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..anomaly import Anomaly
 from ..history import TRANSFER_PATHS, History, WireCall
 from .effective import effective
 from .registry import check
@@ -19,27 +20,36 @@ from .verdict import Verdict, verdict
 def versions_agree(h: History) -> Verdict:
     """V1: after every successful update (every mode, LoRA too) engine label == trainer counter == manager. An
     integration that never stamps the engines at all (client-side versions) fails with that, said plainly."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     ok = [c for c in h.cycles if c.ok]
     stamped = any(_stamps(h.integration_calls(), h.profile))
     if ok and not stamped:
         labels = sorted({str(label) for c in ok for label in c.labels_after})
         kinds = ", ".join(sorted({"LoRA" if c.lora else c.transport for c in ok}))
-        failures.append(f"the engines were never stamped: no /update_weight_version and no weight_version in any "
-                        f"transfer in {len(ok)} successful cycle(s) ({kinds}), so every engine still reports "
-                        f"weight_version "
-                        f"{', '.join(labels)} while the trainer counter reached {ok[-1].returned}; SGLang's "
-                        f"meta_info.weight_version and /model_info never show the version"
-                        + ("" if h.stamps_engines else " (the integration declares client-side versions)"))
+        failures.append(Anomaly(
+            "never-stamped",
+            f"the engines were never stamped: no /update_weight_version and no weight_version in any "
+            f"transfer in {len(ok)} successful cycle(s) ({kinds}), so every engine still reports "
+            f"weight_version "
+            f"{', '.join(labels)} while the trainer counter reached {ok[-1].returned}; SGLang's "
+            f"meta_info.weight_version and /model_info never show the version"
+            + ("" if h.stamps_engines else " (the integration declares client-side versions)"),
+            versions=(ok[-1].returned,)))
     for c in ok if stamped else []:
         kind = "LoRA" if c.lora else c.transport
         if c.returned != c.counter_after or c.published_after != c.returned:
-            failures.append(f"cycle {c.index} ({kind}, cell {c.cell}): updater returned {c.returned}, its counter is "
-                            f"{c.counter_after}, the manager holds {c.published_after}")
+            failures.append(Anomaly(
+                "counter-mismatch",
+                f"cycle {c.index} ({kind}, cell {c.cell}): updater returned {c.returned}, its counter is "
+                f"{c.counter_after}, the manager holds {c.published_after}",
+                cycle=c.index, versions=(c.returned, c.counter_after, c.published_after)))
         for engine, label in enumerate(c.labels_after):
             if label != str(c.returned):
-                failures.append(f"cycle {c.index} ({kind}, cell {c.cell}): the trainer counter is {c.returned} but "
-                                f"engine {engine} reports weight_version {label!r} after the update")
+                failures.append(Anomaly(
+                    "label-mismatch",
+                    f"cycle {c.index} ({kind}, cell {c.cell}): the trainer counter is {c.returned} but "
+                    f"engine {engine} reports weight_version {label!r} after the update",
+                    engine=engine, cycle=c.index, versions=(c.returned, label)))
     return verdict(failures, vacuous=None if ok else "no update cycle succeeded",
                    metrics={"successful_cycles": len(ok)})
 
@@ -53,16 +63,22 @@ def published_only_after_success(h: History) -> Verdict:
     """V2: a failed update changes no label and publishes nothing; a version is stamped on an engine only after
     that engine's whole transfer succeeded, wherever the stamp travels: ``/update_weight_version``, or
     ``weight_version`` inside a transfer body (per bucket, SGLang relabels on the first bucket that lands)."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     for c in h.cycles:
         if not c.ok:
             if c.published_after != c.published_before:
-                failures.append(f"cycle {c.index} failed ({c.error}) yet the manager's version moved "
-                                f"{c.published_before} → {c.published_after}")
+                failures.append(Anomaly(
+                    "published-on-failure",
+                    f"cycle {c.index} failed ({c.error}) yet the manager's version moved "
+                    f"{c.published_before} → {c.published_after}",
+                    cycle=c.index, versions=(c.published_before, c.published_after)))
             for engine, (before, after) in enumerate(zip(c.labels_before, c.labels_after)):
                 if before != after:
-                    failures.append(f"cycle {c.index} failed ({c.error}) yet engine {engine}'s label moved "
-                                    f"{before!r} → {after!r}")
+                    failures.append(Anomaly(
+                        "relabelled-on-failure",
+                        f"cycle {c.index} failed ({c.error}) yet engine {engine}'s label moved "
+                        f"{before!r} → {after!r}",
+                        engine=engine, cycle=c.index, versions=(before, after)))
         for engine in sorted({w.engine for w in h.cycle_calls(c)}):
             calls = h.cycle_calls(c, engine)
             transfers = [w for w in calls if w.path in TRANSFER_PATHS]
@@ -73,8 +89,11 @@ def published_only_after_success(h: History) -> Verdict:
                     state = ("failed" if w.t_end is not None and not w.ok else
                              "had not finished" if w.t_start <= at
                              else f"was still to come (sent at t={w.t_start:.3f}s)")
-                    failures.append(f"cycle {c.index}: engine {engine} was relabelled to {version!r} {how} at "
-                                    f"t={at:.3f}s while its transfer {w.path} {state}")
+                    failures.append(Anomaly(
+                        "stamped-early",
+                        f"cycle {c.index}: engine {engine} was relabelled to {version!r} {how} at "
+                        f"t={at:.3f}s while its transfer {w.path} {state}",
+                        engine=engine, cycle=c.index, versions=(version,), times=(at,)))
     failed = sum(not c.ok for c in h.cycles)
     return verdict(failures,
                    vacuous=None if h.cycles else "no update cycle ran", metrics={"failed_cycles": failed})
@@ -101,24 +120,36 @@ def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, flo
                    "scenario)")
 def nothing_before_first_update(h: History) -> Verdict:
     """V3: before the first update there is no current version: filter off, no staleness metrics."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     early = [b for b in h.batches if b.published_truth is None]
     for rec in early:
         b = rec.batch
         if b.weight_version is not None:
-            failures.append(f"batch {rec.index} was consumed before any update, yet the manager's current version is "
-                            f"{b.weight_version!r} (must be None)")
+            failures.append(Anomaly(
+                "version-before-update",
+                f"batch {rec.index} was consumed before any update, yet the manager's current version is "
+                f"{b.weight_version!r} (must be None)",
+                batch=rec.index, versions=(b.weight_version,), times=(rec.t,)))
         stale_keys = sorted(k for k in b.metrics if "staleness" in k)
         if stale_keys:
-            failures.append(f"batch {rec.index} was consumed before any update, yet reports staleness metrics "
-                            f"{ {k: b.metrics[k] for k in stale_keys} }")
+            failures.append(Anomaly(
+                "staleness-before-update",
+                f"batch {rec.index} was consumed before any update, yet reports staleness metrics "
+                f"{ {k: b.metrics[k] for k in stale_keys} }",
+                batch=rec.index, times=(rec.t,)))
         if b.metrics.get("stale_groups_filtered"):
-            failures.append(f"batch {rec.index}: {b.metrics['stale_groups_filtered']} group(s) filtered as stale "
-                            f"before any update")
+            failures.append(Anomaly(
+                "filtered-before-update",
+                f"batch {rec.index}: {b.metrics['stale_groups_filtered']} group(s) filtered as stale "
+                f"before any update",
+                batch=rec.index, times=(rec.t,)))
         for g in b.groups:
             if g.staleness is not None:
-                failures.append(f"batch {rec.index}: prompt {g.prompt_index} has staleness {g.staleness} before "
-                                f"any update (must be None: 'no version yet' is not version 0)")
+                failures.append(Anomaly(
+                    "staleness-before-update",
+                    f"batch {rec.index}: prompt {g.prompt_index} has staleness {g.staleness} before "
+                    f"any update (must be None: 'no version yet' is not version 0)",
+                    batch=rec.index, prompt=g.prompt_index, times=(rec.t,)))
     return verdict(failures,
                    vacuous=None if early else "no batch was consumed before the first update",
                    metrics={"batches_before_first_update": len(early)})
@@ -130,7 +161,7 @@ def nothing_before_first_update(h: History) -> Verdict:
 def never_backwards(h: History) -> Verdict:
     """V4/S1: the published version never goes backwards (failover included) and staleness is never negative.
     A regression must be re-based or fail loudly; a cycle that raised on it is fine."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     published: list[tuple[float, str, int]] = []
     for c in h.cycles:
         if c.published_after is not None:
@@ -140,12 +171,19 @@ def never_backwards(h: History) -> Verdict:
             published.append((rec.t, f"at batch {rec.index}", rec.batch.weight_version))
         for g in rec.batch.groups:
             if g.staleness is not None and g.staleness < 0:
-                failures.append(f"batch {rec.index}: prompt {g.prompt_index} was admitted with negative staleness "
-                                f"{g.staleness} (current {rec.batch.weight_version}, oldest {g.oldest_version})")
+                failures.append(Anomaly(
+                    "negative-staleness",
+                    f"batch {rec.index}: prompt {g.prompt_index} was admitted with negative staleness "
+                    f"{g.staleness} (current {rec.batch.weight_version}, oldest {g.oldest_version})",
+                    batch=rec.index, prompt=g.prompt_index, versions=(rec.batch.weight_version, g.oldest_version),
+                    times=(rec.t,)))
     high: tuple[str, int] | None = None
     for _, where, v in sorted(published, key=lambda p: p[0]):
         if high is not None and v < high[1]:
-            failures.append(f"the manager's version went backwards: {high[1]} ({high[0]}) → {v} ({where})")
+            failures.append(Anomaly(
+                "version-backwards",
+                f"the manager's version went backwards: {high[1]} ({high[0]}) → {v} ({where})",
+                versions=(high[1], v)))
         if high is None or v >= high[1]:
             high = (where, v)
     cells = {c.cell for c in h.cycles}
@@ -162,7 +200,7 @@ def weights_match(h: History) -> Verdict:
     """P6: after a successful full-weight update every engine holds exactly the trainer's weights, parameter by
     parameter (a name the engine does not have is skipped by SGLang's loader with a warning, so the update
     answers success and the engine keeps stale weights: the witness names the parameter)."""
-    failures: list[str] = []
+    failures: list[Anomaly] = []
     checked = 0
     for c in h.cycles:
         if not c.ok or c.lora or c.trainer_digest is None or c.digests_after is None:
@@ -172,14 +210,20 @@ def weights_match(h: History) -> Verdict:
             differ = sorted(n for n in c.trainer_digest if n in held and held[n] != c.trainer_digest[n])
             unknown = sorted(n for n in c.trainer_digest if n not in held)
             if differ:
-                failures.append(f"cycle {c.index} ({c.transport}): engine {engine} does not hold the trainer's "
-                                f"values of {len(differ)} of {len(c.trainer_digest)} parameter(s), e.g. {differ[:3]} "
-                                f"(holds {held[differ[0]][:12]}…, the trainer pushed "
-                                f"{c.trainer_digest[differ[0]][:12]}…)")
+                failures.append(Anomaly(
+                    "weights-differ",
+                    f"cycle {c.index} ({c.transport}): engine {engine} does not hold the trainer's "
+                    f"values of {len(differ)} of {len(c.trainer_digest)} parameter(s), e.g. {differ[:3]} "
+                    f"(holds {held[differ[0]][:12]}…, the trainer pushed "
+                    f"{c.trainer_digest[differ[0]][:12]}…)",
+                    engine=engine, cycle=c.index))
             if unknown:
-                failures.append(f"cycle {c.index} ({c.transport}): the trainer pushed {len(unknown)} parameter(s) the "
-                                f"engine {engine} model does not have, e.g. {unknown[:3]} (SGLang skips unknown names "
-                                f"with a warning and answers success)")
+                failures.append(Anomaly(
+                    "unknown-parameters",
+                    f"cycle {c.index} ({c.transport}): the trainer pushed {len(unknown)} parameter(s) the "
+                    f"engine {engine} model does not have, e.g. {unknown[:3]} (SGLang skips unknown names "
+                    f"with a warning and answers success)",
+                    engine=engine, cycle=c.index))
     return verdict(failures,
                    vacuous=None if checked else "no engine digests (backend without weights truth, or no full update)",
                    metrics={"cycles_checked": checked})

@@ -15,7 +15,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     name = integration.get("name") or integration["spec"]
     lines = [f"# Conformance: {name} on {', '.join(backends) or 'no backend'} "
              f"(SGLang {run['sglang_profile']}, seed {run['seed']}, {run['nodes']} node(s))", "",
-             " · ".join(f"{_CELL[s]} {s} {n}" for s, n in result["summary"].items())]
+             " · ".join(f"{_CELL[s]} {s} {n}" for s, n in result["summary"].items())
+             + _expected_note(cases)]
     for backend in backends:
         mine = [c for c in cases if c["backend"] == backend]
         scenarios = sorted({c["scenario"] for c in mine})
@@ -49,6 +50,11 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines += ["", "## Listed as expected failures but passing now (delete their entries)", ""]
         lines += [f"- **{c['case']}** ({c['backend']}): entry {c['expected']['entry']!r}" for c in stale]
     return "\n".join(lines) + "\n"
+
+
+def _expected_note(cases: list[dict[str, Any]]) -> str:
+    n = sum((c.get("expected") or {}).get("outcome") == "xfail" for c in cases)
+    return f" ({n} of the failures expected: listed in the expectations file)" if n else ""
 
 
 def _measured() -> set[str]:

@@ -25,8 +25,9 @@ from conformance import DEFAULT_INTEGRATION, __version__
 
 _STATE = pytest.StashKey["ConformanceSession"]()
 _COLLECTOR = "weightsync-conformance-result"
-_CASE_PROPERTY = "weightsync_conformance_ran"
-"""A user property on every conformance case's report, so the controller (also under xdist) knows cases ran."""
+_CASE_PROPERTY = "weightsync_conformance_integration"
+"""A user property on every conformance case's report: the spec of the integration it ran (the controller, also
+under xdist, names it in the summary line and the result)."""
 GROUP_SUFFIX = "@weightsync-conformance:"
 """Appended (xdist ``load`` only, on the workers) to a case's node id: ``…@weightsync-conformance:<scenario>``."""
 
@@ -121,6 +122,7 @@ def pytest_configure(config: pytest.Config) -> None:
                    "xdist_group(name): under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"):
         config.addinivalue_line("markers", marker)
     config.stash[_STATE] = ConformanceSession(config)
+    config.pluginmanager.register(config.stash[_STATE], "weightsync-conformance-session")
     report, dump = config.getoption("conformance_report"), config.getoption("conformance_dump_history")
     if report or dump:
         from reports.collect import ResultCollector
@@ -207,6 +209,13 @@ class ConformanceSession:
         self._keep: dict[int, Any] = {}
         self._gpu: list[Any] = []
         self._sglang: Any = None
+        self.ran: dict[str, None] = {}
+        """The integrations whose cases ran (as the controller saw their reports; ordered)."""
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for key, value in report.user_properties:
+            if key == _CASE_PROPERTY:
+                self.ran.setdefault(value, None)
 
     def activate(self) -> None:
         """A conformance case was collected: check the options, load the integration and the expectations file,
@@ -347,7 +356,7 @@ class ConformanceSession:
                expected: dict[str, Any] | None = None) -> None:
         """Keep this case's verdict, and its scenario's history, for the report (``reports.collect``; works
         under xdist). Does nothing when no report or history dump was asked for."""
-        request.node.user_properties.append((_CASE_PROPERTY, "1"))
+        request.node.user_properties.append((_CASE_PROPERTY, _class_spec(request.node)))
         collector = self.config.pluginmanager.get_plugin(_COLLECTOR)
         if collector is not None:
             from reports.collect import case_entry
@@ -360,6 +369,14 @@ class ConformanceSession:
 
 def conformance_state(config: pytest.Config) -> ConformanceSession:
     return config.stash[_STATE]
+
+
+def _class_spec(item: pytest.Item) -> str:
+    cls = getattr(item, "cls", None)
+    chosen = getattr(cls, "integration", None)
+    if chosen is None and not (cls is not None and "conformance_integration" in vars(cls)):
+        return integration_spec(item.config)
+    return chosen if isinstance(chosen, str) else f"{cls.__module__}:{cls.__qualname__}"
 
 
 def _is_case(item: pytest.Item) -> bool:
@@ -380,11 +397,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 item._nodeid = f"{item.nodeid}{GROUP_SUFFIX}{case.scenario}.{params.get('backend', '')}"
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and getattr(config, "workerinput", None) is None:
-        reporter.write_line(header_line(config))
+        reporter.write_line(header_line(config, sorted({_class_spec(item) for item in cases})))
 
 
-def header_line(config: pytest.Config) -> str:
-    return (f"weightsync-conformance: integration={integration_spec(config)} "
+def header_line(config: pytest.Config, integrations: Sequence[str] | None = None) -> str:
+    return (f"weightsync-conformance: integration={','.join(integrations or [integration_spec(config)])} "
             f"sglang-profile={sglang_profile(config)} seed={conformance_seed(config)} "
             f"(rerun with --conformance-seed N)")
 
@@ -394,10 +411,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     SGLang engines cost (-m sglang), when they ran."""
     for line in conformance_state(config).summary():
         terminalreporter.write_line(line)
-    if getattr(config.option, "numprocesses", None) and any(
-            key == _CASE_PROPERTY for reports in terminalreporter.stats.values() for r in reports
-            for key, _ in getattr(r, "user_properties", ())):
-        terminalreporter.write_line(header_line(config))
+    ran = list(conformance_state(config).ran)
+    if getattr(config.option, "numprocesses", None) and ran:
+        terminalreporter.write_line(header_line(config, ran))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -502,12 +518,16 @@ def conformance_record(request: pytest.FixtureRequest, conformance_session: Conf
 
 def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
     """What was run, where, and with which versions (the result's ``run``)."""
+    state = conformance_state(config)
     spec, pairs = integration_spec(config), config.getoption("conformance_integration_option") or []
+    ran = list(state.ran)
+    if ran and ran != [spec]:  # an adopter's test class: its own integration (several: named together)
+        spec, pairs = ",".join(ran), []
     options: dict[str, Any] = {"raw": pairs}
     name = caps = None
     try:  # best effort: the run's metadata must never cost the result (the cases said what broke)
-        options = integration_options(config)
-        integration = conformance_state(config).integration()
+        options = integration_options(config) if pairs else {}
+        integration = state.integration() if spec == integration_spec(config) else state.resolve(spec)
         name, caps = integration.name, {k: sorted(v) if isinstance(v, frozenset) else v
                                         for k, v in asdict(integration.capabilities).items()}
     except Exception:

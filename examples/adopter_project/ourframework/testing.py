@@ -1,0 +1,14 @@
+"""Our integration for weightsync-conformance: the reference cycle, except that we never stamp the engines (our
+versions live on the client side, in each turn's ``policy_version``)."""
+
+from conformance.interface import Capabilities
+from conformance.reference import ReferenceIntegration, ReferenceUpdater
+
+
+class OurUpdater(ReferenceUpdater):
+    async def stamp(self, new: int) -> None:
+        return None  # no /update_weight_version: our rollout records carry the version instead
+
+
+integration = ReferenceIntegration(name="ourframework", capabilities=Capabilities(stamps_engines=False),
+                                   updater_cls=OurUpdater)

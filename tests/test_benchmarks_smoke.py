@@ -37,6 +37,11 @@ EXPECTED = {
         r"\| version_bump_aborts\s*\|",
         rf"mutants killed in every run: {NUMBER}/{NUMBER} mutant-runs; reference passed {NUMBER}/{NUMBER} runs",
     ],
+    "replay_scale": [
+        r"\| reference, \d+ engines, [\d,]+ in flight \(baseline\)\s*\|",
+        r"\| seed-000 bug, \d+ engines",
+        rf"baseline: {NUMBER} simulated h in {NUMBER} s wall \({NUMBER} s CPU\): {NUMBER} simulated s per wall s",
+    ],
     "memory_per_request": [
         r"\| baseline: empty engine",
         rf"bytes/request: parked {NUMBER}, decoding {NUMBER} \(~{NUMBER} B/token\)",

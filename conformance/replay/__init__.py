@@ -2,8 +2,8 @@
 for any integration the suite loads, judged by the suite's checkers and costed (:mod:`.cost`)."""
 
 from .cost import CostTable, cost_table
-from .run import REPLAY_CHECKS, ReplayRun, TrainerStep, judge, replay
+from .run import ReplayRun, TrainerStep, judge, replay
 from .workload import REDUCED, ReplayConfig
 
-__all__ = ["CostTable", "REDUCED", "REPLAY_CHECKS", "ReplayConfig", "ReplayRun", "TrainerStep", "cost_table", "judge",
+__all__ = ["CostTable", "REDUCED", "ReplayConfig", "ReplayRun", "TrainerStep", "cost_table", "judge",
            "replay"]

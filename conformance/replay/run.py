@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..checks import CHECKS, Verdict
+from ..backends import digest_of
+from ..checks import REGISTRY, Verdict
 from ..history import BatchRecord, Breakage, History, UpdateCycle
 from ..interface import BuildEnv, Integration
 from ..wire import WireLog, WireRecorder
@@ -20,8 +21,6 @@ from .network import Network, TransferDelay, engine_url, in_process
 from .vtime import LoopClock, run_virtual
 from .workload import Environment, ReplayConfig, prompt_source, seeded_uuid4, trainer_weights
 
-REPLAY_CHECKS = ("I1-I2", "I3", "I4", "I6", "V1", "V3", "V4-S1", "S2", "P1", "P5")
-"""The invariants judged on every replay (C2 too when paused in place, S3 with a staleness bound)."""
 
 Progress = Callable[[int, int, float], None]
 """``(updates done, updates, simulated seconds)``."""
@@ -82,15 +81,18 @@ def replay(integration: Integration, config: ReplayConfig, progress: Progress | 
             tracemalloc.stop()
     if trace_memory:
         run.peak_bytes = peak
-    run.verdicts = judge(run.history, config)
+    run.verdicts = judge(run.history)
     return run
 
 
-def judge(history: History, config: ReplayConfig) -> dict[str, Verdict]:
-    """The suite's checkers on the replay's history."""
-    ids = list(REPLAY_CHECKS) + (["C2"] if history.pause_mode == "in_place" else []) + \
-        (["S3"] if config.max_staleness is not None else [])
-    return {check: CHECKS[check](history) for check in ids}
+def judge(history: History) -> dict[str, Verdict]:
+    """Every registered check on the replay's history, as a scenario run is judged: the pause checks only for an
+    integration that pauses, those about requests resident across a pause only when it pauses in place. A check
+    whose situation the replay does not make (no LoRA, no failing update, no staleness bound, no disk update)
+    answers unknown with its reason."""
+    mode = history.pause_mode
+    return {c.id: c.run(history) for c in REGISTRY.values()
+            if not (c.needs_pause and mode is None) and not (c.needs_residency and mode == "abort")}
 
 
 def _pause_mode(integration: Integration, wanted: str) -> str:
@@ -139,8 +141,9 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
                 before = (labels(), roles.manager.weight_version, updater.version)
                 t_update = loop.time()
                 returned, error = None, None
+                weights = trainer_weights(initial, index + 1)
                 try:
-                    returned = await updater.update(trainer_weights(initial, index + 1), transport=config.transport)
+                    returned = await updater.update(weights, transport=config.transport)
                 except Exception as exc:  # the integration's failure is data
                     error = f"{type(exc).__name__}: {exc}"
                 t_done = loop.time()
@@ -148,13 +151,17 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
                     index=index, cell=0, transport=config.transport, lora=False, pause_mode=mode, t_start=t_update,
                     t_end=t_done, ok=error is None, error=error, counter_before=before[2],
                     counter_after=updater.version, returned=returned, published_before=before[1],
-                    published_after=roles.manager.weight_version, labels_before=before[0], labels_after=labels()))
+                    published_after=roles.manager.weight_version, labels_before=before[0], labels_after=labels(),
+                    trainer_digest=digest_of(weights), digests_after=[
+                        {name: blob.digest() for name, blob in e.weights.items()} for e in engines]))
                 steps.append(TrainerStep(index, t_wait, t_batch, t_update, t_done, transfer[0]))
                 if progress is not None:
                     progress(index + 1, config.updates, t_done)
                 if error is not None:
                     history.breaks.append(Breakage("error", f"update cycle {index} failed: {error}", t_done))
                     break
+            else:  # the last step trains on the last update's weights; the run stops after it, outside any cycle
+                await asyncio.sleep(config.train_s)
         except Exception as exc:
             history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}", loop.time()))
         finally:

@@ -30,13 +30,13 @@ class ReplayConfig:
     """Groups the rollout manager keeps generating (``max_in_flight_groups``): × ``group_size`` episodes."""
     group_size: int = 8
     """Samples per prompt."""
-    turns: int = 3
+    turns: int = 2
     """``/generate`` turns per episode."""
-    turn_s: float = 84.0
+    turn_s: float = 126.0
     """Decoding time of one turn (simulated seconds)."""
-    step_s: float = 1.0
+    step_s: float = 2.0
     """Simulated seconds one fake decode step stands for (a fake token is ``step_s`` of decoding)."""
-    tool_s: float = 1230.0
+    tool_s: float = 1845.0
     """Mean tool/environment delay after a turn (sandboxed tool calls, then the reward after the last turn)."""
     tool_spread: float = 0.5
     """The delay is ``tool_s × g × s``: ``g`` shared by a group's samples at a turn, uniform in 1 ± tool_spread..."""
@@ -98,7 +98,7 @@ class ReplayConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-REDUCED = dict(engines=4, groups_in_flight=8, group_size=4, turns=2, turn_s=20.0, step_s=2.0, tool_s=60.0,
+REDUCED = dict(engines=4, groups_in_flight=8, group_size=4, turns=2, turn_s=20.0, step_s=2.0, tool_s=30.0,
                batch_groups=4, buffer_groups=8, train_s=60.0, transfer_s=20.0, transfer_spread=5.0, updates=6)
 """A replay of a few seconds: the CI case and the quick checks."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
@@ -91,6 +92,8 @@ class GenerationMixin:
 
     def _render(self, req: Request, sink: _Sink) -> dict[str, Any]:
         body = self.scheduler.render(req, since=sink.sent, label=self.weight_version)
+        if sink.sent == 0 and self.profile.meta_info_response_sent_ts and "meta_info" in body:
+            body["meta_info"]["response_sent_to_client_ts"] = time.time()  # the first output sent (wall clock)
         sink.sent = len(req.output_ids)
         return body
 

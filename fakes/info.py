@@ -19,6 +19,23 @@ WEIGHT_VERSION_DEPRECATED = {  # 0.5.10–0.5.16, spec §5
 }
 
 
+EMBEDDING_PLAN_GENERATIVE = {  # 0.5.23 /model_info "embedding" of a generative Llama (resolved_embedding_plan),
+    # as real 0.5.23 answered it on CPU for the tiny model (python -m gpu.fidelity)
+    "family": "none", "task": "none", "execution": "none", "attention": "none", "pooling": "model_defined",
+    "normalize": False, "postprocessor": "none", "tokenizer_special_tokens": "model_default",
+    "supports_dimensions": False, "supports_token_embeddings": False, "supports_multimodal": False,
+    "requires_embedding_flag": False, "auto_enable_embedding": False, "bcg_eligibility": "disabled",
+    "safe_disable_kv_cache": False, "safe_disable_radix_cache": False, "safe_disable_chunked_prefill": False,
+    "enabled": False, "matryoshka_dimensions": [],
+    "bcg": {"prefill_backend": "disabled", "enabled": False, "capture_token_budget": 4096,
+            "capture_batch_sizes": [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208,
+                                    224, 240, 256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 832,
+                                    896, 960, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 2816, 3072, 3328, 3584, 3840,
+                                    4096]},
+    "cache": {"kv_cache_disabled": False, "radix_cache_disabled": False, "chunked_prefill_disabled": False},
+}
+
+
 class InfoMixin:
     """Info routes and the observable state of a ``FakeEngine``."""
 
@@ -64,6 +81,7 @@ class InfoMixin:
             "reasoning_parser": None,
             "tool_call_parser": None,
             "disaggregation_mode": "null",
+            "embedding": EMBEDDING_PLAN_GENERATIVE,
         }
         return {key: values[key] for key in self.profile.model_info_keys}
 

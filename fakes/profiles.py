@@ -27,6 +27,7 @@ class Profile:
     post_update_flush_failure: Literal["crash", "error"]
     disk_flush_cache_field: bool
     flush_timeout_query: bool
+    distributed_receive_errors_answered: bool
     missing_shard_fails: bool
     release_memory_requires_idle: bool
     memory_tags: tuple[str, ...]
@@ -38,6 +39,8 @@ class Profile:
     server_info_tracks_version: bool
     retraction_key: str | None
     reasoning_tokens: bool
+    meta_info_cache_details: bool
+    meta_info_response_sent_ts: bool
     stream_cumulative_output_ids: bool
     model_info_route: bool
     model_info_keys: tuple[str, ...]

@@ -58,7 +58,7 @@ _MODEL_INFO_BASE = ("model_path", "tokenizer_path", "is_generation", "preferred_
 _MODEL_INFO_056 = _MODEL_INFO_BASE + ("has_image_understanding", "has_audio_understanding", "model_type",
                                       "architectures")
 _MODEL_INFO_0523 = _MODEL_INFO_056 + ("served_model_name", "load_format", "reasoning_parser", "tool_call_parser",
-                                      "disaggregation_mode")
+                                      "disaggregation_mode", "embedding")
 
 FACTS: dict[str, Fact] = {
     # -- pause / continue --
@@ -118,6 +118,12 @@ FACTS: dict[str, Fact] = {
         _SRT + "entrypoints/http_server.py flush_cache; managers/scheduler_components/flush_wrapper.py",
         (("0.5.4", False), ("0.5.10", True))),
     # -- loading weights --
+    "distributed_receive_errors_answered": Fact(
+        "a failed receive of /update_weights_from_distributed (e.g. an unknown group: the model runner's assert) is "
+        "answered 400 \"Failed to receive weights: <error>\"; before, the assert kills the scheduler and the server "
+        "exits (measured on real 0.5.15 and 0.5.23 on CPU, python -m gpu.fidelity)",
+        _SRT + "managers/scheduler_components/weight_updater.py update_weights_from_distributed (0.5.23)",
+        (("0.5.4", False), ("0.5.23", True))),
     "missing_shard_fails": Fact(
         'an index naming a shard that is not on disk fails the disk update ("references N shard file(s) missing"); '
         "before, the shards present load silently",
@@ -168,6 +174,16 @@ FACTS: dict[str, Fact] = {
     "reasoning_tokens": Fact(
         "meta_info.reasoning_tokens",
         _SRT + "managers/tokenizer_manager.py _handle_batch_output",
+        (("0.5.4", False), ("0.5.10", True))),
+    "meta_info_cache_details": Fact(
+        "meta_info carries cached_tokens_details and dp_rank (both null on one plain engine), in every output; "
+        "measured on real 0.5.10/0.5.15/0.5.23 on CPU (python -m gpu.fidelity)",
+        _SRT + "managers/tokenizer_manager.py _handle_batch_output",
+        (("0.5.4", False), ("0.5.10", True))),
+    "meta_info_response_sent_ts": Fact(
+        "the first output sent to the client (a non-streamed answer: its only one) carries meta_info."
+        "response_sent_to_client_ts, the wall-clock time it was sent",
+        _SRT + "managers/tokenizer_manager.py _wait_one_response",
         (("0.5.4", False), ("0.5.10", True))),
     "stream_cumulative_output_ids": Fact(
         "streamed output_ids are cumulative (before: deltas)",

@@ -308,9 +308,12 @@ class Scheduler:
             meta["reasoning_tokens"] = 0
         if req.return_logprob:
             meta.update(self._logprobs(req, first))
+        if final and self.profile.weight_versions_spans:
+            self._add_spans(meta, req)
+        if self.profile.meta_info_cache_details:  # one engine, no cache breakdown: both null (fact of the name)
+            meta["cached_tokens_details"] = None
+            meta["dp_rank"] = None
         if final:
-            if self.profile.weight_versions_spans:
-                self._add_spans(meta, req)
             meta["e2e_latency"] = self._latency(req)
         return {"text": req.text, "output_ids": list(req.output_ids[first:]), "meta_info": meta}
 

@@ -168,15 +168,19 @@ class WeightUpdatesMixin:
 
     async def update_weights_from_distributed(self, obj: Mapping[str, Any]) -> Reply:
         """``/update_weights_from_distributed``: receive the broadcast on the named group. An unknown group
-        hits an ``assert`` outside the model runner's try (spec §3.3.7): the fake crashes."""
+        hits an ``assert`` outside the model runner's try (spec §3.3.7): the fake crashes; 0.5.23's scheduler
+        catches the receive and answers 400 ``Failed to receive weights: ...`` (fact
+        ``distributed_receive_errors_answered``)."""
 
         async def load() -> W.WeightStore | str:
             groups = self._groups.get(obj["group_name"])
+            answered = self.profile.distributed_receive_errors_answered  # 0.5.23 catches the receive
             if groups is None:
-                self.crash(
-                    f"AssertionError: Group {obj['group_name']} not in {list(self._groups)}. "
-                    "Please call `init_weights_update_group` first."
-                )
+                reason = (f"Group {obj['group_name']} not in {list(self._groups)}. "
+                          "Please call `init_weights_update_group` first.")
+                if answered:
+                    return f"Failed to receive weights: {reason}"
+                self.crash(f"AssertionError: {reason}")
                 raise EngineCrashed(self.crash_reason)
             try:
                 received = await asyncio.gather(*(  # every TP rank receives every broadcast
@@ -184,6 +188,8 @@ class WeightUpdatesMixin:
                                       load_format=obj.get("load_format")) for g in groups))
                 return self._merged(received[0], "update_weights_from_distributed")
             except Exception as e:  # noqa: BLE001 - model_runner catches Exception here
+                if answered:
+                    return f"Failed to receive weights: {e}"
                 return (
                     f"Failed to update parameter online: {e}. The full weights of the ModelRunner are "
                     "partially updated. Please discard the whole weights."

@@ -305,8 +305,6 @@ async def _script(url: str, model_dir: Path, work: Path, release: str,
                        {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False})
             await call("begin_weight_update", "/begin_weight_update", {})
             await call("begin_weight_update again", "/begin_weight_update", {})
-        await call("tensor bad base64", "/update_weights_from_tensor",
-                   {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
         await call("tensor m2 (ForkingPickler, file_system)", "/update_weights_from_tensor",
                    {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False,
                     "weight_version": "v4"})
@@ -349,6 +347,8 @@ async def _script(url: str, model_dir: Path, work: Path, release: str,
         await call("distributed unknown group", "/update_weights_from_distributed",  # 0.5.10/0.5.15: exits
                    {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "group_name": "nope",
                     "flush_cache": False})
+        await call("tensor bad base64", "/update_weights_from_tensor",  # 0.5.10: exits (decoded in the scheduler)
+                   {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
         await call("tensor safetensors payload", "/update_weights_from_tensor",  # exits: SafeUnpickler raises
                    {"serialized_named_tensors": [safetensors_b64(named[:1])], "flush_cache": False})
         await call("health after the safetensors payload", "/health", method="GET")

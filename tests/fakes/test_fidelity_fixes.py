@@ -53,3 +53,28 @@ def test_the_drop_in_server_exits_when_its_engine_crashes() -> None:
     finally:
         server.kill()
         server.wait(10)
+
+
+@pytest.mark.asyncio
+async def test_meta_info_carries_the_cache_breakdown_and_the_send_time_from_0_5_10(connect,
+                                                                                    profile_version: str) -> None:
+    # real 0.5.10/0.5.15/0.5.23: cached_tokens_details and dp_rank null in every output; the first output sent
+    # (here the only one) carries response_sent_to_client_ts; 0.5.4's tokenizer manager has none of them
+    wire = await connect(FakeEngine(profile_version, tokens_per_second=1000.0))
+    before = time.time()
+    meta = (await wire.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}))
+    meta = meta.json()["meta_info"]
+    if profile_version == "0.5.4":
+        assert not {"cached_tokens_details", "dp_rank", "response_sent_to_client_ts"} & set(meta)
+        return
+    assert meta["cached_tokens_details"] is None and meta["dp_rank"] is None
+    assert before <= meta["response_sent_to_client_ts"] <= time.time()
+
+
+@pytest.mark.asyncio
+async def test_model_info_has_the_embedding_plan_on_0_5_23(connect, profile_version: str) -> None:
+    wire = await connect(FakeEngine(profile_version))
+    info = (await wire.get("/get_model_info")).json()
+    assert ("embedding" in info) == (profile_version == "0.5.23")
+    if "embedding" in info:
+        assert info["embedding"]["enabled"] is False and info["embedding"]["family"] == "none"

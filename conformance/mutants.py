@@ -8,6 +8,8 @@ suite must fail every mutant on the invariants listed in ``kills``. Select one w
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import logging
 from dataclasses import dataclass
@@ -22,7 +24,8 @@ from .checks import invariants, known_invariants
 from .interface import BuildEnv, Integration, LoraAdapter, Sample, WeightSyncClient
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
 from .reference.manager import FinishedGroup, numeric_label
-from .reference.transports import DistributedTransport, LoraTransport, WeightTransport, host_copy
+from .reference.transports import (DistributedTransport, LoraTransport, WeightTransport, host_copy,
+                                   write_checkpoint_atomic)
 from .scenarios import SCENARIOS
 
 log = logging.getLogger(__name__)
@@ -225,6 +228,57 @@ class KeepsAbortedManager(ReferenceManager):
         await self.enqueue(FinishedGroup(prompt, samples))  # re-queued with its partial turns
 
 
+class InFlightRidsManager(ReferenceManager):
+    """Knows the rids of its requests in flight, for an updater that clears them before each update."""
+
+    in_flight: set[str]
+
+    def request_payload(self, text: str, rid: str, adapter: str | None) -> dict[str, Any]:
+        if not hasattr(self, "in_flight"):
+            self.in_flight = set()
+        self.in_flight.add(rid)
+        return super().request_payload(text, rid, adapter)
+
+    def turn_record(self, engine: Any, rid: str, response: Any) -> Any:  # type: ignore[override]
+        getattr(self, "in_flight", set()).discard(rid)
+        return ReferenceManager.turn_record(engine, rid, response)
+
+
+class AbortsOwnRequestsUpdater(ReferenceUpdater):
+    async def pause_all(self) -> None:
+        rids = sorted(getattr(self.manager, "in_flight", ()))  # its own requests, aborted by rid before each update
+        await asyncio.gather(*(engine._call("/abort_request", {"rid": rid}) for rid in rids for engine in self.engines))
+        await super().pause_all()
+
+
+class DropsOnNewVersionManager(ReferenceManager):
+    """Closes its requests in flight when a new version is published and regenerates their prompts under it."""
+
+    _generating: set[asyncio.Task[None]]
+
+    async def _run_group(self, prompt: Any) -> None:
+        if not hasattr(self, "_generating"):
+            self._generating = set()
+        task = asyncio.ensure_future(super()._run_group(prompt))
+        self._generating.add(task)
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            self._generating.discard(task)
+        if task.cancelled():  # dropped for the new version: the connection closed, the prompt starts over
+            self.recycle(prompt)
+            return
+        task.result()
+
+    def set_weight_version(self, version: int) -> None:
+        super().set_weight_version(version)
+        for task in list(getattr(self, "_generating", ())):
+            task.cancel()
+
+
 # -- integration ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
@@ -246,6 +300,17 @@ def write_checkpoint_in_place(root: Path, name: str, tensors: Mapping[str, torch
     """Writes straight into the final directory: readers can see it half-written."""
     final = root / name
     final.mkdir(parents=True, exist_ok=True)
+    save_file({n: host_copy(t) for n, t in tensors.items()}, final / "model.safetensors")
+    (final / "config.json").write_text(json.dumps(dict(config)))
+    return final
+
+
+def write_checkpoint_reused_in_place(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
+                                     config: Mapping[str, Any]) -> Path:
+    """One path for every version: the first checkpoint renamed into place, each later one written over it."""
+    final = root / "latest"
+    if not final.exists():
+        return write_checkpoint_atomic(root, "latest", tensors, config)
     save_file({n: host_copy(t) for n, t in tensors.items()}, final / "model.safetensors")
     (final / "config.json").write_text(json.dumps(dict(config)))
     return final
@@ -321,6 +386,18 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "its model does not have (with a warning) and answers success, so the engines keep their old weights",
             "SGLang 0.5.23 load_weights (llama.py); rl-frameworks P6", ("P6",),
             shows_in=("steady-disk-retract",), updater_cls=UnconvertedNamesUpdater),
+    _mutant("aborts_own_requests", "before each update the integration aborts its own requests in flight by rid "
+            "(/abort_request), to start the new version clean", "rl-frameworks I1/I2; a framework clearing its "
+            "engines before a sync", ("I1", "I2"),
+            shows_in=("steady-tensor-retract",), updater_cls=AbortsOwnRequestsUpdater, manager_cls=InFlightRidsManager),
+    _mutant("drops_requests_on_update", "when a new version is published the manager closes its requests in flight "
+            "and regenerates their prompts: no abort on the wire, the work is lost all the same",
+            "rl-frameworks I1/I2; a rollout manager that restarts stale generations", ("I1", "I2"),
+            shows_in=("steady-tensor-retract",), manager_cls=DropsOnNewVersionManager),
+    _mutant("checkpoint_rewritten_in_place", "every version goes to one checkpoint path; the first is renamed into "
+            "place, later ones are written over it, where engines loaded it and read it", "seed 004 (minimind); "
+            "rl-frameworks F3", ("F3",),
+            shows_in=("steady-disk-retract",), disk_writer=write_checkpoint_reused_in_place),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",),
             shows_in=("steady-tensor-retract",), updater_cls=PublishFirstUpdater),

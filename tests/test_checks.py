@@ -59,6 +59,21 @@ def check(inv: str, h: History):
 
 # -- I1/I2 -----------------------------------------------------------------------------------------------
 
+def test_a_request_the_integration_drops_around_an_update_is_lost_work():
+    """The connection closed before an answer (no status) during a cycle: counted and failed like an abort; one
+    dropped at teardown is the integration's shutdown."""
+    dropped = call(100, "/generate", {"text": "x", "rid": "r1"}, t0=0.5, t1=1.5, status=None)
+    dropped.response = None
+    kept = gen("r2", 0.5, 2.5, seq=101)
+    h = history(wire=[pause(1, 1.0), dropped, kept], cycles=[cycle()], t_teardown=3.0)
+    v = check("I1-I2", h)
+    assert v.checker_status == "fail" and any(a.kind == "dropped-request" and a.rids == ("r1",)
+                                              for a in v.anomalies), v.explain()
+    assert v.metrics["aborted_requests"] == 1 and v.metrics["aborted_sample_rate"] == 0.5
+    h.t_teardown = 1.2
+    assert not any(a.kind == "dropped-request" for a in check("I1-I2", h).anomalies)
+
+
 def test_no_aborts_passes_when_requests_span_an_update_and_finish():
     h = history(wire=[gen("r1", 0.5, 2.5), bump(1, "1", 1.5)], cycles=[cycle()])
     v = check("I1-I2", h)
@@ -455,6 +470,23 @@ def test_checkpoint_created_in_place_fails_and_renamed_passes():
     early = [FsEvent(1.0, "moved_in", "v1"), FsEvent(2.5, "deleted", "v1")]
     assert check("F3", history(wire=[load], fs=early)).status == "fail"
     assert check("F3", history(wire=[load], fs=None)).status == "unknown"
+
+
+def test_f3_judges_each_load_of_a_reused_path():
+    """One path for every version: replaced by a rename each time passes; written over once engines were told to
+    load it fails, naming the file and the engines."""
+    def load(seq, t, engine=0):
+        return call(seq, "/update_weights_from_disk", {"model_path": "/ck/latest"}, t0=t, t1=t + 0.5,
+                    response={"success": True}, engine=engine)
+    loads = [load(0, 2.0), load(1, 2.1, engine=1), load(2, 5.0), load(3, 5.1, engine=1)]
+    replaced = [FsEvent(1.0, "moved_in", "latest"), FsEvent(4.0, "moved_out", "latest"),
+                FsEvent(4.1, "moved_in", "latest")]
+    assert check("F3", history(wire=loads, fs=replaced)).passed
+    rewritten = [FsEvent(1.0, "moved_in", "latest"), FsEvent(4.0, "written", "latest", "model.safetensors")]
+    v = check("F3", history(wire=loads, fs=rewritten))
+    assert v.status == "fail" and "written into at t=4.000s (model.safetensors" in v.witness[0] \
+        and "engine(s) [0, 1]" in v.witness[0], v.explain()
+    assert v.anomalies[0].kind == "checkpoint-rewritten"
 
 
 def test_a_raising_checker_is_unknown_not_pass():

@@ -17,8 +17,11 @@ from .verdict import Verdict, verdict
        model_based="it needs disk updates (the disk scenarios), which the model-based run mixes with the other "
                    "transports")
 def atomic_checkpoints(h: History) -> Verdict:
-    """F3: every checkpoint an engine is told to load arrived at its path by an atomic rename (never written in
-    place, where a reader can see it half-written: seed 004), and is not removed before the last engine loaded it."""
+    """F3, per load: every checkpoint an engine is told to load arrived at its path by an atomic rename (never
+    written in place, where a reader can see it half-written: seed 004), is not written into once an engine was told
+    to load it (a path reused across versions is replaced by a rename, not rewritten inside), and is not removed
+    before the last engine told to load it finished. A path that receives a new checkpoint by rename is judged per
+    arrival."""
     loads = [w for w in h.integration_calls("/update_weights_from_disk") if isinstance(w.payload, dict)]
     if not loads:
         return verdict([], vacuous="no disk update ran")
@@ -26,29 +29,46 @@ def atomic_checkpoints(h: History) -> Verdict:
         return verdict([], vacuous="this platform cannot watch the checkpoint directory")
     failures: list[Anomaly] = []
     names = {PurePath(str(w.payload.get("model_path", ""))).name for w in loads}
+    loaded_arrivals = 0
     for name in sorted(names):
-        arrivals = [e for e in h.fs if e.name == name and e.kind in ("created", "moved_in")]
+        events = [e for e in h.fs if e.name == name]
+        arrivals = [e for e in events if e.kind in ("created", "moved_in")]
         if not arrivals:
             failures.append(Anomaly(
                 "checkpoint-not-seen",
                 f"checkpoint {name!r} was sent to the engines but never appeared in the watched "
                 f"checkpoint directory (written elsewhere?)"))
         mine = [w for w in loads if PurePath(str(w.payload.get("model_path"))).name == name]
-        last_load, first_load = max((w.t_end or w.t_start) for w in mine), min(w.t_start for w in mine)
-        for e in arrivals:
-            if e.kind == "created":
+        for arrival in arrivals:  # each arrival at the path is its own checkpoint, until it is moved or deleted away
+            gone = next((e for e in events if e.kind in ("deleted", "moved_out") and e.t > arrival.t), None)
+            until = gone.t if gone is not None else float("inf")
+            told = [w for w in mine if arrival.t <= w.t_start < until]
+            if not told:
+                continue
+            loaded_arrivals += 1
+            first_load, last_load = min(w.t_start for w in told), max((w.t_end or w.t_start) for w in told)
+            if arrival.kind == "created":
                 failures.append(Anomaly(
                     "checkpoint-in-place",
-                    f"checkpoint {name!r} was created in place at t={e.t:.3f}s, not renamed into place, "
+                    f"checkpoint {name!r} was created in place at t={arrival.t:.3f}s, not renamed into place, "
                     f"so while it is being written a reader of the directory sees it incomplete (the "
                     f"first engine was told to load it at t={first_load:.3f}s); write it to a temp dir and "
                     f"rename it",
-                    times=(e.t, first_load)))
-        for e in h.fs:
-            if e.name == name and e.kind in ("deleted", "moved_out") and first_load <= e.t < last_load:
+                    times=(arrival.t, first_load)))
+            if gone is not None and first_load <= gone.t < last_load:
                 failures.append(Anomaly(
                     "checkpoint-removed",
-                    f"checkpoint {name!r} was removed at t={e.t:.3f}s before the last engine finished "
+                    f"checkpoint {name!r} was removed at t={gone.t:.3f}s before the last engine finished "
                     f"loading it at t={last_load:.3f}s",
-                    times=(e.t, last_load)))
+                    times=(gone.t, last_load)))
+            written = [e for e in events if e.kind == "written" and first_load <= e.t < until]
+            if written:
+                engines = sorted({w.engine for w in told if w.t_start <= written[0].t})
+                failures.append(Anomaly(
+                    "checkpoint-rewritten",
+                    f"checkpoint {name!r} was written into at t={written[0].t:.3f}s ({written[0].inner}; "
+                    f"{len(written)} write(s) in all) after engine(s) {engines} had been told to load it (first at "
+                    f"t={first_load:.3f}s): a path reused across versions must be replaced by renaming a complete "
+                    f"checkpoint into place, never rewritten inside, or a reader sees old and new files mixed",
+                    engine=engines[0] if engines else None, times=(written[0].t, first_load)))
     return verdict(failures, metrics={"checkpoints": len(names)})

@@ -40,6 +40,9 @@ INTENDED = {
     "filter_admits_bound_plus_one": ({"manager_cls"}, {"too_stale"}),
     "refusal_ignored_after_retry": ({"client_cls"}, {"update_weights_from_disk"}),
     "unconverted_names": ({"updater_cls"}, {"update"}),
+    "aborts_own_requests": ({"updater_cls", "manager_cls"}, {"pause_all", "request_payload", "turn_record"}),
+    "drops_requests_on_update": ({"manager_cls"}, {"_run_group", "set_weight_version"}),
+    "checkpoint_rewritten_in_place": ({"disk_writer"}, set()),
 }
 BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration, LoraTransport)
 

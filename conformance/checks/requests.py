@@ -54,7 +54,8 @@ def no_aborts_on_update(h: History) -> Verdict:
     answer is unknown. An aborted request that a later call continued (partial rollout) still fails I2 (the
     recompute is a real cost) but is not a lost sample. Reports per ``/generate`` call the aborted-request rate,
     the aborted-sample rate (aborted and not continued: lost or trained truncated), the tokens prefilled again for
-    continued requests, and how often the integration's own requests were resident at the pause. A request the
+    continued requests, and how often the integration's own requests were resident at the pause (on the engines it
+    sends requests to). A request the
     integration drops itself around an update (the connection closed before an answer) is lost work too: it counts
     and fails like an engine abort."""
     failures: list[Anomaly] = []
@@ -115,7 +116,8 @@ def no_aborts_on_update(h: History) -> Verdict:
     if aborted:
         failures.insert(0, note(
             f"{aborted} of {total} requests ({aborted / total:.0%}) were aborted during update cycles"))
-    pairs, idle, own = 0, [], 0
+    pairs, idle, own, own_pairs = 0, [], 0, 0
+    used = {w.engine for w in h.integration_calls("/generate")}
     for c in h.cycles:
         for engine in sorted({w.engine for w in h.cycle_calls(c)}):
             first = h.disturbing_call(c, engine)
@@ -123,6 +125,7 @@ def no_aborts_on_update(h: History) -> Verdict:
                 continue
             pairs += 1
             resident = h.resident_at(engine, first.t_start)
+            own_pairs += engine in used
             own += any(w.origin == "integration" for w in resident)
             if not resident:
                 idle.append(f"engine {engine}: no request was resident when it was "
@@ -134,7 +137,7 @@ def no_aborts_on_update(h: History) -> Verdict:
                "recompute_tokens": recompute, "aborts_per_update": aborted / max(1, len(h.cycles)),
                "engine_cycles": pairs,
                "overlap_at_pause": (pairs - len(idle)) / pairs if pairs else None,
-               "integration_overlap_at_pause": own / pairs if pairs else None}
+               "integration_overlap_at_pause": own / own_pairs if own_pairs else None}
     vacuous = "; ".join(idle) + ": the run proves nothing there" if idle else None
     if not pairs:
         vacuous = "no update cycle touched an engine" if h.cycles else "no update cycle ran"

@@ -143,3 +143,16 @@ def test_a_cycle_that_fails_at_the_first_refusal_leaves_the_next_one_unused_with
     assert [c.engine for c in refused] == [0], refused  # engine 1's refusal was never reached
     bad = {c: v.explain() for c, v in result.verdicts.items() if not v.passed}
     assert not bad, bad
+
+
+def test_a_situation_another_failure_prevents_is_unknown_for_the_check_that_needed_it() -> None:
+    """Abort-mode pauses abort every group that spans an update, so no mixed-version group is ever consumed: S2
+    answers unknown with that reason, the run is not broken, and the checks that see the abort still fail."""
+    caps = Capabilities(pause_modes=frozenset({"abort"}))
+    result = run_one("mixed-versions", _integration("abort-only", caps, updater_cls=AbortPauseUpdater),
+                     fake_backend_factory(), deadlines=FAST)
+    h = result.history
+    assert h is not None and not h.breaks, [b.message for b in h.breaks]
+    s2 = result.verdicts["S2"]
+    assert s2.status == "unknown" and any("no group generated under more than one version" in w for w in s2.witness)
+    assert result.verdicts["I3"].status == "fail" and result.verdicts["I1-I2"].status == "fail"

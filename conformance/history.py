@@ -8,11 +8,11 @@ holds what only a fake engine can tell (weights digests, internal event logs) an
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Iterator
 
 from .anomaly import Anomaly
-from .interface import Batch
+from .interface import Batch, Group, Sample, Turn
 
 TRANSFER_PATHS = frozenset({
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
@@ -300,3 +300,46 @@ class History:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, data: str | dict[str, Any]) -> History:
+        """The inverse of :meth:`to_json` (a JSON text or its parsed dict). Tolerant: fields it does not know are
+        ignored and fields a history of another suite version lacks take their defaults (None when they have none),
+        so the report reads histories of older and newer suites; only the times of calls and cycles and where a
+        call went cannot be missing (a ``KeyError`` naming the field)."""
+        return _load(cls, json.loads(data) if isinstance(data, str) else data)
+
+
+_NESTED: dict[tuple[type, str], type] = {
+    (History, "wire"): WireCall, (History, "cycles"): UpdateCycle, (History, "batches"): BatchRecord,
+    (History, "fs"): FsEvent, (History, "injected"): Injected, (History, "breaks"): Breakage,
+    (History, "unmet"): Unmet, (Breakage, "open_calls"): OpenCall, (BatchRecord, "batch"): Batch,
+    (Batch, "groups"): Group, (Group, "samples"): Sample, (Sample, "turns"): Turn,
+}
+"""Which field of which record holds records of which class (a list of them, or one)."""
+_ESSENTIAL = {(WireCall, "engine"), (WireCall, "path"), (WireCall, "t_start"), (UpdateCycle, "t_start"),
+              (UpdateCycle, "t_end")}
+"""Fields a history cannot be read without."""
+
+
+def _load(cls: type, data: Any) -> Any:
+    """One record of ``cls`` from its JSON dict (see :meth:`History.from_json`)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a {cls.__name__} record must be a JSON object, got {type(data).__name__}")
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            if (cls, f.name) in _ESSENTIAL:
+                raise KeyError(f.name)
+            if f.default is MISSING and f.default_factory is MISSING:
+                values[f.name] = None
+            continue
+        value, inner = data[f.name], _NESTED.get((cls, f.name))
+        if inner is not None and isinstance(value, list):
+            value = [_load(inner, v) for v in value]
+        elif inner is not None and value is not None:
+            value = _load(inner, value)
+        elif f.name == "checks" and isinstance(value, list):
+            value = tuple(value)
+        values[f.name] = value
+    return cls(**values)

@@ -26,12 +26,13 @@ PROPERTY = "weightsync_conformance_case"
 def case_entry(case: Any, backend: str, result: Any) -> dict[str, Any]:
     """A case of the result: ``case`` (a ``conformance.cases.Case``) judged in ``result`` (a ``ScenarioResult``)."""
     v = result.verdicts.get(case.check) if result.history else None
-    details = ({k: val for k, val in asdict(v).items() if k not in ("check", "status", "witness", "metrics")}
-               if v else {})
+    details = ({k: val for k, val in asdict(v).items()
+                if k not in ("check", "status", "witness", "metrics", "anomalies")} if v else {})
     return {"case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": backend,
             "status": "skipped" if result.skip_reason(case.check) else v.status if v else "error",
-            "reason": result.skip_reason(case.check),
-            "witness": v.witness if v else [], "metrics": v.metrics if v else {}, "details": details}
+            "reason": result.skip_reason(case.check), "witness": v.witness if v else [],
+            "anomalies": [a.to_json() for a in v.anomalies] if v else [], "metrics": v.metrics if v else {},
+            "details": details}
 
 
 class ResultCollector:
@@ -113,6 +114,7 @@ def _case_without_verdict(item: pytest.Item, report: pytest.TestReport, worker: 
     witness = [] if report.skipped else report.longreprtext.strip().splitlines()[-5:]
     return {"case": case.id, "scenario": case.scenario, "invariant": case.check, "backend": params.get("backend", ""),
             "status": "skipped" if report.skipped else "error", "reason": reason, "witness": witness,
+            "anomalies": [{"kind": "note", "text": w} for w in witness],
             "metrics": {}, "details": {}, "history": None, "worker": worker}
 
 

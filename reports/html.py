@@ -16,6 +16,7 @@ from typing import Any
 
 from .result import load_history
 from .svg import bar_chart, timeline_svg
+from .result import witness_lines
 from .timeline import OUTCOMES, Named, Timeline, build_timeline, named_in
 
 _SYMBOL = {"pass": "✔", "fail": "✘", "unknown": "?", "skipped": "–", "error": "!"}
@@ -59,7 +60,7 @@ def _runs(result: dict[str, Any], result_path: Path | None) -> list[ScenarioRun]
         named = Named()
         for c in cases:
             if c["status"] in _NOT_PASSED:
-                named.update(named_in(c.get("witness") or [], c.get("details") or {}, timeline))
+                named.update(named_in(c, timeline))
         runs.append(ScenarioRun(ref, f"tl{i}", cases, timeline, named, ref, problem))
     return runs
 
@@ -136,9 +137,8 @@ def _matrix(cases: list[dict[str, Any]]) -> str:
 
 
 def _witness(c: dict[str, Any], shown: int = 4) -> str:
-    """The witness lines (or the skip reason); past the first ``shown``, folded."""
-    lines = [w if isinstance(w, str) else json.dumps(w) for w in c.get("witness") or []] or \
-        ([c["reason"]] if c.get("reason") else [])
+    """The anomalies' sentences (or the skip reason); past the first ``shown``, folded."""
+    lines = witness_lines(c) or ([c["reason"]] if c.get("reason") else [])
     items = [f"<li>{escape(w)}</li>" for w in lines]
     more = (f'<details><summary>{len(items) - shown} more</summary><ul class="witness">{"".join(items[shown:])}</ul>'
             f'</details>') if len(items) > shown else ""
@@ -154,7 +154,7 @@ def _not_passed(cases: list[dict[str, Any]], run_of: dict[int, ScenarioRun]) -> 
         run = run_of.get(id(c))
         show = ""
         if run is not None and run.timeline is not None:
-            named = named_in(c.get("witness") or [], c.get("details") or {}, run.timeline)
+            named = named_in(c, run.timeline)
             show = (f' <a class="show" href="#{run.dom_id}" data-hl="{escape(json.dumps(named.as_json()))}">'
                     f'show in the timeline of {escape(c["scenario"])}</a>')
         details = c.get("details") or {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .result import witness_lines
+
 _CELL = {"pass": "✅", "fail": "❌", "unknown": "❔", "skipped": "⏭", "error": "💥"}
 
 
@@ -43,7 +45,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     if bad:
         lines += ["", "## New failures" if expected or any(c.get("expected") for c in cases) else "## Not passed", ""]
         for c in bad:
-            evidence = [w if isinstance(w, str) else str(w) for w in c.get("witness") or []] or [c.get("reason") or ""]
+            evidence = witness_lines(c) or [c.get("reason") or ""]
             lines.append(f"- **{c['case']}** ({c['status']}): " + "; ".join(evidence))
     stale = [c for c in cases if (c.get("expected") or {}).get("outcome") == "unexpected-pass"]
     if stale:

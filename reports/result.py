@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: each case carries its ``anomalies`` (what the witness names, as data). 1: prose witnesses only."""
+READABLE_VERSIONS = (1, 2)
+"""Result schema versions this suite reads (and renders)."""
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 STATUSES = ("pass", "fail", "unknown", "skipped", "error")
 """A case's status: the checker's verdict, ``skipped`` (with the reason) or ``error`` (the test broke before a
@@ -53,10 +56,18 @@ def load_result(path: Path) -> dict[str, Any]:
     result = read_json(path)
     if not isinstance(result, dict) or not isinstance(result.get("cases"), list):
         raise ResultError(f"{path}: not a conformance result (no 'cases' list)")
-    if result.get("schema_version") != SCHEMA_VERSION:
+    if result.get("schema_version") not in READABLE_VERSIONS:
         raise ResultError(f"{path}: result schema version {result.get('schema_version')!r}, this suite reads "
-                          f"{SCHEMA_VERSION}")
+                          f"{' and '.join(map(str, READABLE_VERSIONS))}")
     return result
+
+
+def witness_lines(case: dict[str, Any]) -> list[str]:
+    """What a case's evidence says, one line each: its anomalies' sentences (schema 2), else its witness lines."""
+    anomalies = case.get("anomalies")
+    if isinstance(anomalies, list):
+        return [str(a.get("text", "")) if isinstance(a, dict) else str(a) for a in anomalies]
+    return [w if isinstance(w, str) else json.dumps(w) for w in case.get("witness") or []]
 
 
 def load_history(result_path: Path, ref: str | None) -> dict[str, Any] | None:

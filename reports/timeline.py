@@ -1,8 +1,10 @@
 """What a report shows of one scenario run, derived from its history (the JSON of ``History.to_json()``).
 
-Reads histories as plain JSON and ignores fields it does not know, so histories written by newer suites render.
-Wire calls are rebuilt as :class:`~conformance.history.WireCall` (known fields only) to share the checkers' reading
-of SGLang's answers (outputs, finish reasons, version labels).
+The history is loaded back with ``History.from_json`` (fields it does not know are ignored, so histories written
+by other suite versions render), and read with the queries the checkers use (who was resident at a pause, which
+injected abort excuses an answer, the outputs by request id, the versions behind a group). What a failing case
+names is read from its anomalies' fields (``conformance.anomaly``), never from their sentences; a result written
+before anomalies existed (schema version 1) is read from its witness lines.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ from typing import Any
 
 from conformance.checks.effective import effective, sent_as
 from conformance.checks.labels import finish_type, output_versions
-from conformance.history import TRANSFER_PATHS, WireCall
+from conformance.history import TRANSFER_PATHS, History, Injected, WireCall
 
 OUTCOMES = ("finished", "spanning", "aborted", "injected", "failed", "dropped", "open")
 """A request's outcome: finished outside any update; finished while an update cycle ran (spanning it); aborted by
 the engine; aborted by a fault the suite injected; answered with an error status; closed without an answer (the
 client gave up); still open when the run ended."""
-_WIRE_FIELDS = {f.name for f in dataclasses.fields(WireCall)}
 
 
 @dataclass
@@ -124,32 +125,33 @@ class Timeline:
 
 
 def wire_calls(history: dict[str, Any]) -> list[WireCall]:
-    return [WireCall(**{k: v for k, v in c.items() if k in _WIRE_FIELDS}) for c in history.get("wire") or []]
+    return History.from_json({"wire": history.get("wire") or []}).wire
 
 
 def build_timeline(history: dict[str, Any]) -> Timeline:
-    """The timeline of one history."""
-    calls = wire_calls(history)
+    """The timeline of one history (its JSON)."""
+    h = History.from_json(history)
+    calls = h.wire
     cycles = [c for c in history.get("cycles") or [] if isinstance(c, dict)]
     injected = [i for i in history.get("injected") or [] if isinstance(i, dict)]
     breaks = [b for b in history.get("breaks") or [] if isinstance(b, dict)]
     breaks += [{"kind": "error", "message": e} for e in history.get("errors") or []]  # histories before breaks
-    times = [0.0, *(c.t_end or c.t_start for c in calls), *(c.get("t_end", 0.0) for c in cycles),
-             *(b.get("t", 0.0) for b in history.get("batches") or []), *(b.get("t") or 0.0 for b in breaks)]
-    t_end = max(times) or 1.0
-    engines = max([c.engine + 1 for c in calls] + [len(history.get("final_labels") or [])] + [1])
-    nodes = history.get("nodes") or (history.get("engine_truth") or {}).get("nodes") or []
-    aborts = _injected_aborts(injected, calls)
-    requests = [_request(c, cycles, aborts) for c in calls if c.path == "/generate"]
+    times = [0.0, *(c.t_end or c.t_start for c in calls), *(c.t_end for c in h.cycles),
+             *(b.t for b in h.batches), *(b.get("t") or 0.0 for b in breaks)]
+    t_end = max(t for t in times if isinstance(t, (int, float))) or 1.0
+    engines = max([c.engine + 1 for c in calls] + [len(h.final_labels or [])] + [1])
+    nodes = history.get("nodes") or (h.engine_truth or {}).get("nodes") or []
+    aborts = [_landed(i, calls) for i in h.injected if i.kind == "abort" and isinstance(i.t, (int, float))]
+    requests = [_request(c, h, aborts) for c in calls if c.path == "/generate"]
     _pack_rows(requests)
-    pauses = _pauses(calls, cycles, str(history.get("profile", "")))
+    pauses = _pauses(h)
     timeline = Timeline(
         scenario=str(history.get("scenario", "?")), backend=str(history.get("backend", "?")), t_end=t_end,
         engines=engines, nodes=list(nodes), requests=requests, pauses=pauses,
         marks=[m for c in calls if (m := _mark(c)) is not None], cycles=cycles,
         batches=[b for b in history.get("batches") or [] if isinstance(b, dict)], injected=injected, breaks=breaks,
         staleness=[], max_staleness=history.get("max_staleness"), costs=[], group_rids={})
-    timeline.staleness, timeline.group_rids = _consumed_groups(timeline.batches, calls)
+    timeline.staleness, timeline.group_rids = _consumed_groups(h)
     continued = {rid: str(turn.get("rid")) for b in timeline.batches
                  for g in (b.get("batch") or {}).get("groups") or [] for s in g.get("samples") or []
                  for turn in s.get("turns") or [] for rid in turn.get("continues") or []}
@@ -159,10 +161,10 @@ def build_timeline(history: dict[str, Any]) -> Timeline:
     return timeline
 
 
-def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[str, Any]]) -> Request:
-    """One ``/generate`` call as a bar; ``injected`` are the injected aborts with their windows."""
+def _request(call: WireCall, h: History, injected: list[Injected]) -> Request:
+    """One ``/generate`` call as a bar; ``injected`` are the injected aborts, each with when it landed."""
     outputs = call.generate_outputs()
-    spanned = [int(c.get("index", i)) for i, c in enumerate(cycles) if call.overlaps(c["t_start"], c["t_end"])]
+    spanned = [c.index for c in h.cycles if call.overlaps(c.t_start, c.t_end)]
     finishes = {finish_type(o) for o in outputs}
     rids = [str(o["meta_info"].get("id")) for o in outputs if o["meta_info"].get("id") is not None]
     if call.t_end is None:
@@ -172,10 +174,7 @@ def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[s
     elif not 200 <= call.status < 300:
         outcome = "failed"
     elif "abort" in finishes:
-        injected_abort = any(call.t_start <= i["t_end"] and i["t"] <= call.t_end
-                             and i.get("engine") in (None, call.engine) and i.get("rid") in (None, *rids)
-                             for i in injected)
-        outcome = "injected" if injected_abort else "aborted"
+        outcome = "injected" if any(i.excuses(call) for i in injected) else "aborted"
     else:
         outcome = "spanning" if spanned else "finished"
     versions: list[str] = []
@@ -189,20 +188,15 @@ def _request(call: WireCall, cycles: list[dict[str, Any]], injected: list[dict[s
                    sum(t for t in tokens if isinstance(t, int)) if outputs else None, spanned)
 
 
-def _injected_aborts(injected: list[dict[str, Any]], calls: list[WireCall]) -> list[dict[str, Any]]:
-    """The injected aborts, each with the window it was in effect: from ``t`` (taken before the suite sent it) to
-    when it was answered (``t_end``) when the history records that, else to when it landed, read off the wire: the
-    first abort answer of a request that was open on that engine at ``t`` (else ``t`` itself)."""
-    out = []
-    for fault in (i for i in injected if i.get("kind") == "abort" and isinstance(i.get("t"), (int, float))):
-        t0, t1 = fault["t"], fault.get("t_end")
-        if not isinstance(t1, (int, float)):
-            hit = [c.t_end for c in calls if c.path == "/generate" and c.t_end is not None
-                   and c.t_start <= t0 <= c.t_end and fault.get("engine") in (None, c.engine)
-                   and any(finish_type(o) == "abort" for o in c.generate_outputs())]
-            t1 = min(hit, default=t0)
-        out.append({**fault, "t_end": t1})
-    return out
+def _landed(fault: Injected, calls: list[WireCall]) -> Injected:
+    """An injected abort with when it landed: as recorded (``t_end``), else (histories from before the suite
+    recorded it) read off the wire: the first abort answer of a request open on that engine at ``t``."""
+    if isinstance(fault.t_end, (int, float)):
+        return fault
+    hit = [c.t_end for c in calls if c.path == "/generate" and c.t_end is not None
+           and c.t_start <= fault.t <= c.t_end and fault.engine in (None, c.engine)
+           and any(finish_type(o) == "abort" for o in c.generate_outputs())]
+    return dataclasses.replace(fault, t_end=min(hit, default=fault.t))
 
 
 def _pack_rows(requests: list[Request]) -> None:
@@ -230,19 +224,17 @@ def _pause_mode(call: WireCall, profile: str) -> tuple[str, str]:
         return str(payload.get("mode", "abort")), "sent" if "mode" in payload else "no 'mode' sent"
 
 
-def _pauses(calls: list[WireCall], cycles: list[dict[str, Any]], profile: str) -> list[Pause]:
+def _pauses(h: History) -> list[Pause]:
     pauses: list[Pause] = []
     open_by_engine: dict[int, Pause] = {}
-    for call in calls:
+    for call in h.wire:
         if call.path == "/pause_generation" and call.origin == "integration":
-            cycle = next((int(c.get("index", i)) for i, c in enumerate(cycles)
-                          if c["t_start"] <= call.t_start <= c["t_end"]), None)
+            cycle = h.cycle_at(call.t_start)
             resident: dict[str, int] = {}
-            for w in calls:
-                if w.engine == call.engine and w.path == "/generate" and w.t_start < call.t_start \
-                        and (w.t_end is None or w.t_end > call.t_start):
-                    resident[w.origin] = resident.get(w.origin, 0) + 1
-            pause = Pause(call.engine, call.t_start, None, *_pause_mode(call, profile), resident, cycle)
+            for w in h.resident_at(call.engine, call.t_start):
+                resident[w.origin] = resident.get(w.origin, 0) + 1
+            pause = Pause(call.engine, call.t_start, None, *_pause_mode(call, str(h.profile or "")), resident,
+                          None if cycle is None else cycle.index)
             pauses.append(pause)
             open_by_engine[call.engine] = pause
         elif call.path == "/continue_generation" and call.engine in open_by_engine:
@@ -270,20 +262,19 @@ def _mark(call: WireCall) -> Mark | None:
                 f"engine {call.engine} {call.method} {call.path} {shown} → {answer} at t={call.t_start:.3f}s")
 
 
-def _consumed_groups(batches: list[dict[str, Any]], calls: list[WireCall]) \
-        -> tuple[list[int], dict[tuple[int, int], list[str]]]:
-    outputs = {str(o["meta_info"]["id"]): o for c in calls if c.path == "/generate" and c.origin == "integration"
-               for o in c.generate_outputs() if o["meta_info"].get("id") is not None}
+def _consumed_groups(h: History) -> tuple[list[int], dict[tuple[int, int], list[str]]]:
+    """The staleness of every consumed group (the version current at consumption − the oldest version of its
+    tokens), and each group's request ids by (batch, prompt)."""
+    outputs = h.outputs_by_rid()
     staleness: list[int] = []
     group_rids: dict[tuple[int, int], list[str]] = {}
-    for rec in batches:
-        current = rec.get("published_truth")
-        for group in (rec.get("batch") or {}).get("groups") or []:
-            rids = [str(t.get("rid")) for s in group.get("samples") or [] for t in s.get("turns") or []]
-            group_rids[(int(rec.get("index", 0)), int(group.get("prompt_index", -1)))] = rids
-            versions = [v for rid in rids if rid in outputs for v in output_versions(outputs[rid])]
-            if current is not None and versions:
-                staleness.append(int(current) - min(versions))
+    for rec in h.batches:
+        for group in rec.batch.groups if rec.batch is not None else []:
+            rids = [str(t.rid) for s in group.samples or [] for t in s.turns or []]
+            group_rids[(int(rec.index or 0), -1 if group.prompt_index is None else int(group.prompt_index))] = rids
+            versions = [v for rid in rids if rid in outputs for v in output_versions(outputs[rid][1])]
+            if rec.published_truth is not None and versions:
+                staleness.append(int(rec.published_truth) - min(versions))
     return staleness, group_rids
 
 
@@ -327,6 +318,32 @@ class Named:
         return {"e": sorted(self.engines), "r": sorted(self.rids), "c": sorted(self.cycles), "t": sorted(self.times)}
 
 
+def named_in(case: dict[str, Any], timeline: Timeline | None) -> Named:
+    """What a case's anomalies name: their ``engine``, ``rids``, ``cycle``, ``times``, and with ``batch`` and
+    ``prompt`` the requests of that consumed group. A case of a result written before anomalies existed (no
+    ``anomalies``: schema version 1) is read from its witness lines instead (:func:`named_in_prose`)."""
+    anomalies = case.get("anomalies")
+    if not isinstance(anomalies, list):
+        return named_in_prose(case.get("witness") or [], case.get("details") or {}, timeline)
+    named = Named()
+    for a in (a for a in anomalies if isinstance(a, dict)):
+        for key, into, cast in (("engine", named.engines, int), ("rids", named.rids, str),
+                                ("cycle", named.cycles, int), ("times", named.times, float)):
+            _add(into, a.get(key), cast)
+        if timeline is not None and a.get("batch") is not None and a.get("prompt") is not None:
+            named.rids |= set(timeline.group_rids.get((int(a["batch"]), int(a["prompt"])), []))
+    return named
+
+
+def _add(into: set, value: Any, cast: type) -> None:
+    for v in value if isinstance(value, list) else [value]:
+        if v is not None:
+            try:
+                into.add(cast(v))
+            except (TypeError, ValueError):
+                pass
+
+
 _RID = r"[\w.:\-]+"
 _PATTERNS = {
     "engine": re.compile(r"\bengines? (\d+)"),
@@ -336,11 +353,12 @@ _PATTERNS = {
     "group": re.compile(r"\bbatch (\d+): prompt (\d+)"),
     "time": re.compile(r"\bt=(-?\d+(?:\.\d+)?)s"),
 }
+"""How the witness lines of schema-1 results name things (those results carry no anomalies)."""
 
 
-def named_in(witness: list[Any], details: dict[str, Any], timeline: Timeline | None) -> Named:
-    """Read what a witness names: ``engine N``, ``request RID``, ``cycle N``, ``batch B: prompt P`` (that group's
-    requests), ``t=Xs``, and structured fields (``engine``, ``rid``, ``cycle``) a verdict may carry."""
+def named_in_prose(witness: list[Any], details: dict[str, Any], timeline: Timeline | None) -> Named:
+    """Schema-1 results only: read ``engine N``, ``request RID``, ``cycle N``, ``batch B: prompt P``, ``t=Xs`` off
+    the witness lines, and the ``engine``, ``rid``, ``cycle`` fields a verdict's details may carry."""
     named = Named()
     for line in witness:
         text = line if isinstance(line, str) else str(line)
@@ -355,11 +373,5 @@ def named_in(witness: list[Any], details: dict[str, Any], timeline: Timeline | N
                 named.rids |= set(timeline.group_rids.get((int(b), int(p)), []))
     for source in [details, *(w for w in witness if isinstance(w, dict))]:
         for key, into, cast in (("engine", named.engines, int), ("rid", named.rids, str), ("cycle", named.cycles, int)):
-            value = source.get(key)
-            for v in value if isinstance(value, list) else [value]:
-                if v is not None:
-                    try:
-                        into.add(cast(v))
-                    except (TypeError, ValueError):
-                        pass
+            _add(into, source.get(key), cast)
     return named

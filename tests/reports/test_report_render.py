@@ -206,14 +206,44 @@ def test_timeline_outcomes_pauses_versions_costs_and_staleness() -> None:
     assert t.group_rids[(0, 4)] == ["r-span", "r-done"]
 
 
-def test_a_witness_names_engines_requests_cycles_groups_and_times() -> None:
+def test_a_schema_1_witness_names_engines_requests_cycles_groups_and_times() -> None:
+    """Results written before anomalies existed are read from their prose."""
     t = build_timeline(hand_written_history())
-    named = named_in(["request r-aborted (engine 1) was in flight during update cycle 0 at t=1.250s",
-                      "batch 0: prompt 4 was generated under versions as old as 1",
-                      "turn rid(s) ['r-x', 'r-y'] that no engine answered"], {"engine": [0], "rid": "r-z"}, t)
+    named = named_in({"witness": ["request r-aborted (engine 1) was in flight during update cycle 0 at t=1.250s",
+                                  "batch 0: prompt 4 was generated under versions as old as 1",
+                                  "turn rid(s) ['r-x', 'r-y'] that no engine answered"],
+                      "details": {"engine": [0], "rid": "r-z"}}, t)
     assert named.engines == {0, 1} and named.cycles == {0} and named.times == {1.25}
     assert named.rids == {"r-aborted", "r-span", "r-done", "r-x", "r-y", "r-z"}
-    assert not named_in(["no update cycle ran"], {}, t)
+    assert not named_in({"witness": ["no update cycle ran"]}, t)
+
+
+def test_anomalies_name_engines_requests_cycles_groups_and_times_by_their_fields() -> None:
+    t = build_timeline(hand_written_history())
+    named = named_in({"witness": ["engine 7 cycle 9 request r-prose t=9.000s"],  # prose is not read
+                      "anomalies": [{"kind": "aborted-request", "text": "lost: a request", "engine": 1,
+                                     "rids": ["r-aborted"], "cycle": 0, "times": [1.25]},
+                                    {"kind": "oldest-version", "text": "a group", "batch": 0, "prompt": 4},
+                                    {"kind": "note", "text": "engine 3 request r-q"}]}, t)
+    assert named.engines == {1} and named.cycles == {0} and named.times == {1.25}
+    assert named.rids == {"r-aborted", "r-span", "r-done"}
+
+
+def test_html_highlights_from_the_fields_when_the_sentence_is_reworded(tmp_path: Path) -> None:
+    """A checker that rewords its sentence keeps its highlighting: the report reads the anomaly's fields."""
+    path = _result_with(hand_written_history(), tmp_path)
+    result = json.loads(path.read_text())
+    result["schema_version"] = 2
+    result["cases"][0].update(witness=["Something else entirely."], anomalies=[
+        {"kind": "aborted-request", "text": "Something else entirely.", "engine": 1, "rids": ["r-aborted"],
+         "cycle": 0}])
+    path.write_text(json.dumps(result))
+    html = render_html(json.loads(path.read_text()), path)
+    assert re.search(r'class="rq o-aborted continued hl" data-rid="r-aborted"', html), "the request it names"
+    assert re.search(r'<rect class="cy hl" data-c="0"', html), "the cycle it names"
+    assert html.count('class="lane hl"') == 1, "the one engine it names"
+    assert "Something else entirely." in html
+    assert "- **I1-I2-hand** (fail): Something else entirely." in render_markdown(result)
 
 
 def _result_with(history: dict, tmp_path: Path, status: str = "fail") -> Path:

@@ -53,7 +53,7 @@ def test_the_recorded_result_and_its_histories_validate(recorded: dict) -> None:
     (lambda r: r["cases"][0].update(verdict_colour="red"), "cases/0"),
     (lambda r: r["cases"][0].update(status="passed"), "cases/0/status"),
     (lambda r: r["run"].pop("seed"), "run"),
-    (lambda r: r.update(schema_version=2), "schema_version"),
+    (lambda r: r.update(schema_version=3), "schema_version"),
 ])
 def test_the_envelope_is_strict(recorded: dict, change, where: str) -> None:
     broken = copy.deepcopy(recorded)

@@ -1,8 +1,9 @@
-"""The interface an integration under test provides (DESIGN §4).
+"""The interface an integration under test provides (README "Test your own integration").
 
-Three roles, mirroring how every async-RL framework splits weight sync:
+Two roles, mirroring how every async-RL framework splits weight sync (how it talks to each SGLang engine is its
+own business: the suite reads what it did from the wire; the reference integration's client protocols are in
+``conformance.reference.protocols``):
 
-* :class:`EngineClient` — the integration's client for ONE engine (SGLang HTTP server).
 * :class:`Updater` — the trainer side of one trainer cell: owns the version counter and runs a whole update
   cycle across all engines, then publishes the version to the manager. A failover cell is a second Updater
   over the same engines and manager.
@@ -192,80 +193,6 @@ class Batch:
 
 
 @runtime_checkable
-class EngineClient(Protocol):
-    """The integration's client for one engine."""
-
-    url: str
-
-    async def generate(self, payload: Mapping[str, Any]) -> Any:
-        """POST ``/generate`` with a native SGLang payload; returns the decoded JSON response."""
-
-    async def pause(self, mode: str) -> None:
-        """Pause generation in ``mode`` (``abort`` / ``retract`` / ``in_place``)."""
-
-    async def resume(self) -> None:
-        """Continue generation."""
-
-    async def flush_cache(self) -> None:
-        """Flush the prefix cache; raises when the engine refuses."""
-
-    async def update_weight_version(self, version: str) -> None:
-        """Relabel the engine's weights. Must never abort in-flight requests (I1)."""
-
-    async def get_weight_version(self) -> str:
-        """The engine's current version label."""
-
-
-@runtime_checkable
-class WeightSyncClient(EngineClient, Protocol):
-    """Everything an update cycle calls on one engine: the :class:`EngineClient` plus every weight transport,
-    the 0.5.23 weight-update sessions and LoRA. The reference updater and transports
-    (``conformance.reference``) drive any object with these methods, so an adopter can run the reference cycle
-    over their own client. Each raises on an engine-reported failure (non-200 or ``success: false``, P5).
-    Field names and defaults are SGLang's (``docs/sglang-api.md`` §3, §4)."""
-
-    async def server_info(self) -> Mapping[str, Any]:
-        """``/get_server_info``: the server's arguments and its SGLang ``version``; the reference cycle adapts to the
-        release (a client without this method gets the newest behaviour, 0.5.23)."""
-
-    async def update_weights_from_disk(self, path: str | Path, weight_version: str | None = None,
-                                       flush_cache: bool = False) -> None:
-        """``/update_weights_from_disk``: load a checkpoint directory the engine can read."""
-
-    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str],
-                                         weight_version: str | None = None, flush_cache: bool = False) -> None:
-        """``/update_weights_from_tensor``: tensors in the body, one serialized payload per TP rank."""
-
-    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
-                                        world_size: int, group_name: str, backend: str) -> None:
-        """``/init_weights_update_group``: join the trainer's process group (returns once every rank joined)."""
-
-    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
-                                              shapes: Sequence[Sequence[int]], group_name: str,
-                                              weight_version: str | None = None, flush_cache: bool = False) -> None:
-        """``/update_weights_from_distributed``: receive the named tensors by broadcast from rank 0."""
-
-    async def destroy_weights_update_group(self, group_name: str) -> None:
-        """``/destroy_weights_update_group``."""
-
-    async def begin_weight_update(self) -> bool:
-        """``/begin_weight_update`` (0.5.23+); False when the engine has no sessions."""
-
-    async def end_weight_update(self) -> bool:
-        """``/end_weight_update`` (0.5.23+); False when the engine has no sessions."""
-
-    async def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: Mapping[str, Any],
-                                             serialized_named_tensors: Sequence[str]) -> None:
-        """``/load_lora_adapter_from_tensors``: an adapter sent in the body."""
-
-    async def load_lora_adapter(self, lora_name: str, lora_path: str | Path) -> None:
-        """``/load_lora_adapter``: an adapter the engine reads from disk."""
-
-    async def unload_lora_adapter(self, lora_name: str) -> None:
-        """``/unload_lora_adapter`` (SGLang waits for the requests that use it)."""
-
-
-@runtime_checkable
 class Updater(Protocol):
     """The trainer side of one trainer cell."""
 
@@ -313,9 +240,10 @@ class Roles:
     """Each call builds a fresh trainer cell over the same engines and manager (failover)."""
     close: Callable[[], Awaitable[None]] | None = None
     """Release clients, groups and temp files."""
-    engines: list[EngineClient] = field(default_factory=list)
+    engines: list[Any] = field(default_factory=list)
     """The integration's engine clients, for the adapter's own use and for debugging; optional: the suite reads
-    what the engines did from the wire, never through these."""
+    what the engines did from the wire, never through these (the reference's client protocols:
+    ``conformance.reference.protocols``)."""
 
 
 @runtime_checkable

@@ -21,9 +21,10 @@ import torch
 from safetensors.torch import save_file
 
 from .checks import invariants, known_invariants
-from .interface import BuildEnv, Integration, LoraAdapter, Sample, WeightSyncClient
+from .interface import BuildEnv, Integration, LoraAdapter, Sample
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
 from .reference.manager import FinishedGroup, numeric_label
+from .reference.protocols import WeightSyncClient
 from .reference.transports import (DistributedTransport, LoraTransport, WeightTransport, host_copy,
                                    write_checkpoint_atomic)
 from .scenarios import SCENARIOS
@@ -209,6 +210,12 @@ class BoundPlusOneManager(ReferenceManager):
         return bound is not None and staleness is not None and staleness > bound + 1
 
 
+class StrictBoundManager(ReferenceManager):
+    def too_stale(self, staleness: int | None) -> bool:
+        bound = self.config.max_staleness  # off by one the strict way: a group at the bound is rejected too
+        return bound is not None and staleness is not None and staleness >= bound
+
+
 class ProductionTimeFilterManager(ReferenceManager):
     async def enqueue(self, group: FinishedGroup) -> None:
         oldest, _ = self.oldest_version(group.samples)
@@ -379,6 +386,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("filter_admits_bound_plus_one", "the staleness filter is off by one: a group at bound + 1 is trained",
             "rl-frameworks S3", ("S3",),
             shows_in=("staleness",), manager_cls=BoundPlusOneManager),
+    _mutant("filter_rejects_at_bound", "the staleness filter is off by one the strict way: a group at exactly the "
+            "bound is rejected, so admissible groups are regenerated", "rl-frameworks S3", ("S3",),
+            shows_in=("staleness",), manager_cls=StrictBoundManager),
     _mutant("refusal_ignored_after_retry", "a refused disk load is retried once, then logged and ignored",
             "rl-frameworks P5; miles #684", ("P5",),
             shows_in=("one-engine-rejects",), client_cls=RetryThenIgnoreClient),

@@ -71,7 +71,7 @@ class SGLangEngine:
 
 
 class ThreadedEngineClient:
-    """The :class:`~conformance.interface.EngineClient` over a blocking wrapper: each call in a thread.
+    """The reference client protocols (:mod:`conformance.reference.protocols`) over a blocking wrapper: each call in a thread.
 
     Two pools, not ``asyncio.to_thread``'s shared default one: a ``/generate`` call blocks for as long as the
     engine is paused, so parked generations could take every default thread and ``continue_generation``

@@ -29,7 +29,7 @@ class EngineError(RuntimeError):
 
 
 class HttpEngineClient:
-    """The reference :class:`~conformance.interface.EngineClient` for one SGLang server (target: 0.5.23).
+    """The reference client for one SGLang server (every protocol of :mod:`conformance.reference.protocols`) (target: 0.5.23).
 
     ``timeout_s`` bounds every control call; ``generate_timeout_s`` bounds ``/generate`` (requests park while
     the engine is paused, so it is longer); ``flush_deadline_s`` bounds the flush retries.

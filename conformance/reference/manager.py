@@ -28,8 +28,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from ..interface import Batch, BuildEnv, EngineClient, Group, Prompt, Sample, Turn
+from ..interface import Batch, BuildEnv, Group, Prompt, Sample, Turn
 from .concurrency import gather_or_cancel
+from .protocols import GenerateClient
 
 
 class VersionRegression(RuntimeError):
@@ -94,9 +95,9 @@ class ReferenceManager:
 
     ``stamps_engines`` is the integration's ``Capabilities.stamps_engines``: True reads each turn's version from the
     engine's label (``meta_info.weight_version`` and its spans), False from the turn's ``policy_version``.
-    ``engines`` need only ``url`` and ``generate`` (:class:`~conformance.interface.EngineClient`)."""
+    ``engines`` need only ``url`` and ``generate`` (:class:`~conformance.reference.protocols.GenerateClient`)."""
 
-    def __init__(self, engines: Sequence[EngineClient], env: BuildEnv, *, stamps_engines: bool = True) -> None:
+    def __init__(self, engines: Sequence[GenerateClient], env: BuildEnv, *, stamps_engines: bool = True) -> None:
         if not engines:
             raise ValueError("ReferenceManager needs at least one engine")
         self.engines = list(engines)
@@ -222,7 +223,7 @@ class ReferenceManager:
         return payload
 
     @staticmethod
-    def turn_record(engine: EngineClient, rid: str, response: Any) -> Turn:
+    def turn_record(engine: GenerateClient, rid: str, response: Any) -> Turn:
         """The turn record of one ``/generate`` answer; raises :class:`ProtocolError` when it is malformed."""
         try:
             meta = response["meta_info"]

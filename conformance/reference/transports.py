@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save, save_file
 
-from ..interface import LoraAdapter, WeightSyncClient
+from ..interface import LoraAdapter
 from .releases import release_of
 from .concurrency import gather_all, gather_or_cancel, run_in_daemon_thread, settle_all
+from .protocols import WeightSyncClient
 
 log = logging.getLogger(__name__)
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)

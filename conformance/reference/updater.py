@@ -9,7 +9,7 @@ Override points: each step of the cycle is a public method with a working defaul
 :meth:`flush_needed`, :meth:`begin_sessions`, :meth:`transfer`, :meth:`stamp`, :meth:`end_sessions`,
 :meth:`resume_all`, :meth:`release_on_failure`, :meth:`publish`). An adopter whose cycle differs in one step
 subclasses :class:`ReferenceUpdater` and overrides that step (``examples/override_one_step.py``); the cycle itself
-(:meth:`update`) stays the reference's. The engines are any :class:`~conformance.interface.WeightSyncClient`.
+(:meth:`update`) stays the reference's. The engines are any :class:`~conformance.reference.protocols.WeightSyncClient` (only the parts the cycle calls: see there).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping, Sequence
 
-from ..interface import LoraAdapter, WeightSyncClient
+from ..interface import LoraAdapter
 from .releases import Release, release_of
 from .concurrency import gather_all, settle_all
 from .manager import ReferenceManager
+from .protocols import WeightSyncClient
 from .transports import LoraTransport, WeightTransport
 
 

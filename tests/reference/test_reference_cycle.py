@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from conformance.interface import EngineClient, LoraAdapter, Manager, Updater
+from conformance.interface import LoraAdapter, Manager, Updater
+from conformance.reference.protocols import WeightSyncClient
 from conformance.reference import EngineError
 from fakes.faults import Fault, FaultPlan
 from fakes.weights import tiny_lora
@@ -109,7 +110,7 @@ async def test_failover_cell_continues_the_published_version(rig: Rig) -> None:
     roles = await rig.build()
     first_cell = roles.new_updater()
     assert isinstance(first_cell, Updater) and isinstance(roles.manager, Manager)
-    assert all(isinstance(client, EngineClient) for client in roles.engines)
+    assert all(isinstance(client, WeightSyncClient) for client in roles.engines)
     for step in (1, 2):
         await within(first_cell.update(trainer_weights(engines[0], step), transport="tensor"))
 

@@ -1,7 +1,7 @@
 """The suite's own proof: the reference integration with one real bug put back, per mutant.
 
 Each mutant is a subclass of one reference piece overriding one small method (or a different checkpoint
-writer), reproducing a bug found in a real framework (``seeds/``, ``docs/rl-frameworks.md`` section c). The
+writer), reproducing a bug found in a real framework (``source`` names where: the framework, its issue or pull request). The
 suite must fail every mutant on the invariants listed in ``kills``. Select one with
 ``--integration conformance.mutants:<name>``.
 """
@@ -331,13 +331,13 @@ def _mutant(name: str, bug: str, source: str, kills: tuple[str, ...], *, shows_i
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("version_bump_aborts", "update_weight_version posts only new_version, so SGLang aborts every request",
-            "seed 000; miles #2589", ("I1", "I2"),
+            "miles #2589", ("I1", "I2"),
             shows_in=("steady-tensor-retract",), client_cls=BareVersionBumpClient),
     _mutant("lora_unstamped", "a LoRA update bumps the trainer counter but never the engines' label",
-            "seed 001 [P1]; rl-frameworks c.3", ("V1",),
+            "miles fully-async rollout review [P1]; rl-frameworks c.3", ("V1",),
             shows_in=("lora",), updater_cls=LoraUnstampedUpdater),
     _mutant("failover_regression_stored", "a failover cell restarts at 0 and the manager stores the lower version",
-            "seed 001 [P2]; miles #2244 review", ("V4",),
+            "miles fully-async rollout review [P2]; miles #2244 review", ("V4",),
             shows_in=("failover",), integration_cls=FreshCounterIntegration,
             manager_cls=SilentRegressionManager),
     _mutant("none_as_zero", "no version yet and 'default' labels count as version 0",
@@ -361,7 +361,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "miles #684; minimind update_policy", ("P5",),
             shows_in=("one-engine-rejects",), client_cls=UncheckedTransferClient),
     _mutant("non_atomic_checkpoint", "the checkpoint is written in place at its final path",
-            "seed 004 (minimind)", ("F3",),
+            "minimind (update_policy)", ("F3",),
             shows_in=("steady-disk-retract",), disk_writer=write_checkpoint_in_place),
     _mutant("flush_under_in_place", "the cache is flushed under in_place too",
             "rl-frameworks C2; ray #63769 review", ("C2",),
@@ -405,7 +405,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "rl-frameworks I1/I2; a rollout manager that restarts stale generations", ("I1", "I2"),
             shows_in=("steady-tensor-retract",), manager_cls=DropsOnNewVersionManager),
     _mutant("checkpoint_rewritten_in_place", "every version goes to one checkpoint path; the first is renamed into "
-            "place, later ones are written over it, where engines loaded it and read it", "seed 004 (minimind); "
+            "place, later ones are written over it, where engines loaded it and read it", "minimind (update_policy); "
             "rl-frameworks F3", ("F3",),
             shows_in=("steady-disk-retract",), disk_writer=write_checkpoint_reused_in_place),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ..anomaly import Anomaly
 from ..history import History, WireCall
 from ..interface import Group
@@ -82,8 +84,9 @@ def oldest_version(h: History) -> Verdict:
 def staleness_bound(h: History) -> Verdict:
     """S3/S1: with the filter on, every trained group has 0 <= current - oldest <= max_staleness, measured
     against the version current at consumption. The run must train groups at exactly the bound (a filter off by
-    one the strict way trains none: unknown); the staleness scenario also brings groups at bound + 1 to
-    consumption, which a filter off by one the lax way trains (fail)."""
+    one the strict way trains none: it fails, naming them, when such groups were shown to wait for consumption,
+    else unknown); the staleness scenario also brings groups at bound + 1 to consumption, which a filter off by one
+    the lax way trains (fail)."""
     if h.max_staleness is None:
         return verdict([], vacuous="the scenario runs without a staleness bound")
     outputs = h.outputs_by_rid()
@@ -112,6 +115,64 @@ def staleness_bound(h: History) -> Verdict:
     at_bound = sum(s == h.max_staleness for s in measured)
     metrics = {"groups_measured": len(measured), "staleness_max": max(measured, default=None),
                "staleness_mean": sum(measured) / len(measured) if measured else None, "groups_at_bound": at_bound}
-    vacuous = None if at_bound else (f"no group was trained at exactly the bound ({h.max_staleness}; trained: "
-                                     f"{sorted(set(measured))}): the run does not show the filter admits it")
+    vacuous = None
+    if not at_bound:
+        passed_over = _passed_over_at_bound(h, outputs)
+        failures += passed_over
+        vacuous = None if passed_over else (f"no group was trained at exactly the bound ({h.max_staleness}; "
+                                            f"trained: {sorted(set(measured))}): the run does not show the filter "
+                                            f"admits it")
     return verdict(failures, vacuous=vacuous, metrics=metrics)
+
+
+_PROMPT = re.compile(r"Prompt (\d+) \(seed ")
+"""The suite's prompts (``conformance.scenarios.lifecycle.prompt_source``): which prompt a ``/generate`` is for."""
+
+
+def _prompt_of(call: WireCall) -> int | None:
+    text = call.payload.get("text") if isinstance(call.payload, dict) else None
+    found = _PROMPT.search(text) if isinstance(text, str) else None
+    return int(found.group(1)) if found else None
+
+
+def _passed_over_at_bound(h: History, outputs: dict) -> list[Anomaly]:
+    """Over-filtering: complete groups at exactly the bound that were available at a consumption and not trained.
+
+    A group counts as available at batch B (consumed at version c) when every call of its prompt had finished
+    before the update cycle that published c began, while nothing of the integration's was decoding (its producer
+    blocked on a full buffer: everything generated was a finished group, as the staleness scenario builds it), all
+    of them under version c − bound, and neither B nor a batch before it trained it (called only when no trained
+    group was at the bound)."""
+    assert h.max_staleness is not None
+    calls = [c for c in h.integration_calls("/generate") if _prompt_of(c) is not None]
+    trained: set[int] = set()
+    found: list[Anomaly] = []
+    for rec in h.batches:
+        current = rec.published_truth
+        cycle = next((c for c in reversed(h.cycles) if c.ok and c.returned == current and c.t_end <= rec.t), None)
+        if current is None or cycle is None or any(c.t_start < cycle.t_start and (c.t_end is None or c.t_end >
+                                                                                 cycle.t_start) for c in calls):
+            trained |= {g.prompt_index for g in rec.batch.groups}
+            continue
+        before: dict[int, set[int]] = {}
+        for c in calls:
+            if c.t_start < cycle.t_start:
+                versions = {v for o in c.generate_outputs() for v in call_versions(h, c, o)}
+                aborted = any(o.get("meta_info", {}).get("finish_reason", {}).get("type") == "abort"
+                              for o in c.generate_outputs() if isinstance(o.get("meta_info", {}).get("finish_reason"),
+                                                                           dict))
+                before.setdefault(_prompt_of(c), set()).update(versions | ({-1} if aborted else set()))
+        batch = {g.prompt_index for g in rec.batch.groups}
+        at_bound = sorted(p for p, vs in before.items() if vs == {current - h.max_staleness}
+                          and p not in trained and p not in batch)
+        if at_bound:
+            found.append(Anomaly(
+                "over-filtered",
+                f"batch {rec.index} (consumed at version {current}) trained prompts {sorted(batch)} while the "
+                f"finished groups of prompts {at_bound[:5]} (generated before update cycle {cycle.index}, under "
+                f"version {current - h.max_staleness}: staleness {h.max_staleness}, exactly the bound, admissible) "
+                f"waited for consumption: the filter rejects groups at the bound",
+                batch=rec.index, prompt=at_bound[0], versions=(current - h.max_staleness, current),
+                cycle=cycle.index, times=(rec.t,)))
+        trained |= batch
+    return found

@@ -136,7 +136,8 @@ def timeline_svg(history: History, *, max_lanes: int = 8, max_rows: int = 14, wi
     left, row_h, lane_gap = 70, 5, 10
     x = lambda t: left + (width - left - 10) * (min(max(t, t0), t1) - t0) / (t1 - t0)  # noqa: E731
     out, y, hidden = [], 22, 0
-    for tick in range(int(t0 // 300 + 1) * 300, int(t1), 300):
+    every = next(s for s in (10, 30, 60, 120, 300, 600, 1800, 3600) if (t1 - t0) / s <= 10)
+    for tick in range(int(t0 // every + 1) * every, int(t1), every):
         out.append(f'<line class="grid" x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="14" y2="100%"/>'
                    f'<text class="tick" x="{x(tick):.1f}" y="11">{tick:.0f} s</text>')
     for engine in picked:
@@ -197,7 +198,8 @@ def _charts(names: Sequence[str], tables: Sequence[CostTable]) -> str:
     return "".join([chart("aborts per update", "aborts", "u"), chart("requests decoding at the update", "decoding", "u"),
                     chart("groups discarded per step", "groups_discarded", "s"),
                     chart("raw samples per step", "raw", "s"), chart("consumable samples per step", "consumable", "s"),
-                    chart("train wait per step (s)", "train_wait_s", "s")])
+                    chart("train wait per step (s)", "train_wait_s", "s"),
+                    chart("trained groups by staleness (versions)", "staleness", "")])
 
 
 def render_html(names: Sequence[str], runs: Sequence[ReplayRun], tables: Sequence[CostTable]) -> str:

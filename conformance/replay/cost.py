@@ -65,7 +65,7 @@ def _spread(values: Sequence[float]) -> tuple[float, float, float] | None:
 class CostTable:
     """The cost figures of one replay; :meth:`rows` formats them. ``series`` holds the per-update and per-step
     figures behind them (``aborts``, ``decoding`` per update; ``train_wait_s``, ``raw``, ``consumable``,
-    ``groups_discarded`` per step) for charts."""
+    ``groups_discarded`` per step; ``staleness``: trained groups per staleness) for charts."""
 
     values: dict[str, Any]
     series: dict[str, list[float]] = field(default_factory=dict)
@@ -86,7 +86,7 @@ class CostTable:
         ("consumable_per_450s", "consumable samples per 450 s"),
         ("train_wait_s", "train wait per step, s"),
         ("mixed_version_turns", "mixed-version share of trained turns"),
-        ("staleness", "staleness of trained groups (version: groups)"),
+        ("staleness", "staleness of trained groups, versions"),
         ("recompute_tokens", "recompute tokens (continued requests)"),
     )
 
@@ -105,8 +105,11 @@ def _fmt(key: str, v: Any) -> str:
         return f"{v[0]:.0f} / {v[1]:.0f} / {v[2]:.0f}"
     if key == "abort_window":
         return " / ".join(str(x) for x in v)
-    if key == "staleness":
-        return ", ".join(f"{k}: {n}" for k, n in sorted(v.items())) or "–"
+    if key == "staleness":  # {staleness: groups}
+        if not v:
+            return "–"
+        mean = sum(k * n for k, n in v.items()) / sum(v.values())
+        return f"{mean:.1f} ({min(v)}–{max(v)})"
     if isinstance(v, tuple):
         return f"{v[0]:.1f} ({v[1]:.0f}–{v[2]:.0f})" if v[1] != v[2] else f"{v[0]:.1f}"
     return f"{v:,.0f}" if isinstance(v, (int, float)) else str(v)
@@ -190,6 +193,8 @@ def cost_table(run: ReplayRun) -> CostTable:
             out = outputs.get(old, (None, {}))[1].get("meta_info", {})
             recompute += int(out.get("prompt_tokens") or 0) + int(out.get("completion_tokens") or 0)
     v["recompute_tokens"] = recompute
+    top = max(v["staleness"], default=-1)
     series = {"aborts": [len(x) for x in per_cycle], "decoding": decoding, "train_wait_s": waits, "raw": raw,
-              "consumable": consumable, "groups_discarded": lost_groups}
+              "consumable": consumable, "groups_discarded": lost_groups,
+              "staleness": [v["staleness"].get(k, 0) for k in range(top + 1)]}
     return CostTable(v, {k: [float(x) for x in xs] for k, xs in series.items()})

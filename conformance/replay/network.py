@@ -60,9 +60,9 @@ class Network:
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         app = self.apps[request.url.host]
-        is_generate = request.url.path == "/generate"
-        if is_generate and self.start_delay is not None:
-            delay = self.start_delay(_json(await request.aread()))
+        payload = _json(await request.aread()) if request.url.path == "/generate" else None
+        if payload is not None and self.start_delay is not None:
+            delay = self.start_delay(payload)
             if delay > 0:
                 await asyncio.sleep(delay)
         timeout = (request.extensions.get("timeout") or {}).get("read")
@@ -71,8 +71,8 @@ class Network:
             status, headers, body = await (call if timeout is None else asyncio.wait_for(call, timeout))
         except asyncio.TimeoutError:
             raise httpx.ReadTimeout(f"no answer within {timeout:g}s (virtual time)", request=request) from None
-        if is_generate and self.tool_delay is not None and status == 200:
-            delay = self.tool_delay(_json(await request.aread()), _json(body))
+        if payload is not None and self.tool_delay is not None and status == 200:
+            delay = self.tool_delay(payload, _json(body))
             if delay > 0:
                 await asyncio.sleep(delay)
         return httpx.Response(status, headers=headers, content=body, request=request)

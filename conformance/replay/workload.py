@@ -1,7 +1,8 @@
 """What the replay simulates: the run's shape (:class:`ReplayConfig`), its prompts, the agent's environment and
 the trainer's weights. Defaults are the seed-000 incident's run (16 engines, groups of 8, an update per step
-after a ≈ 44 s transfer, paused in place); the environment delay and episode shape are chosen so that the
-control reproduces the seed's production rate and the requests decoding at each update (see README)."""
+after a ≈ 44 s transfer, paused in place). The seed does not report the episode shape: 1,024 episodes in flight,
+two turns of 126 s decoding and ≈ 31 min of environment after each are chosen so that about 65 requests decode
+when an update lands and an unthrottled producer finishes ≈ 180 samples per step, as in the seed (README)."""
 
 from __future__ import annotations
 

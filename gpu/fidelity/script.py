@@ -167,7 +167,9 @@ class Checkpoints:
         counts: dict[str, int] = {}
         for label in labels.values():
             counts[label] = counts.get(label, 0) + 1
-        return ", ".join(f"{label}:{n}" for label, n in sorted(counts.items()))
+        held = ", ".join(f"{label}:{n}" for label, n in sorted(counts.items()))
+        others = sorted(name for name, label in labels.items() if label == "other")
+        return held + (f" ({', '.join(others[:3])})" if others else "")
 
 
 def _digest(tensor: torch.Tensor) -> str:

@@ -1,0 +1,95 @@
+"""Differential fidelity (``gpu.fidelity``): the diff and its normalisation on CPU, the committed divergence lists
+explained, and (``-m sglang``, where the release's environment exists) the fake against real SGLang: a divergence
+not in the committed list, or a listed one that no longer happens, fails."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpu.fidelity.__main__ import HERE, divergences_file, key, known, main as fidelity_main
+from gpu.fidelity.script import diff, generation, message_class, normalise
+from gpu.sglang_cpu import RELEASES, status
+
+
+@pytest.mark.cpu
+def test_messages_are_classed_with_what_varies_masked() -> None:
+    assert message_class("Weight version updated to v12.") == "Weight version updated to <v>."
+    assert message_class("Failed to get weights iterator: /tmp/x/absent not found, 3 files") == (
+        "Failed to get weights iterator: <path> not found, <n> files")
+    assert message_class("2 validation errors:\n  {'type': 'missing'}") == "<validation error>"
+    assert message_class(None) is None
+
+
+@pytest.mark.cpu
+def test_an_answer_is_normalised_to_status_keys_and_the_weight_sync_fields() -> None:
+    answer = httpx.Response(400, json={"success": False, "message": "Failed at v3", "num_paused_requests": 0})
+    assert normalise(answer) == {"status": 400, "keys": ["message", "num_paused_requests", "success"],
+                                 "body.success": False, "body.num_paused_requests": 0,
+                                 "body.message": "Failed at <v>"}
+    assert normalise(httpx.Response(200, text="Cache flushed.")) == {"status": 200, "text": "Cache flushed."}
+    assert normalise(httpx.Response(200, content=b"null")) == {"status": 200, "body": "null"}
+
+
+@pytest.mark.cpu
+def test_a_generation_is_judged_by_versions_spans_and_how_it_ended() -> None:
+    meta = {"finish_reason": {"type": "length", "length": 4}, "completion_tokens": 4, "weight_version": "v1",
+            "weight_versions": [{"version": "v0", "start": 0, "end": 1}, {"version": "v1", "start": 1, "end": 4}],
+            "num_retractions": 2}
+    seen = generation(meta, 4)
+    assert seen["span versions"] == ["v0", "v1"] and seen["spans cover the output"] is True
+    assert seen["full budget"] is True and seen["num_retractions"] == 1
+    meta["weight_versions"][1]["start"] = 2
+    assert generation(meta, 4)["spans cover the output"] is False
+    assert generation(None, 4) == {"finished": False}
+
+
+@pytest.mark.cpu
+def test_the_diff_lists_every_field_that_differs_with_both_answers() -> None:
+    fake = {"a": {"status": 200, "x": 1}, "only fake": {"status": 200}}
+    real = {"a": {"status": 400, "x": 1}, "only real": {"y": 2}}
+    assert diff(fake, real) == [
+        {"step": "a", "field": "status", "fake": 200, "real": 400},
+        {"step": "only real", "field": "y", "fake": "<absent>", "real": 2},
+        {"step": "only real", "field": "absent", "fake": True, "real": "<absent>"},
+        {"step": "only fake", "field": "absent", "fake": "<absent>", "real": True},
+        {"step": "only fake", "field": "status", "fake": 200, "real": "<absent>"},
+    ]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_committed_divergence_is_explained(release: str) -> None:
+    path = divergences_file(release)
+    assert path.exists(), f"{path.name} is missing: python -m gpu.fidelity --release {release} --update"
+    entries = known(release)
+    assert len({key(e) for e in entries}) == len(entries), "a divergence is listed twice"
+    for entry in entries:
+        why = entry.get("why", "")
+        assert len(why) > 20 and why != "TODO", f"{entry['step']} / {entry['field']}: no explanation"
+        assert why.split(":")[0] in ("fake-only", "CPU artefact", "not modelled"), (
+            f"{entry['step']} / {entry['field']}: the explanation starts with its class: " + why)
+
+
+@pytest.mark.cpu
+def test_without_the_environment_the_command_says_what_to_install(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert fidelity_main(["--release", "0.5.23", "--venv", str(tmp_path / "none")]) == 2
+    assert "python -m gpu.sglang_cpu install --release 0.5.23" in capsys.readouterr().err
+
+
+@pytest.mark.sglang
+@pytest.mark.timeout(900)
+def test_the_fake_diverges_from_real_sglang_only_where_listed(pytestconfig: pytest.Config) -> None:
+    from weightsync_conformance.plugin import sglang_release, sglang_venv
+
+    release, venv = sglang_release(pytestconfig), sglang_venv(pytestconfig)
+    env = status(release, Path(venv) if venv else None, import_check=False)
+    if not env.usable:
+        pytest.skip(f"-m sglang needs a real-SGLang environment: {env.reason}")
+    args = ["--release", release] + (["--venv", str(env.venv)] if venv else [])
+    assert fidelity_main(args) == 0, f"new or gone divergences on {release}: see the output above ({HERE})"

@@ -75,10 +75,9 @@ class EnginePool:
     """One engine set for a session, lent to one scenario at a time (see the module docstring)."""
 
     def __init__(self, make: Callable[[], RayBackend], *, profile: str, name: str = "sglang",
-                 sentinel_seconds: float = 4.0, sessions: bool = False, lists_adapters: bool = True) -> None:
+                 sentinel_seconds: float = 4.0) -> None:
         self.make, self.profile, self.name = make, profile, name
         self.sentinel_seconds = sentinel_seconds
-        self.sessions, self.lists_adapters = sessions, lists_adapters
         self.stats = PoolStats()
         self.backend: RayBackend | None = None
         self.initial: InitialState | None = None
@@ -176,8 +175,7 @@ class EnginePool:
         if len(set(labels)) != 1 or any(d != digests[0] for d in digests):
             raise EngineFailure(f"the engines did not start alike: labels {labels}; "
                                 f"{sum(d != digests[0] for d in digests)} engine(s) hold other weights than engine 0")
-        return InitialState(backend.config.spec.model_path, labels[0], digests[0], params, self.sessions,
-                            self.lists_adapters)
+        return InitialState(backend.config.spec.model_path, labels[0], digests[0], params)
 
 
 async def decode_speed(url: str, tokens: int = SPEED_PROBE_TOKENS) -> float:

@@ -7,8 +7,8 @@ Engines shared across scenarios (:mod:`gpu.pool`) are reset between scenarios. :
 2. wait until the engine is idle: ``/flush_cache`` answers 200 only when no request is running or waiting
    (``Scheduler.flush_cache``, ``python/sglang/srt/managers/scheduler.py``, 0.5.x), so it doubles as the probe;
 3. close what the scenario left open, as its wire log shows it: a weight-update session (0.5.23
-   ``/end_weight_update``), every custom group it initialised and did not destroy, every LoRA adapter loaded
-   (``/v1/models`` lists them on 0.5.10+, the wire on older releases);
+   ``/end_weight_update``; a 404 there is a release without sessions), every custom group it initialised and did
+   not destroy, every LoRA adapter loaded (``/v1/models`` lists them on 0.5.10+; the wire shows them too);
 4. reload the initial checkpoint (``/update_weights_from_disk``, ``flush_cache`` true: idle by step 2) and put the
    initial label back (``/update_weight_version``, ``abort_all_requests`` false);
 5. one greedy token through ``/generate`` (the engine serves, it is not paused), then ``/flush_cache`` again.
@@ -53,10 +53,6 @@ class InitialState:
     digests: Mapping[str, str]
     params: Mapping[str, tuple[str, tuple[int, ...]]]
     """Name → (dtype, shape), to read the digests back."""
-    sessions: bool
-    """The release has weight-update sessions (``/begin_weight_update``, 0.5.23)."""
-    lists_adapters: bool
-    """``/v1/models`` lists loaded LoRA adapters (0.5.10+)."""
 
 
 def left_open(calls: Sequence[WireCall]) -> tuple[list[str], list[str], bool]:
@@ -110,8 +106,8 @@ async def reset_engine(index: int, url: str, initial: InitialState, calls: Seque
         await e.call("continue", "POST", "/continue_generation", {})
         await e.call("abort", "POST", "/abort_request", {"abort_all": True})
         done["idle_s"] = await _until_idle(e, "wait for idle")
-        if session and initial.sessions:
-            r = await e.call("end the weight-update session", "POST", "/end_weight_update", {}, ok=(200, 400))
+        if session:  # 404: a release without sessions (before 0.5.23)
+            r = await e.call("end the weight-update session", "POST", "/end_weight_update", {}, ok=(200, 400, 404))
             if r.status_code == 400 and NO_SESSION not in r.text:
                 raise e.fail("end the weight-update session", f"answered 400 {r.text[:300]!r}")
             done["session_closed"] = r.status_code == 200
@@ -121,7 +117,7 @@ async def reset_engine(index: int, url: str, initial: InitialState, calls: Seque
             if r.status_code == 400 and "does not exist" not in r.text:
                 raise e.fail(f"destroy group {group!r}", f"answered 400 {r.text[:300]!r}")
         done["groups_destroyed"] = groups
-        listed = await _adapters(e) if initial.lists_adapters else []
+        listed = await _adapters(e)
         for name in dict.fromkeys([*listed, *adapters]):
             r = await e.call(f"unload adapter {name!r}", "POST", "/unload_lora_adapter", {"lora_name": name},
                              ok=(200, 400))
@@ -175,7 +171,7 @@ async def _verify(e: _Engine, initial: InitialState) -> None:
     if label != initial.label:
         raise e.fail("verify the label", f"/model_info reports weight_version {label!r}, not the initial "
                                          f"{initial.label!r}")
-    if initial.lists_adapters and await _adapters(e):
+    if await _adapters(e):
         raise e.fail("verify no adapter is loaded", f"/v1/models still lists {await _adapters(e)}")
     digests = await read_engine_digests(e.url, initial.params, STEP_TIMEOUT_S)
     differ = sorted(n for n in initial.digests if digests.get(n) != initial.digests[n])

@@ -107,14 +107,9 @@ class SglangSuite:
     def pool(self) -> Any:
         """The session's engine pool (engines start at the first scenario)."""
         if self._pool is None:
-            from fakes.profiles import PROFILES
-
             from .pool import EnginePool
 
-            profile = PROFILES[self.release]
-            self._pool = EnginePool(self._maker(self.config()), profile=self.release, name="sglang",
-                                    sessions=profile.weight_update_sessions,
-                                    lists_adapters=profile.models_list_loras)
+            self._pool = EnginePool(self._maker(self.config()), profile=self.release, name="sglang")
         return self._pool
 
     def _maker(self, config: Any) -> Callable[[], Any]:

@@ -1,0 +1,69 @@
+"""Whether a mutant of the reference is killed on a backend: the same proof as ``tests/test_mutants.py``, on any
+backend factory (the fake, or real SGLang's shared engines).
+
+A mutant is *killed* when, on the scenarios built to expose it (``Mutant.shows_in``), the checker of an invariant
+it breaks itself fails (not merely the run breaking: ``Mutant.killers``). A scenario the backend cannot run is
+*skipped* with its reason, never counted as a kill or a pass; a scenario whose backend broke (an engine lost, a
+reset that failed) is *broke* with the error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from conformance.cases import BackendFactory, ScenarioResult, run_one
+from conformance.mutants import Mutant, invariants
+from conformance.scenarios import DEADLINES, Deadlines
+
+
+@dataclass
+class MutantOutcome:
+    """One mutant on one backend."""
+
+    mutant: str
+    status: str
+    """``killed``, ``survived``, ``skipped`` or ``broke``."""
+    checks: list[str] = field(default_factory=list)
+    """The checks that killed it (``C2``, ``I1-I2``)."""
+    killers: list[str] = field(default_factory=list)
+    """The cases whose checker failed on it (``<check>-<scenario>``)."""
+    reason: str = ""
+    failed_without_witness: list[str] = field(default_factory=list)
+
+    def cell(self) -> str:
+        """The table cell: ``C2`` (the checkers that killed it), ``SURVIVED``, ``skipped: …``, ``broke: …``."""
+        if self.status == "killed":
+            return ", ".join(self.checks)
+        if self.status == "survived":
+            return "SURVIVED"
+        return f"{self.status}: {self.reason.splitlines()[0][:90]}"
+
+
+def run_mutant(mutant: Mutant, factory: BackendFactory, *, adapt: Callable[[Any], Any] = lambda i: i,
+               why_not: Callable[[str], str | None] = lambda s: None, seed: int = 0,
+               deadlines: Deadlines = DEADLINES) -> MutantOutcome:
+    """Run ``mutant`` (its integration passed through ``adapt``) on its ``shows_in`` scenarios, one after another,
+    on ``factory``'s backends."""
+    results: dict[str, ScenarioResult] = {}
+    skipped: list[str] = []
+    for scenario in mutant.shows_in:
+        reason = why_not(scenario)
+        if reason:
+            skipped.append(f"{scenario}: {reason}")
+            continue
+        try:
+            results[scenario] = run_one(scenario, adapt(mutant.integration), factory, seed, deadlines)
+        except Exception as exc:  # the backend broke: say so, never a kill
+            return MutantOutcome(mutant.name, "broke", reason=f"{scenario}: {type(exc).__name__}: {exc}")
+    killers = sorted({c for cases in mutant.killers(results).values() for c in cases})
+    checks = sorted({c for r in results.values() for c, v in r.verdicts.items()
+                     if v.checker_status == "fail" and invariants(c) & set(mutant.kills)})
+    bare = sorted(f"{c}-{s}" for s, r in results.items() for c, v in r.verdicts.items()
+                  if v.status == "fail" and not v.witness)
+    if killers:
+        return MutantOutcome(mutant.name, "killed", checks, killers, failed_without_witness=bare)
+    if skipped and not results:
+        return MutantOutcome(mutant.name, "skipped", reason="; ".join(skipped))
+    return MutantOutcome(mutant.name, "survived", failed_without_witness=bare,
+                         reason="; ".join(skipped) or "no expected checker failed")

@@ -1,0 +1,149 @@
+"""The mutant × backend table: every mutant of the reference on the fake and on real SGLang on CPU, per release.
+
+    python gpu/scripts/mutant_table.py --backend fake --backend 0.5.23 [--record gpu/scripts/mutant-table.json]
+    python gpu/scripts/mutant_table.py --backend 0.5.15 --record gpu/scripts/mutant-table.json   # adds a column
+    python gpu/scripts/mutant_table.py --record gpu/scripts/mutant-table.json --print            # the table only
+
+Each mutant runs on the scenarios built to expose it (``Mutant.shows_in``), as ``tests/test_mutants.py`` runs it
+(:func:`gpu.mutation.run_mutant`): a cell names the checks that killed it, ``SURVIVED`` (a defect), ``skipped``
+with the reason (a scenario real SGLang on CPU cannot run) or ``broke`` with the error. A real release's mutants
+share one pair of engines, reset between scenarios (:mod:`gpu.pool`), from the release's environment
+(``python -m gpu.sglang_cpu install --release V``). With ``--reference`` the reference runs every scenario first
+(its cases must all pass). The record keeps every column measured so far, with when and how long it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from conformance.cases import fake_backend_factory, run_one  # noqa: E402
+from conformance.mutants import MUTANTS  # noqa: E402
+from conformance.scenarios import SCENARIOS  # noqa: E402
+from gpu.mutation import run_mutant  # noqa: E402
+
+COLUMNS = ("fake", "0.5.10", "0.5.15", "0.5.23")
+
+
+def measure(backend: str, names: list[str], reference: bool, seed: int) -> dict[str, Any]:
+    """One column: each mutant's outcome on ``backend`` (``fake`` or a real release)."""
+    from gpu.sglang_suite import SglangSuite
+    from gpu.trainer import for_real_sglang
+
+    t0 = time.monotonic()
+    suite = None if backend == "fake" else SglangSuite(release=backend, seed=seed)
+    if suite is not None and suite.skip_reason():
+        raise SystemExit(f"mutant_table: {suite.skip_reason()}")
+    factory = fake_backend_factory(seed=seed) if suite is None else suite.backend_factory()
+    adapt = (lambda i: i) if suite is None else for_real_sglang
+    why_not = (lambda s: None) if suite is None else suite.why_not
+    column: dict[str, Any] = {"cells": {}, "killers": {}}
+    try:
+        if reference:
+            column["reference"] = run_reference(factory, adapt, why_not, seed)
+            print(f"{backend}: reference {column['reference']['summary']}", flush=True)
+        for name in names:
+            outcome = run_mutant(MUTANTS[name], factory, adapt=adapt, why_not=why_not, seed=seed)
+            column["cells"][name], column["killers"][name] = outcome.cell(), outcome.killers
+            print(f"{backend}: {name}: {outcome.cell()}", flush=True)
+    finally:
+        if suite is not None:
+            column["engines"] = suite.summary()
+            suite.close()
+    column["wall_s"] = round(time.monotonic() - t0, 1)
+    column["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return column
+
+
+def run_reference(factory: Any, adapt: Any, why_not: Any, seed: int) -> dict[str, Any]:
+    """The reference on every scenario: cases passed / failed / skipped, and which failed."""
+    from conformance import DEFAULT_INTEGRATION
+    from conformance.cases import load_integration
+
+    integration = adapt(load_integration(DEFAULT_INTEGRATION))
+    t0, counts, failed = time.monotonic(), {"passed": 0, "failed": 0, "skipped": 0}, []
+    for scenario in SCENARIOS.values():
+        if why_not(scenario.name):
+            counts["skipped"] += len(scenario.checks)
+            continue
+        try:
+            result = run_one(scenario.name, integration, factory, seed)
+        except Exception as exc:
+            counts["failed"] += len(scenario.checks)
+            failed.append(f"{scenario.name}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        for check in scenario.checks:
+            v = result.verdicts.get(check)
+            if result.skip_reason(check):
+                counts["skipped"] += 1
+            elif v is not None and v.passed:
+                counts["passed"] += 1
+            else:
+                counts["failed"] += 1
+                failed.append(f"{check}-{scenario.name}: {v.status if v else 'error'}"
+                              + (f" ({v.witness[0][:150]})" if v and v.witness else ""))
+    summary = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped " \
+              f"in {time.monotonic() - t0:.0f}s"
+    return {**counts, "failed_cases": failed, "summary": summary}
+
+
+def table(record: dict[str, Any]) -> str:
+    """The Markdown table of every column in ``record`` (``–``: not measured yet)."""
+    cols = [c for c in COLUMNS if c in record] + [c for c in record if c not in COLUMNS]
+    heads = ["fake" if c == "fake" else f"real {c}" for c in cols]
+    lines = ["| mutant | expected | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(cols)]
+    for name in sorted(MUTANTS):
+        cells = [record[c]["cells"].get(name, "–") for c in cols]
+        lines.append(f"| `{name}` | {', '.join(MUTANTS[name].kills)} | " + " | ".join(cells) + " |")
+    refs = [record[c].get("reference", {}).get("summary", "–") for c in cols]
+    lines.append("| *reference, every scenario* | all pass | " + " | ".join(refs) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", action="append", default=[], metavar="fake|RELEASE",
+                        help=f"a column to measure ({', '.join(COLUMNS)}); repeatable")
+    parser.add_argument("--mutants", default=None, help="comma-separated mutant names (default: all)")
+    parser.add_argument("--reference", action="store_true", help="also run the reference on every scenario")
+    parser.add_argument("--record", type=Path, default=None, help="JSON file that keeps the columns measured")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print", action="store_true", help="print the recorded table and measure nothing")
+    args = parser.parse_args(argv)
+    names = sorted(MUTANTS) if not args.mutants else args.mutants.split(",")
+    unknown = [n for n in names if n not in MUTANTS] + [b for b in args.backend if b not in COLUMNS]
+    if unknown:
+        print(f"mutant_table: unknown {unknown}; mutants: {', '.join(sorted(MUTANTS))}; backends: "
+              f"{', '.join(COLUMNS)}", file=sys.stderr)
+        return 2
+    record = json.loads(args.record.read_text()) if args.record and args.record.exists() else {}
+    if not args.print:
+        if not args.backend:
+            print("mutant_table: give --backend (or --print with --record)", file=sys.stderr)
+            return 2
+        for backend in args.backend:
+            column = measure(backend, names, args.reference, args.seed)
+            previous = record.get(backend, {})
+            column["cells"] = {**previous.get("cells", {}), **column["cells"]}
+            column["killers"] = {**previous.get("killers", {}), **column["killers"]}
+            if "reference" not in column and "reference" in previous:
+                column["reference"] = previous["reference"]
+            record[backend] = column
+            if args.record:
+                args.record.write_text(json.dumps(record, indent=1) + "\n")
+    print(table(record))
+    survived = [f"{c}: {n}" for c, col in record.items() for n, cell in col["cells"].items()
+                if cell.startswith(("SURVIVED", "broke"))]
+    if survived:
+        print(f"\nnot killed: {', '.join(survived)}", file=sys.stderr)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

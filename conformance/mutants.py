@@ -1,7 +1,8 @@
 """The suite's own proof: the reference integration with one real bug put back, per mutant.
 
 Each mutant is a subclass of one reference piece overriding one small method (or a different checkpoint
-writer), reproducing a bug found in a real framework (``source`` names where: the framework, its issue or pull request). The
+writer), reproducing a bug found in a real framework (``source`` names where: the framework, its issue or pull
+request). The
 suite must fail every mutant on the invariants listed in ``kills``. Select one with
 ``--integration conformance.mutants:<name>``.
 """
@@ -121,6 +122,14 @@ class LoraUnstampedUpdater(ReferenceUpdater):
     async def stamp(self, new: int) -> None:
         if self._stamp_due:
             await super().stamp(new)
+
+
+class LoraStampFirstUpdater(ReferenceUpdater):
+    async def transfer(self, new: int, mover: WeightTransport | None, weights: Mapping[str, Any] | None,
+                       lora: LoraAdapter | None) -> str | None:
+        if lora is not None:  # the adapter path relabels the engines first, then loads the adapter
+            await self.stamp(new)
+        return await super().transfer(new, mover, weights, lora)
 
 
 class NoResumeOnFailureUpdater(ReferenceUpdater):
@@ -386,6 +395,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("filter_admits_bound_plus_one", "the staleness filter is off by one: a group at bound + 1 is trained",
             "rl-frameworks S3", ("S3",),
             shows_in=("staleness",), manager_cls=BoundPlusOneManager),
+    _mutant("lora_stamped_before_load", "a LoRA update relabels the engines before the adapter is loaded, so a "
+            "refused load leaves them labelled with a version they do not serve", "rl-frameworks V2 (LoRA path)",
+            ("V2",), shows_in=("lora-refused-by-one",), updater_cls=LoraStampFirstUpdater),
     _mutant("filter_rejects_at_bound", "the staleness filter is off by one the strict way: a group at exactly the "
             "bound is rejected, so admissible groups are regenerated", "rl-frameworks S3", ("S3",),
             shows_in=("staleness",), manager_cls=StrictBoundManager),

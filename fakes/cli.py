@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engines", type=int, default=1, metavar="E", help="number of fake engines (default 1)")
     parser.add_argument("--router", action="store_true", help="also serve a FakeRouter in front of the engines")
     parser.add_argument("--router-flavor", default="0.3.2", choices=("0.3.2", "spec"),
-                        help="router behaviour: as measured on sglang-router 0.3.2 (default) or as spec §8 reads")
+                        help="router behaviour: as measured on sglang-router 0.3.2 (default) or as the "
+                             "sgl-model-gateway source reads")
     parser.add_argument("--policy", default="round_robin", choices=("round_robin", "random"),
                         help="router policy (default round_robin)")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES),

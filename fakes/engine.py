@@ -1,6 +1,7 @@
 """FakeEngine: the async shell over the pure scheduler (SGLang's TokenizerManager + scheduler process).
 
-It owns what SGLang's tokenizer side owns (spec §2.2, §3.3, §4): the pause gate that parks new requests,
+It owns what SGLang's tokenizer side owns (``python/sglang/srt/managers/tokenizer_manager.py`` and its
+mixins): the pause gate that parks new requests,
 the writer-preferring model-update lock every /generate holds as a reader, the tokenizer-side
 ``weight_version`` label, LoRA refcounts, weight-update groups and sessions; and it drives the
 ``Scheduler`` either by hand (``await engine.step(n)``, manual clock) or with a real-time ticker

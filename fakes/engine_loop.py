@@ -21,7 +21,7 @@ _MAX_CATCH_UP_STEPS = 1000
 
 class _UpdateLock:
     """SGLang's ``model_update_lock`` (``utils/aio_rwlock.py``): writer-preferring, so readers wait while
-    a writer waits or holds it (spec §3.3.2)."""
+    a writer waits or holds it (``utils/aio_rwlock.py``, tokenizer_control_mixin.py)."""
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ class EngineClosed(RuntimeError):
 
 
 def error_reply(status: int, message: str) -> Reply:
-    """``_create_error_response``: ``{"error": {"message": ...}}`` (spec §6.5)."""
+    """``_create_error_response``: ``{"error": {"message": ...}}`` (entrypoints/http_server.py)."""
     return Reply(status, {"error": {"message": message}})
 
 

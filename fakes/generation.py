@@ -134,9 +134,10 @@ class GenerationMixin:
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         """``TokenizerManager.abort_request``: fire-and-forget. A rid the tokenizer does not hold (and an
-        empty rid without ``abort_all``) is ignored; the scheduler then matches by prefix (spec §7.3).
+        empty rid without ``abort_all``) is ignored; the scheduler then matches by prefix (managers/scheduler.py
+        abort_request).
         Waiting-queue aborts are answered after the caller's handler returns (so on ≤0.5.16 they carry
-        a version set right after the abort, spec §6.3)."""
+        a version set right after the abort: tokenizer_manager.py _handle_abort_req)."""
         if not abort_all and rid not in self._sink_rids:
             return
         done = self.scheduler.abort(rid, abort_all)
@@ -226,7 +227,8 @@ class GenerationMixin:
             raise ValueError(f"stop_token_ids must be a list of ints, got {stop_ids!r}.")
 
     async def generate(self, obj: Mapping[str, Any]) -> Reply:
-        """``POST /generate``: one object, a list (batch / n>1), or an SSE stream (spec §6)."""
+        """``POST /generate``: one object, a list (batch / n>1), or an SSE stream (tokenizer_manager.py
+        _handle_batch_output)."""
         try:
             specs, is_list = self.normalize_generate(obj)
         except ValueError as e:
@@ -287,7 +289,7 @@ class GenerationMixin:
             self.update_lock.release_read()
 
     async def _pass_gate(self, rids: list[str]) -> None:
-        """``async with is_pause_cond: await wait_for(lambda: not is_pause)`` (spec §2.4)."""
+        """``async with is_pause_cond: await wait_for(lambda: not is_pause)`` (tokenizer_manager.py)."""
         if not self.paused:
             return
         for rid in rids:
@@ -336,7 +338,7 @@ class GenerationMixin:
 
     async def health(self) -> Reply:
         """``/health``, ``/health_generate``: a 1-token probe; 200 once any scheduler output arrives after
-        the check started, 503 after ``health_check_timeout_s`` of engine time (spec §7.2)."""
+        the check started, 503 after ``health_check_timeout_s`` of engine time (http_server.py health_generate)."""
         if self.dead or self.server_status == "Starting":  # 503 until the warmup request succeeded
             return Reply(503)
         start = self._outputs
@@ -362,7 +364,8 @@ class GenerationMixin:
         return Reply(503 if self.paused or self.dead else 200)
 
     async def pause_generation(self, obj: Mapping[str, Any] | None) -> Reply:
-        """``/pause_generation`` (spec §2). ≤0.5.4: body ignored, abort once, return."""
+        """``/pause_generation`` (http_server.py, tokenizer_manager.py pause_generation). ≤0.5.4: body ignored,
+        abort once, return."""
         mode = obj.get("mode", "abort") if (obj is not None and self.profile.pause_modes) else "abort"
         self.paused = True
         self.pause_mode = mode
@@ -391,14 +394,15 @@ class GenerationMixin:
         return Reply(200, dict(CONTINUED_BODY))
 
     async def abort_request(self, obj: Mapping[str, Any]) -> Reply:
-        """``/abort_request``: 200 with an empty body, immediately (spec §7.3)."""
+        """``/abort_request``: 200 with an empty body, immediately (http_server.py abort_request)."""
         rids = obj.get("rid")
         for rid in rids if isinstance(rids, list) else [rids or ""]:
             self.abort(rid, bool(obj.get("abort_all")))
         return Reply(200)
 
     async def update_weight_version(self, obj: Mapping[str, Any]) -> Reply:
-        """``/update_weight_version``: abort all (default True!) then set the label (spec §1.2)."""
+        """``/update_weight_version``: abort all (default True!) then set the label (http_server.py
+        update_weight_version)."""
         if obj["abort_all_requests"]:
             self.abort(abort_all=True)
         version = obj["new_version"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from .asgi import Reply
 
-WEIGHT_VERSION_DEPRECATED = {  # 0.5.10–0.5.16, spec §5
+WEIGHT_VERSION_DEPRECATED = {  # 0.5.10–0.5.16, entrypoints/http_server.py get_weight_version
     "object": "error",
     "message": "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead.",
     "type": "404",
@@ -65,7 +65,7 @@ class InfoMixin:
         }
 
     def model_info(self) -> dict[str, Any]:
-        """``/model_info`` / ``/get_model_info`` body with this profile's keys (spec §5)."""
+        """``/model_info`` / ``/get_model_info`` body with this profile's keys (http_server.py get_model_info)."""
         values = {
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
@@ -87,7 +87,7 @@ class InfoMixin:
 
     def server_info(self) -> dict[str, Any]:
         """A small ``/server_info``: server args + internal state. ``weight_version`` tracks updates
-        ≤0.5.16 and is the startup value on 0.5.23 (spec §5, code-read)."""
+        ≤0.5.16 and is the startup value on 0.5.23 (http_server.py get_server_info, code-read)."""
         tracked = self.profile.server_info_tracks_version
         return {
             **self.server_args,

@@ -34,7 +34,8 @@ class LoraMixin:
         return success_reply(ok, {"success": ok, "error_message": error, "loaded_adapters": loaded})
 
     async def load_lora_adapter(self, obj: Mapping[str, Any]) -> Reply:
-        """``/load_lora_adapter``: no abort, no model-update lock, no version stamp (spec §4)."""
+        """``/load_lora_adapter``: no abort, no model-update lock, no version stamp
+        (tokenizer_communicator_mixin.py load_lora_adapter)."""
 
         async def read() -> None:
             adapter = await asyncio.to_thread(W.load_lora_adapter, obj["lora_path"])

@@ -1,4 +1,4 @@
-"""`FakeRouter`: the sglang router / sgl-model-gateway in front of fake engines (spec §8), as an ASGI app.
+"""`FakeRouter`: the sglang router / sgl-model-gateway in front of fake engines (``sgl-model-gateway``), as an ASGI app.
 
 Two flavours:
 
@@ -26,7 +26,7 @@ Two flavours:
       `/continue_generation`, `/abort_request`, `/init_weights_update_group`, `/destroy_weights_update_group`,
       `/begin_weight_update`, `/end_weight_update`, LoRA loads, `/get_weight_version`) and any other unknown
       path → 404 with an empty body. A known path with the wrong method → 405, empty body.
-* `flavor="spec"` — spec §8's reading of the sgl-model-gateway source: `/model_info` and `/get_model_info` →
+* `flavor="spec"` — a reading of the sgl-model-gateway source: `/model_info` and `/get_model_info` →
   the first healthy worker's `/model_info`; `/server_info`, `/get_server_info` → its `/server_info`;
   `/health_generate` → proxied; `/generate` also refuses a body with both or neither of `text`/`input_ids`
   (400); `/flush_cache` answers `{"successful","failed","total_workers","http_workers","message"}`.
@@ -55,7 +55,7 @@ ROUTER_FLAVORS = ("0.3.2", "spec")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_ATTEMPTS = 5
 
-# Weight-sync endpoints: never routed (404), spec §8 and measured on 0.3.2.
+# Weight-sync endpoints: never routed (404), read in the sgl-model-gateway source and measured on 0.3.2.
 WEIGHT_SYNC_PATHS = (
     "/update_weights_from_disk",
     "/update_weights_from_tensor",

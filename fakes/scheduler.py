@@ -1,6 +1,6 @@
 """The pure, synchronous scheduler core of the fake SGLang engine. No asyncio, no I/O.
 
-Models SGLang's scheduler as far as weight sync can observe it (spec §2.3, §6, §7.1, §10): a waiting
+Models SGLang's scheduler as far as weight sync can observe it (``python/sglang/srt/managers/scheduler.py``): a waiting
 queue and a running batch of at most ``max_running_requests``; each ``step()`` is one decode iteration
 (admit + prefill, then every running request emits one token stamped with the current weight version);
 aborts, pause modes (``in_place``/``retract``), retraction, the flush idle predicate and the response
@@ -39,7 +39,7 @@ def decode_ids(ids: list[int]) -> str:
 
 
 def abort_finish_reason(message: str = "Aborted") -> dict[str, Any]:
-    """``FINISH_ABORT.to_json()`` of a user-initiated abort of a running request (spec §6.3)."""
+    """``FINISH_ABORT.to_json()`` of a user-initiated abort of a running request (managers/schedule_batch.py)."""
     return {"type": "abort", "message": message, "status_code": None, "err_type": None}
 
 
@@ -151,7 +151,7 @@ class Scheduler:
     # -- state queries ------------------------------------------------------------------------
     @property
     def paused(self) -> bool:
-        """The scheduler's ``_engine_paused`` (set by pause ``in_place``/``retract`` only, spec §2.3)."""
+        """The scheduler's ``_engine_paused`` (set by pause ``in_place``/``retract`` only)."""
         return self.pause_mode is not None
 
     def live(self) -> list[Request]:
@@ -166,7 +166,7 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def is_idle_for_flush(self) -> bool:
-        """``Scheduler.flush_cache``'s idle predicate for this profile (spec §7.1)."""
+        """``Scheduler.flush_cache``'s idle predicate for this profile (is_fully_idle)."""
         if self.running:
             return False
         if not self.profile.flush_checks_waiting:
@@ -204,7 +204,7 @@ class Scheduler:
         return req
 
     def step(self) -> StepResult:
-        """One decode iteration; a no-op while paused (the event loop ``continue``s, spec §2.3)."""
+        """One decode iteration; a no-op while paused (the event loop ``continue``s: event_loop_normal)."""
         if self.paused:
             return StepResult()
         admitted = self._admit()
@@ -232,7 +232,7 @@ class Scheduler:
         return StepResult(tuple(admitted), tuple(emitted), tuple(finished))
 
     def abort(self, rid: str = "", abort_all: bool = False) -> list[Request]:
-        """Scheduler-side ``AbortReq``: match by rid **prefix** (``req.rid.startswith(rid)``, spec §7.3).
+        """Scheduler-side ``AbortReq``: match by rid **prefix** (``req.rid.startswith(rid)``).
 
         Running matches get ``to_finish`` and finish with ``abort`` on their next decode step (one
         extra token; after ``resume`` when paused). Waiting/retracted matches finish now with the
@@ -282,7 +282,7 @@ class Scheduler:
         old, self.version = self.version, version
         self._event("version.change", old=old, new=version, cause=cause)
 
-    # -- response bodies (spec §6.1–6.3) ------------------------------------------------------
+    # -- response bodies (tokenizer_manager.py) ------------------------------------------------------
     def render(self, req: Request, *, since: int = 0, label: str | None = None) -> dict[str, Any]:
         """The /generate JSON object for ``req`` now: the final one if finished, else a streaming chunk.
 
@@ -330,7 +330,7 @@ class Scheduler:
             meta.update(self._logprobs(req, 0))
         if self.profile.weight_versions_spans:
             self._add_spans(meta, req)
-        meta["completion_tokens"] = len(req.output_ids)  # no prompt_tokens on this path (spec §6.3)
+        meta["completion_tokens"] = len(req.output_ids)  # no prompt_tokens on this path (_handle_abort_req)
         ids = req.output_ids[-1:] if req.stream else req.output_ids
         return {"text": req.text, "output_ids": list(ids), "meta_info": meta}
 

@@ -7,7 +7,7 @@ snapshots also list each version's HTTP routes and which struct each route takes
 `validate(struct_name, body, profile_version)` does what FastAPI + pydantic v2 (lax mode) do to a JSON body
 before SGLang's handler sees it: unknown keys are ignored, defaults are filled, values are type-checked and
 coerced against the annotation text, and a failure raises `RequestError(400, <SGLang error body>)` whose
-`message` is built the way SGLang's `RequestValidationError` handler builds it (spec §1.3):
+`message` is built the way SGLang's `RequestValidationError` handler builds it (entrypoints/http_server.py):
 
     {"object": "error", "message": "1 validation error:\\n  {'type': 'missing', 'loc': ('body', 'new_version'),
      'msg': 'Field required', 'input': {}}\\n  ... [{...}]", "type": "Bad Request", "param": null, "code": 400}

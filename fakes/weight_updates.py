@@ -28,7 +28,7 @@ FLUSH_OK_TEXT = (
 FLUSH_AFTER_UPDATE_ASSERT = "AssertionError: Cache flush failed after updating weights"
 
 
-FLUSH_AFTER_UPDATE_ERROR = (  # 0.5.23, spec §3.3.3
+FLUSH_AFTER_UPDATE_ERROR = (  # 0.5.23, managers/scheduler_components/weight_updater.py
     "Weights were updated, but the cache was not flushed because requests are still running or queued. "
     "Retract or finish them, then call /flush_cache."
 )
@@ -47,7 +47,8 @@ class WeightUpdatesMixin:
         extra: Mapping[str, Any] | None = None,
         needs_session: bool = False,
     ) -> Reply:
-        """The shared update cycle (spec §3.3): abort → lock (skipped while paused ≥0.5.6) → load →
+        """The shared update cycle (tokenizer_control_mixin.py / scheduler_components/weight_updater.py,
+        0.5.23): abort → lock (skipped while paused ≥0.5.6) → load →
         post-update flush → version stamp. ``load`` returns the new store, or a failure message."""
         extra = dict(extra or {})
         if obj.get("abort_all_requests"):
@@ -79,7 +80,7 @@ class WeightUpdatesMixin:
             if version is not None:  # 0.5.23: scheduler-side version recorded, tokenizer label not (code-read)
                 self.scheduler.set_version(version, f"{source} (cache flush failed)")
             return Reply(400, {"success": False, "message": FLUSH_AFTER_UPDATE_ERROR, **extra})
-        if source == "update_weights_from_disk":  # the tokenizer side records the path only on success (spec §3.3)
+        if source == "update_weights_from_disk":  # the tokenizer records the path only on success
             self.model_path = obj["model_path"]
         message = ok_message
         if version is not None:
@@ -168,7 +169,8 @@ class WeightUpdatesMixin:
 
     async def update_weights_from_distributed(self, obj: Mapping[str, Any]) -> Reply:
         """``/update_weights_from_distributed``: receive the broadcast on the named group. An unknown group
-        hits an ``assert`` outside the model runner's try (spec §3.3.7): the fake crashes; 0.5.23's scheduler
+        hits an ``assert`` outside the model runner's try (scheduler_update_weights_mixin.py, ≤0.5.16): the fake
+        crashes; 0.5.23's scheduler
         catches the receive and answers 400 ``Failed to receive weights: ...`` (fact
         ``distributed_receive_errors_answered``)."""
 
@@ -253,7 +255,8 @@ class WeightUpdatesMixin:
         return Reply(200, values)
 
     async def flush_cache(self, timeout: float = 0.0) -> Reply:
-        """``/flush_cache``: plain-text body; ``timeout`` (0.5.10+) waits that long for idleness (spec §7.1)."""
+        """``/flush_cache``: plain-text body; ``timeout`` (0.5.10+) waits that long for idleness
+        (scheduler_components/flush_wrapper.py)."""
         if self._flushing:
             return Reply(400, "Another flush_cache is already in progress.")
         message = ""
@@ -334,7 +337,7 @@ def _silently_skipped(name: str, config: Mapping[str, Any]) -> bool:
 
 
 def _disk_failure(e: Exception, stage: str) -> str:
-    """``model_runner.update_weights_from_disk`` messages per failing stage (spec §3.2)."""
+    """``model_runner.update_weights_from_disk`` messages per failing stage (model_executor/model_runner.py, 0.5.23)."""
     if stage == "loader":
         return f"Failed to get model loader: {e}."
     if stage == "iterator":

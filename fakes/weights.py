@@ -1,6 +1,7 @@
 """The weights a fake SGLang engine holds, and every way a trainer can hand it new ones (one import for all of it).
 
-Spec: ``../shared/docs/sglang-api.md`` §3 (weight-update endpoints). Vendorable: stdlib only at import time;
+SGLang: the weight-update endpoints of ``python/sglang/srt/entrypoints/http_server.py`` and their structs in
+``managers/io_struct.py``. Vendorable: stdlib only at import time;
 ``torch`` (and ``numpy``) are imported lazily, only by the code paths that need them. The pieces, one module each:
 
 * ``weight_errors`` -- ``WeightError``, ``CheckpointError`` (with the ``stage`` that picks SGLang's message);

@@ -1,4 +1,5 @@
-"""The GPU backend: real SGLang servers supervised by Ray actors across ``--nodes`` nodes (DESIGN §7).
+"""The GPU backend: real SGLang servers supervised by Ray actors across ``--nodes`` nodes (README "Real SGLang on
+a GPU cluster").
 
 * :mod:`gpu.launch` — one launch line (``EngineSpec`` → SGLang's flags) for ``sglang.launch_server`` and the fake;
 * :mod:`gpu.engine` — an engine process supervised on its node (free port, ``/health`` deadline, log tail,

@@ -18,7 +18,8 @@ from .verdict import Verdict, verdict
                    "transports")
 def atomic_checkpoints(h: History) -> Verdict:
     """F3, per load: every checkpoint an engine is told to load arrived at its path by an atomic rename (never
-    written in place, where a reader can see it half-written: seed 004), is not written into once an engine was told
+    written in place, where a reader can see it half-written:
+    minimind's disk update), is not written into once an engine was told
     to load it (a path reused across versions is replaced by a rename, not rewritten inside), and is not removed
     before the last engine told to load it finished. A path that receives a new checkpoint by rename is judged per
     arrival."""

@@ -12,7 +12,8 @@ from .verdict import Verdict, verdict
 
 ABORTING_PATHS = ((TRANSFER_PATHS | {"/update_weight_version"})
                   - {"/load_lora_adapter", "/load_lora_adapter_from_tensors"})
-"""Calls that take ``abort_all_requests`` (``sglang-api.md`` §1.1, §3.1)."""
+"""Calls that take ``abort_all_requests`` (``python/sglang/srt/managers/io_struct.py``: ``UpdateWeightVersionReqInput``
+and the ``UpdateWeightsFrom*ReqInput`` structs, 0.5.1–0.5.23)."""
 _ACTION = {"/pause_generation": "paused", "/update_weight_version": "relabelled"}
 
 
@@ -170,7 +171,7 @@ def _continued(h: History) -> dict[str, str]:
 
 def _aborting_calls(h: History) -> dict[tuple[int, str], list[WireCall]]:
     """Per engine and path, the bumps and transfers whose effective ``abort_all_requests`` is true (the bump's
-    default is true: seed 000)."""
+    default is true: ``UpdateWeightVersionReqInput.abort_all_requests``, radixark/miles #2589)."""
     found: dict[tuple[int, str], list[WireCall]] = {}
     for call in h.integration_calls():
         if call.path in ABORTING_PATHS and effective(call, "abort_all_requests", h.profile) is True:

@@ -2,7 +2,7 @@
 
 Every call has a finite timeout, and every engine answer is validated: a non-200 status, an unreadable body or
 ``"success": false`` raises :class:`EngineError` naming the engine, the endpoint, the status and the body (P5).
-Field names and defaults follow SGLang's ``io_struct.py`` (``docs/sglang-api.md`` §1–§7); where SGLang's default
+Field names and defaults follow SGLang's ``python/sglang/srt/managers/io_struct.py`` (0.5.23); where SGLang's default
 hurts, the client sends the safe value explicitly (``abort_all_requests: false``, ``flush_cache: false``).
 """
 
@@ -29,7 +29,8 @@ class EngineError(RuntimeError):
 
 
 class HttpEngineClient:
-    """The reference client for one SGLang server (every protocol of :mod:`conformance.reference.protocols`) (target: 0.5.23).
+    """The reference client for one SGLang server (target: 0.5.23; every protocol of
+    :mod:`conformance.reference.protocols`).
 
     ``timeout_s`` bounds every control call; ``generate_timeout_s`` bounds ``/generate`` (requests park while
     the engine is paused, so it is longer); ``flush_deadline_s`` bounds the flush retries.
@@ -120,7 +121,7 @@ class HttpEngineClient:
     # -- versions --------------------------------------------------------------------------------------
 
     def version_payload(self, version: str) -> dict[str, Any]:
-        # SGLang defaults abort_all_requests to True: a bare bump aborts every in-flight request (seed 000, I1).
+        # SGLang defaults abort_all_requests to True: a bare bump aborts every in-flight request (miles #2589, I1).
         return {"new_version": version, "abort_all_requests": False}
 
     async def update_weight_version(self, version: str) -> None:

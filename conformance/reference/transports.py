@@ -71,7 +71,8 @@ def _fsync(path: Path) -> None:
 def write_checkpoint_atomic(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
                             config: Mapping[str, Any], *, weights_file: str = "model.safetensors",
                             config_file: str = "config.json") -> Path:
-    """Default :data:`CheckpointWriter` (F3, seed 004): write into a temp dir beside the target, fsync, then
+    """Default :data:`CheckpointWriter` (F3; minimind wrote its checkpoints in place): write into a temp dir
+    beside the target, fsync, then
     ``os.rename`` it to ``root / name``, so a reader sees either no checkpoint or a complete one. (A PEFT adapter
     is the same with ``adapter_model.safetensors`` and ``adapter_config.json``.)"""
     root.mkdir(parents=True, exist_ok=True)

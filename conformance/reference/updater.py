@@ -3,13 +3,15 @@
 Cycle (P1): pause (retract | in_place) → flush unless in_place (C2) → begin session (full weights, 0.5.23) →
 transfer → ``update_weight_version`` on every engine → end session → continue → publish. On any failure the
 open sessions are ended and every engine is continued before the error propagates (I6), and nothing is
-published (V2). LoRA updates are stamped with the same counter as full updates (V1, seed 001 P1).
+published (V2). LoRA updates are stamped with the same counter as full updates (V1; the miles fully-async
+rollout review).
 
 Override points: each step of the cycle is a public method with a working default (:meth:`pause_all`,
 :meth:`flush_needed`, :meth:`begin_sessions`, :meth:`transfer`, :meth:`stamp`, :meth:`end_sessions`,
 :meth:`resume_all`, :meth:`release_on_failure`, :meth:`publish`). An adopter whose cycle differs in one step
 subclasses :class:`ReferenceUpdater` and overrides that step (``examples/override_one_step.py``); the cycle itself
-(:meth:`update`) stays the reference's. The engines are any :class:`~conformance.reference.protocols.WeightSyncClient` (only the parts the cycle calls: see there).
+(:meth:`update`) stays the reference's. The engines are any
+:class:`~conformance.reference.protocols.WeightSyncClient` (only the parts the cycle calls: see there).
 """
 
 from __future__ import annotations

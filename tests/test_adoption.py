@@ -97,6 +97,35 @@ def test_a_listed_case_whose_run_broke_is_a_new_failure_not_the_listed_one(pytes
                                  "invariant, but the run broke (*trainer lost*): that is a new failure*"])
 
 
+NO_SESSIONS = '''
+from conformance.reference import ReferenceIntegration, ReferenceUpdater
+
+class NoSessions(ReferenceUpdater):
+    async def begin_sessions(self):
+        return None
+
+    async def end_sessions(self):
+        return None
+
+integration = ReferenceIntegration(name="no-sessions", updater_cls=NoSessions)
+'''
+
+
+def test_an_integration_without_weight_update_sessions_is_told_once_before_the_first_scenario(
+        pytester: pytest.Pytester, suite) -> None:
+    pytester.makepyfile(no_sessions=NO_SESSIONS)
+    pytester.syspathinsert()
+    result = suite("--conformance-integration", "no_sessions:integration", "-k", "steady-tensor-retract or V1-lora")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = "\n".join(result.outlines + result.errlines)
+    assert text.count("integration 'no-sessions' never opens a weight-update session; SGLang 0.5.23 requires one for "
+                      "tensor and distributed updates") == 1, text[-3000:]
+    result.assert_outcomes()  # stopped before any case ran
+    older = suite("--conformance-integration", "no_sessions:integration", "-k", "V1-steady-tensor-retract",
+                  "--conformance-sglang-profile", "0.5.15")
+    older.assert_outcomes(passed=1)  # no sessions on 0.5.15: nothing to say
+
+
 # -- the suite as importable test classes -------------------------------------------------------------------------
 
 ADOPTER_TESTS = '''

@@ -123,6 +123,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", marker)
     config.stash[_STATE] = ConformanceSession(config)
     config.pluginmanager.register(config.stash[_STATE], "weightsync-conformance-session")
+    if getattr(config.option, "numprocesses", None) and getattr(config, "workerinput", None) is None and (
+            expectations_path(config) or integration_spec(config) != DEFAULT_INTEGRATION):
+        config.stash[_STATE].activate()  # the xdist controller collects nothing: what was asked for, checked once
     report, dump = config.getoption("conformance_report"), config.getoption("conformance_dump_history")
     if report or dump:
         from reports.collect import ResultCollector
@@ -209,6 +212,7 @@ class ConformanceSession:
         self._keep: dict[int, Any] = {}
         self._gpu: list[Any] = []
         self._sglang: Any = None
+        self._release: dict[int, str | None] = {}
         self.ran: dict[str, None] = {}
         """The integrations whose cases ran (as the controller saw their reports; ordered)."""
 
@@ -272,6 +276,8 @@ class ConformanceSession:
 
         key = (id(integration), scenario, backend)
         self._keep.setdefault(id(integration), integration)
+        if backend == "fake":
+            self.check_release(integration)
         if key not in self._cache:
             seed = conformance_seed(self.config)
             try:
@@ -295,6 +301,22 @@ class ConformanceSession:
         if isinstance(found, Exception):
             pytest.fail(f"{scenario} on the {backend} backend: {found}", pytrace=False)
         return found
+
+    def check_release(self, integration: Any) -> None:
+        """Before the integration's first scenario on the fake engines: the release check
+        (:mod:`conformance.preflight`). Its message stops the run, once; under xdist (where a worker cannot stop
+        the session) it fails each of the integration's cases instead."""
+        if id(integration) not in self._release:
+            from conformance.preflight import release_check
+
+            self._release[id(integration)] = release_check(integration, self.backend_factory("fake"),
+                                                           conformance_seed(self.config))
+        message = self._release[id(integration)]
+        if message is None:
+            return
+        if getattr(self.config, "workerinput", None) is not None:
+            pytest.fail(f"release check: {message}", pytrace=False)
+        pytest.exit(f"weightsync-conformance: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
 
     def backend_factory(self, backend: str) -> Callable[[], Any]:
         """The engines of ``backend``: ``fake`` (in process) or ``gpu`` (real SGLang on Ray, set up at the first gpu

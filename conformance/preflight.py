@@ -1,0 +1,61 @@
+"""The release check, before the first scenario: one update cycle on the release the run targets, so that an
+integration that never opens a weight-update session hears it once, up front, instead of failing mid-run.
+
+SGLang 0.5.23 runs ``/update_weights_from_tensor`` and ``/update_weights_from_distributed`` only between
+``/begin_weight_update`` and ``/end_weight_update`` (``python/sglang/srt/managers/scheduler_components/
+weight_updater.py``, 0.5.23); earlier releases have no sessions (``fakes.releases``: ``weight_update_sessions``).
+"""
+
+from __future__ import annotations
+
+from .backends import Backend
+from .cases import TEARDOWN_MARGIN_S, BackendFactory
+from .interface import Integration
+from .loop import run_abandonable
+from .scenarios import DEADLINES, Deadlines, Run, Scenario, run_scenario
+
+SESSION_TRANSPORTS = ("tensor", "distributed")
+SESSION_PATHS = ("/begin_weight_update", "/end_weight_update")
+
+
+async def _one_update(run: Run) -> None:
+    await run.update()
+
+
+PROBE = Scenario(name="release-check", doc="one full-weight update on a transport that needs a session",
+                 script=_one_update, checks=(), transport=SESSION_TRANSPORTS)
+
+
+def needs_sessions(profile: str) -> bool:
+    from fakes.releases import fact
+
+    return bool(fact("weight_update_sessions", profile))
+
+
+def release_check(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
+                  deadlines: Deadlines = DEADLINES) -> str | None:
+    """None when the integration opens a session around its tensor/distributed updates (or the release or its
+    capabilities need none), else the one-line message that says what to fix."""
+    if not set(SESSION_TRANSPORTS) & set(integration.capabilities.transports):
+        return None
+    backend: Backend = backend_factory()
+    if not needs_sessions(backend.profile):
+        return None
+    transport = PROBE.transport_for(integration)
+    backend.start()
+    try:
+        outcome = run_abandonable(run_scenario(PROBE, integration, backend, seed, deadlines),
+                                  deadlines.script_s + TEARDOWN_MARGIN_S, "release-check")
+    finally:
+        backend.stop()
+    history = outcome.result if outcome.finished else None
+    if history is None or not history.cycles:
+        return None  # the probe could not run a cycle: the scenarios will say why, with their witnesses
+    opened = any(call.path in SESSION_PATHS for call in history.wire)
+    refused = any(call.path.startswith("/update_weights_from_") and not call.ok for call in history.wire)
+    if opened or not refused:
+        return None
+    return (f"integration {integration.name!r} never opens a weight-update session; SGLang {backend.profile} "
+            f"requires one for tensor and distributed updates (its {transport} update was refused): call "
+            f"/begin_weight_update before the transfer and /end_weight_update after it (the reference updater's "
+            f"begin_sessions/end_sessions), or run on an earlier release with --conformance-sglang-profile")

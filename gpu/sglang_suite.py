@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from fakes.profiles import DEFAULT_PROFILE
+
 from .launch import FAKE, SGLANG, EngineSpec
 
 LORA_ON_CPU = ("real SGLang on CPU cannot serve LoRA: with --enable-lora the engine dies at start "
@@ -38,7 +40,7 @@ HEALTH_TIMEOUT_S = 300.0
 class SglangSuite:
     """The ``sglang`` backend of one pytest session."""
 
-    release: str = "0.5.23"
+    release: str = DEFAULT_PROFILE
     venv: str | None = None
     """The environment (default: where ``install`` puts the release's)."""
     ray: bool = False
@@ -58,7 +60,7 @@ class SglangSuite:
     _cluster: contextlib.ExitStack | None = field(default=None, init=False)
 
     @classmethod
-    def with_fake(cls, profile: str = "0.5.23", tokens_per_second: float = 500.0, **kwargs: Any) -> "SglangSuite":
+    def with_fake(cls, profile: str = DEFAULT_PROFILE, tokens_per_second: float = 500.0, **kwargs: Any) -> "SglangSuite":
         """The same suite with the fake's drop-in (``python -m fakes.launch_server``, the same flags) in place of
         real SGLang: what the CPU tests run."""
         return cls(release=profile, program=FAKE, python=sys.executable, enable_lora=True, unsupported={},

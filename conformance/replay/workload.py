@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, Mapping
 
+from fakes.profiles import DEFAULT_PROFILE
+
 from ..interface import Prompt, RolloutConfig
 
 
@@ -58,7 +60,7 @@ class ReplayConfig:
     pause_mode: str = "in_place"
     transport: str = "tensor"
     max_staleness: int | None = None
-    profile: str = "0.5.23"
+    profile: str = DEFAULT_PROFILE
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -60,7 +60,8 @@ class SglangSuite:
     _cluster: contextlib.ExitStack | None = field(default=None, init=False)
 
     @classmethod
-    def with_fake(cls, profile: str = DEFAULT_PROFILE, tokens_per_second: float = 500.0, **kwargs: Any) -> "SglangSuite":
+    def with_fake(cls, profile: str = DEFAULT_PROFILE, tokens_per_second: float = 500.0,
+                  **kwargs: Any) -> "SglangSuite":
         """The same suite with the fake's drop-in (``python -m fakes.launch_server``, the same flags) in place of
         real SGLang: what the CPU tests run."""
         return cls(release=profile, program=FAKE, python=sys.executable, enable_lora=True, unsupported={},

@@ -29,8 +29,6 @@ _CLASSES = ("s0", "s1", "s2", "s3")
 
 
 def _flag_type(default: Any) -> Any:
-    if isinstance(default, bool):
-        return lambda text: text.lower() in ("1", "true", "yes")
     if isinstance(default, int):
         return int
     if isinstance(default, float):
@@ -53,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     for f in fields(ReplayConfig):
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_flag_type(f.default), default=None,
-                       help=f"(default {f.default}" + (f"; --reduced: {REDUCED[f.name]})" if f.name in REDUCED else ")"))
+                       help=f"(default {f.default}" + (f"; --reduced: {REDUCED[f.name]})" if f.name in REDUCED
+                                                       else ")"))
     return p
 
 
@@ -195,7 +194,8 @@ def _charts(names: Sequence[str], tables: Sequence[CostTable]) -> str:
                   for i, (name, t) in enumerate(zip(names, tables))]
         return bar_chart(title, [f"{what}{i}" for i in range(n)], series)
 
-    return "".join([chart("aborts per update", "aborts", "u"), chart("requests decoding at the update", "decoding", "u"),
+    return "".join([chart("aborts per update", "aborts", "u"),
+                    chart("requests decoding at the update", "decoding", "u"),
                     chart("groups discarded per step", "groups_discarded", "s"),
                     chart("raw samples per step", "raw", "s"), chart("consumable samples per step", "consumable", "s"),
                     chart("train wait per step (s)", "train_wait_s", "s"),

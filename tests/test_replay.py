@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +28,7 @@ MIN_MIXED_TURNS = 0.05
 """Turns decoding when an update lands finish under the new weights (in place, nothing aborted): the reduced run
 puts about a tenth of its trained turns there."""
 REFERENCE, BUG = "conformance.reference:integration", "conformance.mutants:version_bump_aborts"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +89,24 @@ def test_the_seed_bug_fails_the_same_case(reduced: dict) -> None:
     assert any("/update_weight_version" in w and "abort_all_requests" in w for w in verdict.witness)
 
 
+_AGAIN = """
+import json
+from conformance.cases import load_integration
+from conformance.replay import REDUCED, ReplayConfig, cost_table, replay
+t = cost_table(replay(load_integration({spec!r}), ReplayConfig(**REDUCED)))
+print(json.dumps([t.rows(), t.series]))
+"""
+
+
 def test_same_seed_same_table(reduced: dict) -> None:
-    config = ReplayConfig(**REDUCED)
-    again = cost_table(replay(load_integration(BUG), config))
+    """Run to run, in another process with another hash seed (sets iterate differently there)."""
+    proc = subprocess.run([sys.executable, "-c", _AGAIN.format(spec=BUG)], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows, series = json.loads(proc.stdout.strip().splitlines()[-1])
     first = reduced[BUG][1]
-    assert again.rows() == first.rows() and again.series == first.series
-    other = cost_table(replay(load_integration(BUG), replace(config, seed=1)))
+    assert [tuple(r) for r in rows] == first.rows() and series == first.series
+    other = cost_table(replay(load_integration(BUG), replace(ReplayConfig(**REDUCED), seed=1)))
     assert other.series != first.series  # the seed is what decides
 
 
@@ -111,6 +128,8 @@ def test_command_prints_side_by_side_and_writes_the_report(tmp_path, capsys) -> 
     (["--integration", "nope"], "module:attribute"),
     (["--engines", "0"], "engines must be >= 1"),
     (["--transport", "distributed"], "transport must be tensor or disk"),
+    (["--profile", "9.9"], "unknown SGLang profile '9.9'"),
+    (["--pause-mode", "later"], "pause_mode must be one of"),
 ])
 def test_bad_input_is_one_line(argv, says, capsys) -> None:
     assert cli.main([*argv, "--no-progress"]) == 2

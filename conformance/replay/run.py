@@ -7,7 +7,6 @@ import asyncio
 import random
 import tempfile
 import time
-import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -56,31 +55,19 @@ class ReplayRun:
     cpu_s: float = 0.0
     """CPU seconds of this process during the run (the wall time on a machine shared with other work is longer)."""
     sim_s: float = 0.0
-    peak_bytes: int | None = None
-    """Peak traced Python memory (``tracemalloc``) when asked for; None otherwise."""
 
     @property
     def broke(self) -> bool:
         return bool(self.history.breaks)
 
 
-def replay(integration: Integration, config: ReplayConfig, progress: Progress | None = None, *,
-           trace_memory: bool = False) -> ReplayRun:
+def replay(integration: Integration, config: ReplayConfig, progress: Progress | None = None) -> ReplayRun:
     """Run ``integration`` through the replay of ``config`` in virtual time and judge it (never raises for the
     integration's failures: they are breakages in the history)."""
-    if trace_memory:
-        tracemalloc.start()
     t0, c0 = time.perf_counter(), time.process_time()
-    try:
-        with seeded_uuid4(config.seed):
-            run = run_virtual(_replay(integration, config, progress))
-        run.wall_s, run.cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    finally:
-        if trace_memory:
-            peak = tracemalloc.get_traced_memory()[1]
-            tracemalloc.stop()
-    if trace_memory:
-        run.peak_bytes = peak
+    with seeded_uuid4(config.seed):
+        run = run_virtual(_replay(integration, config, progress))
+    run.wall_s, run.cpu_s = time.perf_counter() - t0, time.process_time() - c0
     run.verdicts = judge(run.history)
     return run
 
@@ -113,7 +100,7 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
     transfer = [config.transfer_s]
     urls = [engine_url(i) for i in range(config.engines)]
     environment = Environment(config)
-    network = Network({httpx_host(url): WireRecorder(TransferDelay(e.app, lambda: transfer[0]), i, wire)
+    network = Network({_host(url): WireRecorder(TransferDelay(e.app, lambda: transfer[0]), i, wire)
                        for i, (url, e) in enumerate(zip(urls, engines))}, environment, environment.start)
     caps = integration.capabilities
     mode = _pause_mode(integration, config.pause_mode)
@@ -122,7 +109,9 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
                       stamps_engines=caps.stamps_engines)
     steps: list[TrainerStep] = []
     initial = {name: blob.to_torch() for name, blob in engines[0].weights.items()}
-    labels = lambda: [e.weight_version for e in engines]  # noqa: E731 (what /model_info answers)
+
+    def labels() -> list[str | None]:
+        return [e.weight_version for e in engines]  # what each engine's /model_info answers
     with in_process(network), tempfile.TemporaryDirectory(prefix="weightsync-replay-") as tmp:
         env = BuildEnv(urls, Path(tmp), config.rollout(), prompt_source(config.seed), mode, config.seed)
         env.checkpoint_dir.mkdir()
@@ -181,5 +170,5 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
     return ReplayRun(config, integration.name, mode, history, steps, sim_s=loop.time())
 
 
-def httpx_host(url: str) -> str:
+def _host(url: str) -> str:
     return url.split("://", 1)[1].split("/", 1)[0].split(":", 1)[0]

@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, Mapping
 
-from fakes.profiles import DEFAULT_PROFILE
+from fakes.profiles import DEFAULT_PROFILE, get_profile
 
-from ..interface import Prompt, RolloutConfig
+from ..interface import ALL_PAUSE_MODES, Prompt, RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class ReplayConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.transfer_spread > self.transfer_s:
             raise ValueError(f"transfer_spread ({self.transfer_spread}) must not exceed transfer_s ({self.transfer_s})")
+        if self.pause_mode not in ALL_PAUSE_MODES:
+            raise ValueError(f"pause_mode must be one of {sorted(ALL_PAUSE_MODES)}, got {self.pause_mode!r}")
+        get_profile(self.profile)  # ValueError names the known ones
         if self.transport not in ("tensor", "disk"):
             raise ValueError(f"transport must be tensor or disk in the replay (a distributed update runs gloo in "
                              f"real time), got {self.transport!r}")

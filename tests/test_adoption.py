@@ -126,6 +126,19 @@ def test_an_integration_without_weight_update_sessions_is_told_once_before_the_f
     older.assert_outcomes(passed=1)  # no sessions on 0.5.15: nothing to say
 
 
+def test_an_own_update_cycle_with_the_reference_manager_conforms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented way for a framework whose rollout manager needs Ray or GPUs: its own cycle as the Updater,
+    the reference manager as the rollout manager (examples/own_cycle_reference_manager.py)."""
+    from conformance.cases import fake_backend_factory, load_integration, run_cases
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    results = run_cases(load_integration("examples.own_cycle_reference_manager:integration"), fake_backend_factory())
+    ran = {name: r for name, r in results.items() if not r.skipped}
+    assert {"steady-disk-retract", "failover", "failing-transfer-disk", "one-engine-rejects", "staleness"} <= set(ran)
+    bad = [v.explain() for r in ran.values() for v in r.verdicts.values() if not v.passed]
+    assert not bad, "\n".join(bad)
+
+
 # -- the suite as importable test classes -------------------------------------------------------------------------
 
 ADOPTER_TESTS = '''

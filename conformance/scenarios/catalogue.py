@@ -100,6 +100,22 @@ async def _lora(run: Run) -> None:
         await run.drain(1)
 
 
+async def _lora_refused(run: Run, refuse: list[int]) -> None:
+    await run.start()
+    await run.drain(1)
+    await run.update(lora=True, refuse=refuse, resident=True)
+    await run.update(lora=True)
+    await run.drain(1)
+
+
+async def _lora_refused_everywhere(run: Run) -> None:
+    await _lora_refused(run, list(range(len(run.backend.urls))))
+
+
+async def _lora_refused_by_one(run: Run) -> None:
+    await _lora_refused(run, [len(run.backend.urls) - 1])
+
+
 async def _staleness(run: Run) -> None:
     """Groups at exactly the bound (1), then at bound + 1, reach consumption by construction."""
     rollout = run.rollout
@@ -153,7 +169,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "false; injected at the wire) while the others load the weights, then a good update",
              _one_engine_rejects, ("P5", "V2", "I6", "V1", "P6"), transport=("disk",)),
     Scenario("lora", "two LoRA updates while rollouts run",
-             _lora, ("V1", "I1-I2", "I3", "I6", "P7"), needs=Needs(lora=True), full_updates=False),
+             _lora, ("V1", "V2", "I1-I2", "I3", "I6", "P7"), needs=Needs(lora=True), full_updates=False),
+    Scenario("lora-refused", "a LoRA update every engine refuses to load (SGLang's 400, injected at the wire), then a "
+             "good one", _lora_refused_everywhere, ("V2", "P5", "I6", "V1"), needs=Needs(lora=True),
+             full_updates=False),
+    Scenario("lora-refused-by-one", "a LoRA update the last engine refuses to load while the others load it, then a "
+             "good one", _lora_refused_by_one, ("V2", "P5", "I6", "V1"), needs=Needs(lora=True), full_updates=False),
     Scenario("staleness", "groups buffered while three updates land; bound 1 at consumption",
              _staleness, ("S3", "S2", "V4-S1"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1, buffer_capacity=8),
              needs=Needs(staleness_filter=True)),

@@ -51,6 +51,13 @@ TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
 distributed messages are ``model_executor/model_runner.py``'s). Injected at the wire, so the same fault works in
 front of real SGLang. Needed for the tensor transport: SGLang answers a tensor load that raises (a wrong shape) by
 killing the server, not with a 400."""
+LORA_FAILURE: tuple[tuple[str, ...], dict[str, Any]] = (
+    ("/load_lora_adapter", "/load_lora_adapter_from_tensors"),
+    {"success": False, "error_message": "Failed to load LoRA adapter: CUDA out of memory (injected by the conformance "
+                                        "suite).", "loaded_adapters": {}})
+"""The LoRA loads and the HTTP 400 body SGLang answers when one fails (``LoRAUpdateOutput``,
+``managers/tokenizer_communicator_mixin.py`` ``load_lora_adapter``, 0.5.10–0.5.23); both endpoints are refused, an
+integration uses one of them."""
 STALL_S = 0.1
 """How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
 TURN_S = 0.15
@@ -119,8 +126,7 @@ class Run:
             await sentinels.start()
         except TimeoutError as exc:
             raise ScenarioTimeout(str(exc)) from None
-        for engine in refuse:
-            self._refuse_transfer(engine, transport)
+        refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
             wire.hold_first(DISTURBING_PATHS, self.holds_young, 2 * TURN_S)
         t0 = time.monotonic()
@@ -137,7 +143,8 @@ class Run:
             t1 = time.monotonic()
             wire.release_holds()
             await sentinels.release()
-        unused = wire.clear_refusals()
+        left = set(wire.clear_refusals())
+        unused = [key for keys in refused if set(keys) <= left for key in keys]  # one path of an engine suffices
         if unused and error is None:  # a cycle that failed at the first refusal need not reach the others
             self.history.breaks.append(Breakage("error", f"the injected refusal of {unused} was never used: the "
                                                 "integration did not call that endpoint on that engine during the "
@@ -159,11 +166,19 @@ class Run:
                                           f"{error}")
         return returned
 
-    def _refuse_transfer(self, engine: int, transport: str) -> None:
-        """Make ``engine`` answer every transfer call of this cycle the way SGLang answers a load that failed."""
-        path, body = TRANSFER_FAILURES[transport]
-        self.backend.wire.refuse(engine, path, 400, body, times=None)
-        self.history.injected.append(Injected(time.monotonic(), "refusal", engine, f"{path} answers 400 {body}"))
+    def _refuse_transfer(self, engine: int, transport: str, lora: bool) -> list[tuple[int, str]]:
+        """Make ``engine`` answer every transfer call of this cycle (its adapter loads for a LoRA update) the way
+        SGLang answers a load that failed; the (engine, path) refused."""
+        if lora:
+            paths, body = LORA_FAILURE
+        else:
+            path, body = TRANSFER_FAILURES[transport]
+            paths = (path,)
+        for path in paths:
+            self.backend.wire.refuse(engine, path, 400, body, times=None)
+        self.history.injected.append(Injected(time.monotonic(), "refusal", engine,
+                                              f"{' and '.join(paths)} answer 400 {body}"))
+        return [(engine, path) for path in paths]
 
     async def drain(self, n: int = 1) -> None:
         """Consume ``n`` batches, recording the truth at consumption."""

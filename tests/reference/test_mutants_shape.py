@@ -39,6 +39,7 @@ INTENDED = {
     "bucket_stamped": (set(), {"make_transports"}),
     "filter_admits_bound_plus_one": ({"manager_cls"}, {"too_stale"}),
     "filter_rejects_at_bound": ({"manager_cls"}, {"too_stale"}),
+    "lora_stamped_before_load": ({"updater_cls"}, {"transfer"}),
     "refusal_ignored_after_retry": ({"client_cls"}, {"update_weights_from_disk"}),
     "unconverted_names": ({"updater_cls"}, {"update"}),
     "aborts_own_requests": ({"updater_cls", "manager_cls"}, {"pause_all", "request_payload", "turn_record"}),

@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = [replay(integ, config, None if args.no_progress else ProgressBar(spec))
             for integ, spec in zip(integrations, specs)]
     tables = [cost_table(r) for r in runs]
-    names = [s.rsplit(":", 1)[-1] for s in specs]
+    names = [i.name if [j.name for j in integrations].count(i.name) == 1 else s for i, s in zip(integrations, specs)]
     print(table_text(names, runs, tables))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replay.json").write_text(json.dumps(to_json(names, runs, tables), indent=1))

@@ -80,8 +80,8 @@ def test_the_seed_bug_fails_the_same_case(reduced: dict) -> None:
     assert not run.broke, run.history.breaks
     assert v["aborted_sample_rate"] > MAX_ABORTED_SAMPLE_RATE
     assert v["mixed_version_turns"] < MIN_MIXED_TURNS
-    during, finalize, elsewhere = v["abort_window"]
-    assert during == 0 and elsewhere == 0 and finalize > 0  # at the version bump, after the transfer
+    at_pause, during, finalize, elsewhere = v["abort_window"]
+    assert at_pause == during == elsewhere == 0 and finalize > 0  # at the version bump, after the transfer
     assert v["abort_after_pause_s"][0] >= REDUCED["transfer_s"] - REDUCED["transfer_spread"]
     assert v["groups_discarded_per_step"][0] > 0
     verdict = run.verdicts["I1-I2"]
@@ -115,12 +115,12 @@ def test_command_prints_side_by_side_and_writes_the_report(tmp_path, capsys) -> 
     assert cli.main(["--reduced", "--updates", "3", "--vs", BUG, "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     header = printed.splitlines()[0]
-    assert "integration" in header and "version_bump_aborts" in header
+    assert "reference" in header and "version_bump_aborts" in header
     assert "samples ending aborted" in printed and "checkers failing" in printed
     html = (out / "replay.html").read_text()
     assert html.count("<svg") >= 8 and "engine 0" in html and "aborts per update" in html
     data = json.loads((out / "replay.json").read_text())
-    assert [i["name"] for i in data["integrations"]] == ["integration", "version_bump_aborts"]
+    assert [i["name"] for i in data["integrations"]] == ["reference", "version_bump_aborts"]
     assert data["integrations"][1]["verdicts"]["I1-I2"] == "fail"
 
 

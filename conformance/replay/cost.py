@@ -77,7 +77,7 @@ class CostTable:
         ("aborts_per_update", "aborts per update"),
         ("decoding_at_update", "requests decoding at the update"),
         ("abort_after_pause_s", "abort after the pause, s (min / median / max)"),
-        ("abort_window", "aborts during the transfer / at finalize / elsewhere"),
+        ("abort_window", "aborts at the pause / during the transfer / at finalize / elsewhere"),
         ("groups_discarded_per_step", "groups discarded per step"),
         ("samples_discarded_per_step", "samples discarded per step"),
         ("discarded_fraction", "share of rollout production discarded"),
@@ -138,20 +138,22 @@ def cost_table(run: ReplayRun) -> CostTable:
     v["aborts_per_update"] = _spread([len(x) for x in per_cycle])
     decoding = [sum(1 for g in generates if g.t_start < s and (g.t_end or 1e18) > s) for s in starts]
     v["decoding_at_update"] = _spread(decoding)
-    after, window = [], [0, 0, 0]
+    after, window = [], [0, 0, 0, 0]  # at the pause, during the transfer, at finalize, elsewhere
     for k, cy in enumerate(cycles):
-        calls = [w for w in h.cycle_calls(cy)]
+        calls = h.cycle_calls(cy)
         for call in per_cycle[k]:
             mine = [w for w in calls if w.engine == call.engine]
             pause = next((w.t_start for w in mine if w.path == "/pause_generation"), cy.t_start)
-            transfers = [w.t_end for w in mine if w.path in TRANSFER_PATHS and w.t_end is not None]
+            transfers = [w for w in mine if w.path in TRANSFER_PATHS and w.t_end is not None]
             after.append(call.t_end - pause)
             if call.t_end > cy.t_end + 2 * c.step_s:
-                window[2] += 1
-            elif transfers and call.t_end < max(transfers):
+                window[3] += 1
+            elif transfers and call.t_end < min(w.t_start for w in transfers):
                 window[0] += 1
-            else:
+            elif transfers and call.t_end < max(w.t_end for w in transfers):
                 window[1] += 1
+            else:
+                window[2] += 1
     v["abort_after_pause_s"] = (min(after), statistics.median(after), max(after)) if after else None
     v["abort_window"] = tuple(window)
     groups: dict[tuple[str, float], list[_Episode]] = {}

@@ -14,11 +14,12 @@ every case with the first thing left to do:
     python -m conformance --list-cases                                       # the case ids (<invariant>-<scenario>)
 
 Reusable pieces (conformance.reference), so you write only what is yours:
-  HttpEngineClient    an async httpx client of one engine with every call below (or wrap your own wrapper)
+  HttpEngineClient    an async httpx client of one engine with every call the reference makes (or wrap yours)
   ReferenceManager    the rollout manager (fully-async producer, staleness filter at consumption); its engines need
                       only `url` and `generate`; it honours Capabilities.stamps_engines (policy_version when False)
   ReferenceUpdater    the whole update cycle (pause, flush, sessions, transfer, stamp, continue, publish, the failure
-                      paths) over any client with the calls it makes (conformance.interface.WeightSyncClient);
+                      paths) over any client with the calls it makes (conformance/reference/protocols.py:
+                      each step lists what it calls, so you implement only what your cycle uses);
                       subclass it and override one step to run your own (examples/override_one_step.py)
   DiskTransport, TensorTransport, DistributedTransport, LoraTransport: the weight transports
   ReferenceIntegration(client_cls=..., updater_cls=..., manager_cls=...): all of it, with one piece swapped

@@ -181,6 +181,10 @@ def test_an_adopter_subclasses_the_suite_selects_marks_and_parametrises(pytester
     strict = pytester.runpytest_inprocess(*QUIET, "-p", "no:xdist", "-k", "TestParametrised and V3",
                                           "--conformance-integration", "no_such_module:x")
     assert strict.ret == pytest.ExitCode.USAGE_ERROR  # the session's integration is still checked once, up front
+    pytester.makepyfile(test_typo=ADOPTER_TESTS.replace("conformance.mutants:lora_unstamped", "ourfw.nope:integration"))
+    typo = pytester.runpytest_inprocess(*QUIET, "-p", "no:xdist", "test_typo.py")
+    assert typo.ret == pytest.ExitCode.USAGE_ERROR  # a class's own integration: one usage error, before any case
+    assert sum("cannot import integration module 'ourfw.nope'" in line for line in typo.errlines) == 1
 
 
 # -- a plugin that stays out of the way ----------------------------------------------------------------------------
@@ -225,7 +229,7 @@ def test_a_project_without_conformance_cases_runs_unchanged(pytester: pytest.Pyt
         return sorted(line for line in result.outlines if not line.startswith(("plugins:", "rootdir:", "=====", "[gw"))
                       and " in " not in line)  # the workers' order varies from run to run
     assert body(with_plugin) == body(without)
-    helped = pytester.runpytest_subprocess("--help")
+    helped = pytester.runpytest_inprocess("--help")
     helped.stdout.fnmatch_lines(["*--conformance-integration=MODULE:ATTR*", "*--conformance-model-path=DIR*"])
     assert not [line for line in helped.outlines if "alias of --conformance-integration" in line and
                 line.strip().startswith("--integration ")]

@@ -257,14 +257,18 @@ class ConformanceSession:
 
     def resolve(self, integration: Any) -> Any:
         """An adopter's class attribute (an Integration, a factory, or ``"module:attr"``) → the Integration."""
-        from conformance.cases import load_integration
+        from conformance.cases import IntegrationError, load_integration
 
         key = integration if isinstance(integration, str) else id(integration)
         if key not in self._keep:
             if isinstance(integration, str):
                 built = load_integration(integration)
             elif callable(integration) and not hasattr(integration, "build"):
-                built = integration()
+                try:
+                    built = integration()
+                except Exception as exc:
+                    raise IntegrationError(f"integration factory {getattr(integration, '__qualname__', integration)} "
+                                           f"raised {type(exc).__name__}: {exc}") from None
             else:
                 built = integration
             self._keep[key] = built
@@ -410,7 +414,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     cases = [item for item in items if _is_case(item)]
     if not cases:
         return
-    conformance_state(config).activate()
+    state = conformance_state(config)
+    state.activate()
+    if getattr(config, "workerinput", None) is None:  # a test class's own integration: its error once, up front
+        from conformance.cases import IntegrationError
+
+        chosen_by_class = {id(c): c for c in (getattr(item.cls, "integration", None) for item in cases)
+                           if c is not None}
+        for chosen in chosen_by_class.values():
+            try:
+                state.resolve(chosen)
+            except IntegrationError as exc:
+                raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
     if getattr(config, "workerinput", None) is not None and config.getoption("dist", "no") == "load":
         for item in cases:  # xdist's load: one scenario's cases to one worker (see _ScenarioScheduling)
             params = getattr(getattr(item, "callspec", None), "params", {})

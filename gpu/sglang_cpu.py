@@ -298,12 +298,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             sub.add_argument("--force", action="store_true", help="rebuild even when up to date")
         else:
             sub.add_argument("--json", action="store_true", help="print the status as JSON")
+            sub.add_argument("--no-import", action="store_true",
+                             help="check the stamp only (instant; by default sglang is imported, ~10-30 s)")
     args = parser.parse_args(argv)
     try:
         if args.command == "install":
             install(args.release, args.venv, force=args.force)
             return 0
-        result = status(check_release(args.release), args.venv.expanduser().absolute() if args.venv else None)
+        result = status(check_release(args.release), args.venv.expanduser().absolute() if args.venv else None,
+                        import_check=not args.no_import)
     except InstallError as error:
         print(f"gpu.sglang_cpu: {error}", file=sys.stderr)
         return 1

@@ -112,3 +112,24 @@ def test_run_abandonable_returns_results_errors_and_gives_up_on_a_blocked_loop()
     out = run_abandonable(blocks_the_loop(), 0.2, grace_s=0.2)
     assert not out.finished and "does not answer" in str(out.error)
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("workers", [("-p", "no:xdist"), ("-n", "2")], ids=["one-process", "xdist"])
+def test_a_session_goes_on_after_a_scenario_that_hangs_for_good(pytester: pytest.Pytester, monkeypatch,
+                                                                  workers) -> None:
+    """Through the plugin, in a session of its own: the staleness scenario hangs in ``Manager.start()`` for good
+    (cancellation swallowed); its case fails with a hang witness naming the call, the failover scenario still runs
+    and passes, and the report is written, with and without ``-n``. Deadlines scaled down to a fifth."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("WEIGHTSYNC_DEADLINE_SCALE", "0.2")
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    result = pytester.runpytest_subprocess(
+        str(root / "conformance" / "suite"), "-p", "no:cacheprovider", "-m", "cpu", "--integration",
+        "tests.hanging_adapter:integration", "-k", "S3-staleness or V1-failover",
+        "--conformance-report", str(pytester.path / "result.json"), *workers, timeout=120)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*hang: Manager.start() did not return within 2s*"])
+    assert "did not stop when cancelled" in result.stdout.str()
+    assert (pytester.path / "result.json").exists()

@@ -5,8 +5,9 @@ scenario sets up. Backend-agnostic: only the roles, the backend's URLs and probe
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
@@ -33,7 +34,24 @@ class Deadlines:
     """A whole scenario script."""
 
 
-DEADLINES = Deadlines()
+    def scaled(self, factor: float) -> Deadlines:
+        """Every deadline times ``factor``."""
+        return Deadlines(*(getattr(self, f.name) * factor for f in fields(self)))
+
+
+def _scale_from_env() -> float:
+    raw = os.environ.get("WEIGHTSYNC_DEADLINE_SCALE", "1")
+    try:
+        factor = float(raw)
+    except ValueError:
+        factor = 0.0
+    if not factor > 0:
+        raise ValueError(f"WEIGHTSYNC_DEADLINE_SCALE={raw!r}: expected a positive number (e.g. 3 for slow engines)")
+    return factor
+
+
+DEADLINES = Deadlines().scaled(_scale_from_env())
+"""The suite's deadlines; ``WEIGHTSYNC_DEADLINE_SCALE`` (read at import) multiplies them all (slow engines: 3)."""
 TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
     "disk": ("/update_weights_from_disk", {
         "success": False, "num_paused_requests": 0,

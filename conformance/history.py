@@ -198,6 +198,9 @@ class History:
     profile: str
     seed: int
     max_staleness: int | None = None
+    initial_version: int | None = None
+    """The version the manager published before the first update (``Manager.weight_version`` once started): None,
+    or the version an integration counts its initial weights as (e.g. 0), which it is then judged against."""
     pause_mode: str | None = None
     """The pause mode the integration was asked to run its cycles under (``BuildEnv.pause_mode``)."""
     stamps_engines: bool = True
@@ -278,9 +281,10 @@ class History:
         return next((c for c in self.cycles if c.t_start <= t <= c.t_end), None)
 
     def published_truth_at(self, t: float) -> int | None:
-        """The version the last successful cycle finished before ``t`` returned."""
+        """The version the last successful cycle finished before ``t`` returned; before any, the version the
+        integration published for its initial weights (``initial_version``: None, or e.g. 0)."""
         done = [c.returned for c in self.cycles if c.ok and c.t_end <= t and c.returned is not None]
-        return done[-1] if done else None
+        return done[-1] if done else self.initial_version
 
     def rebase(self, t0: float) -> None:
         """Shift every timestamp so the scenario starts at t=0 (witnesses then read as seconds into the run)."""

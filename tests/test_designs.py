@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from conformance.cases import fake_backend_factory, run_cases
+from conformance.interface import Capabilities
+from conformance.mutants import NoneAsZeroManager
 from conformance.reference import ReferenceIntegration, ReferenceManager, write_checkpoint_atomic
 from conformance.scenarios import Deadlines
 
@@ -59,3 +61,24 @@ def test_a_checkpoint_path_reused_and_replaced_by_a_rename_passes_f3() -> None:
                         ["steady-disk-retract"])
     h = results["steady-disk-retract"].history
     assert {Path(c.payload["model_path"]).name for c in h.integration_calls("/update_weights_from_disk")} == {"latest"}
+
+
+class InitialVersionZeroManager(ReferenceManager):
+    """Counts the initial weights as version 0, published before the first update (versions kept client-side)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._version = 0
+
+
+def test_an_integration_that_counts_its_initial_weights_as_version_0_is_judged_against_that() -> None:
+    caps = Capabilities(stamps_engines=False)
+    results = _all_pass(ReferenceIntegration(name="initial-version-0", capabilities=caps,
+                                             manager_cls=InitialVersionZeroManager),
+                        ["first-drain", "staleness"])
+    h = results["first-drain"].history
+    assert h.initial_version == 0 and results["first-drain"].verdicts["V3"].metrics["batches_before_first_update"]
+    # the same integration reporting None for its initial weights while measuring staleness against 0 still fails
+    v = run_cases(ReferenceIntegration(name="none-as-zero", manager_cls=NoneAsZeroManager), fake_backend_factory(),
+                  scenarios=["first-drain"], deadlines=FAST)["first-drain"].verdicts["V3"]
+    assert v.status == "fail", v.explain()

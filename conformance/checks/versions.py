@@ -119,9 +119,22 @@ def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, flo
        model_based="it needs batches drained before the first update with the staleness filter on (the first-drain "
                    "scenario)")
 def nothing_before_first_update(h: History) -> Verdict:
-    """V3: before the first update there is no current version: filter off, no staleness metrics."""
+    """V3: before the first update there is no current version: filter off, no staleness metrics. An integration
+    that publishes a version for its initial weights (``History.initial_version``, e.g. 0) is judged against that:
+    its batches before the first update carry that version, and staleness is measured against it."""
     failures: list[Anomaly] = []
-    early = [b for b in h.batches if b.published_truth is None]
+    first = min((c.t_end for c in h.cycles if c.ok), default=float("inf"))
+    early = [b for b in h.batches if b.t < first]
+    if h.initial_version is not None:
+        for rec in early:
+            if rec.batch.weight_version != h.initial_version:
+                failures.append(Anomaly(
+                    "version-before-update",
+                    f"batch {rec.index} was consumed before any update with current version "
+                    f"{rec.batch.weight_version!r}, yet the integration published {h.initial_version!r} for its "
+                    f"initial weights", batch=rec.index, versions=(rec.batch.weight_version,), times=(rec.t,)))
+        return verdict(failures, vacuous=None if early else "no batch was consumed before the first update",
+                       metrics={"batches_before_first_update": len(early), "initial_version": h.initial_version})
     for rec in early:
         b = rec.batch
         if b.weight_version is not None:

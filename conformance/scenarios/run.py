@@ -111,7 +111,10 @@ class Run:
     deadlines: Deadlines = DEADLINES
 
     async def start(self) -> None:
+        """Start the manager; record the version it publishes for the initial weights (None, or e.g. 0)."""
         await bounded(self.roles.manager.start(), self.deadlines.wait_s, "Manager.start()", self.backend.wire)
+        if not self.history.cycles:
+            self.history.initial_version = self.roles.manager.weight_version
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
                      refuse: Sequence[int] = (), resident: bool = False) -> int | None:

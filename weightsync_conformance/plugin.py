@@ -190,13 +190,16 @@ def sglang_venv(config: pytest.Config) -> str | None:
 
 
 def sglang_release(config: pytest.Config) -> str:
-    """``--conformance-sglang-release``, else the release the ``--conformance-sglang-venv`` holds, else 0.5.23."""
+    """``--conformance-sglang-release``, else the release the ``--conformance-sglang-venv`` holds, else the default
+    release (``DEFAULT_PROFILE``)."""
     release, venv = config.getoption("conformance_sglang_release"), sglang_venv(config)
     if release is None and venv:
         from gpu.sglang_cpu import read_stamp
 
         release = (read_stamp(Path(venv)) or {}).get("release")
-    return release or "0.5.23"
+    from fakes.profiles import DEFAULT_PROFILE
+
+    return release or DEFAULT_PROFILE
 
 
 class ConformanceSession:

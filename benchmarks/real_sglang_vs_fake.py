@@ -8,7 +8,7 @@ runs at a time. Decode: greedy ``input_ids`` requests with ``ignore_eos``, 1 and
 completion tokens / wall time. Round trips: aiohttp, ``--concurrency`` workers, ``max_new_tokens`` 4, direct and
 proxied rounds alternated. Ratios: real / fake, proxied / direct.
 
-    python benchmarks/real_sglang_vs_fake.py [--quick] [--release 0.5.23] [--seconds 5]
+    python benchmarks/real_sglang_vs_fake.py [--quick] [--release 0.5.23] [--seconds 5] [--tokens 256]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gpu.proxy import RecordingProxy
 from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, python_of, status
 
 HEADERS = {"content-type": "application/json"}
-CALL_TIMEOUT_S = 120.0
+CALL_TIMEOUT_S = 600.0
 
 
 async def decode_rate(url: str, tokens: int, parallel: int) -> float:
@@ -105,12 +105,13 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="alternating direct/proxied rounds (default 2)")
     p.add_argument("--concurrency", type=int, default=8, help="round-trip workers (default 8)")
     p.add_argument("--fake-tokens-per-second", default="1000")
+    p.add_argument("--tokens", type=int, default=256, help="tokens per decode request (default 256)")
     args = p.parse_args()
     env = status(args.release, args.venv, import_check=False)
     if not env.usable:
         print(f"real_sglang_vs_fake: {env.reason}", file=sys.stderr)
         return 2
-    tokens, seconds, rounds = (64, 1.0, 1) if args.quick else (512, args.seconds, args.rounds)
+    tokens, seconds, rounds = (64, 1.0, 1) if args.quick else (args.tokens, args.seconds, args.rounds)
     started = time.perf_counter()
     from gpu.tiny_model import write_model
 

@@ -84,14 +84,14 @@ def test_an_unknown_profile_is_a_usage_error(run_suite) -> None:
 
 
 def test_a_mutant_fails_through_pytest_with_its_witness(run_suite) -> None:
-    result = run_suite("-m", "cpu", "--integration", "conformance.mutants:lora_unstamped", "-k", "V1-lora",
+    result = run_suite("-m", "cpu", "--integration", "conformance.mutants:lora_unstamped", "-k", "V1-lora-fake",
                        "--conformance-seed", "7")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*seed=7*", "*?V1 versions agree? FAIL*", "*engines were never stamped*(LoRA)*"])
 
 
 def test_missing_capabilities_skip_with_the_reason(run_suite) -> None:
-    result = run_suite("-m", "cpu", "--integration", "examples.requests_adapter:integration", "-k", "lora", "-rs")
+    result = run_suite("-m", "cpu", "--integration", "examples.requests_adapter:integration", "-k", "lora-fake", "-rs")
     result.assert_outcomes(skipped=len(SCENARIOS["lora"].checks))
     result.stdout.fnmatch_lines(["*integration does not declare capability 'lora'*"])
 

@@ -54,6 +54,10 @@ class Capabilities:
     """The Manager can run multi-turn samples (several ``/generate`` calls per sample)."""
     staleness_filter: bool = True
     """The Manager enforces ``RolloutConfig.max_staleness`` at consumption."""
+    partial_rollout: bool = False
+    """The Manager resumes an aborted call instead of dropping or recycling its group (partial rollout): the call
+    that continues it names it in ``Turn.continues`` and the group's oldest version counts the tokens generated
+    before the abort."""
     stamps_engines: bool = True
     """The Updater labels the engines with its version (``/update_weight_version``, or ``weight_version`` in the
     transfer bodies) and the Manager reads each turn's version from SGLang's ``meta_info``. False: versions live on
@@ -68,14 +72,15 @@ class Capabilities:
                              f"transports are {sorted(ALL_TRANSPORTS)}, pause modes {sorted(ALL_PAUSE_MODES)}")
 
     def missing(self, *, transport: str | None = None, pause_mode: str | None = None, lora: bool = False,
-                failover: bool = False, multi_turn: bool = False, staleness_filter: bool = False) -> str | None:
+                failover: bool = False, multi_turn: bool = False, staleness_filter: bool = False,
+                partial_rollout: bool = False) -> str | None:
         """The reason a test needing these cannot run, or None when everything is supported."""
         if transport is not None and transport not in self.transports:
             return f"integration does not support transport {transport!r} (declares {sorted(self.transports)})"
         if pause_mode is not None and pause_mode not in self.pause_modes:
             return f"integration does not support pause mode {pause_mode!r} (declares {sorted(self.pause_modes)})"
         for name, needed in (("lora", lora), ("failover", failover), ("multi_turn", multi_turn),
-                             ("staleness_filter", staleness_filter)):
+                             ("staleness_filter", staleness_filter), ("partial_rollout", partial_rollout)):
             if needed and not getattr(self, name):
                 return f"integration does not declare capability {name!r}"
         return None

@@ -22,9 +22,9 @@ import torch
 from safetensors.torch import save_file
 
 from .checks import invariants, known_invariants
-from .interface import BuildEnv, Integration, LoraAdapter, Sample
+from .interface import BuildEnv, Capabilities, Integration, LoraAdapter, Sample, Turn
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
-from .reference.manager import FinishedGroup, numeric_label
+from .reference.manager import FinishedGroup, PartialRolloutManager, numeric_label
 from .reference.protocols import WeightSyncClient
 from .reference.transports import (DistributedTransport, LoraTransport, WeightTransport, host_copy,
                                    write_checkpoint_atomic)
@@ -244,6 +244,12 @@ class KeepsAbortedManager(ReferenceManager):
         await self.enqueue(FinishedGroup(prompt, samples))  # re-queued with its partial turns
 
 
+class ForgetsAbortedPartManager(PartialRolloutManager):
+    def resumed(self, aborted: Turn, later: Turn) -> Turn:
+        later.continues = [*aborted.continues, aborted.rid]  # resumed, but only the last part's versions kept
+        return later
+
+
 class InFlightRidsManager(ReferenceManager):
     """Knows the rids of its requests in flight, for an updater that clears them before each update."""
 
@@ -398,6 +404,11 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("lora_stamped_before_load", "a LoRA update relabels the engines before the adapter is loaded, so a "
             "refused load leaves them labelled with a version they do not serve", "rl-frameworks V2 (LoRA path)",
             ("V2",), shows_in=("lora-refused-by-one",), updater_cls=LoraStampFirstUpdater),
+    _mutant("resumed_turn_forgets_aborted_part", "partial rollout resumes an aborted call but records only the "
+            "resumed part's versions, so a group generated partly under an older version is measured as newer",
+            "rl-frameworks S2 (partial rollout, slime/AReaL)", ("S2",),
+            shows_in=("partial-rollout",), manager_cls=ForgetsAbortedPartManager,
+            capabilities=Capabilities(partial_rollout=True)),
     _mutant("filter_rejects_at_bound", "the staleness filter is off by one the strict way: a group at exactly the "
             "bound is rejected, so admissible groups are regenerated", "rl-frameworks S3", ("S3",),
             shows_in=("staleness",), manager_cls=StrictBoundManager),

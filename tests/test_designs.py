@@ -82,3 +82,14 @@ def test_an_integration_that_counts_its_initial_weights_as_version_0_is_judged_a
     v = run_cases(ReferenceIntegration(name="none-as-zero", manager_cls=NoneAsZeroManager), fake_backend_factory(),
                   scenarios=["first-drain"], deadlines=FAST)["first-drain"].verdicts["V3"]
     assert v.status == "fail", v.explain()
+
+
+def test_partial_rollout_resumes_aborted_calls_across_an_update_and_passes() -> None:
+    """The reference with partial rollout (aborted turns resumed, never recycled) on the partial-rollout scenario:
+    a consumed group is as old as the part of a turn generated before the abort, and the group records it."""
+    from conformance.reference import partial_rollout
+
+    results = _all_pass(partial_rollout, ["partial-rollout", "aborted-groups"])
+    h = results["partial-rollout"].history
+    resumed = [t for rec in h.batches for g in rec.batch.groups for s in g.samples for t in s.turns if t.continues]
+    assert resumed and not h.unmet

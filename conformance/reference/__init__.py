@@ -6,18 +6,23 @@ distributed, LoRA) and ``manager`` (rollout producer + consumer filters) → ``u
 update cycle) → ``integration`` (builds the roles). Nothing here imports ``fakes``.
 """
 
+from ..interface import Capabilities
 from .client import EngineError, HttpEngineClient
 from .integration import ReferenceIntegration
-from .manager import NegativeStaleness, ProtocolError, ReferenceManager, VersionRegression, numeric_label
+from .manager import (NegativeStaleness, PartialRolloutManager, ProtocolError, ReferenceManager, VersionRegression,
+                      numeric_label)
 from .transports import (DiskTransport, DistributedTransport, LoraTransport, TensorTransport,
                          encode_pickle_b64, encode_safetensors_b64, write_checkpoint_atomic)
 from .updater import ReferenceUpdater
 
 integration = ReferenceIntegration()
+partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager_cls=PartialRolloutManager,
+                                       capabilities=Capabilities(partial_rollout=True))
+"""The reference with partial rollout: aborted turns are resumed instead of recycled."""
 
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport",
-    "NegativeStaleness", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
-    "TensorTransport", "VersionRegression", "encode_pickle_b64", "encode_safetensors_b64", "integration",
+    "NegativeStaleness", "PartialRolloutManager", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
+    "TensorTransport", "VersionRegression", "encode_pickle_b64", "encode_safetensors_b64", "integration", "partial_rollout",
     "numeric_label", "write_checkpoint_atomic",
 ]

@@ -202,18 +202,23 @@ class ReferenceManager:
         sample = Sample(index=prompt.index * self.config.group_size + i, turns=[])
         text = prompt.text
         for t in range(self.config.turns):
-            rid = f"p{prompt.index}.s{i}.t{t}.{uuid.uuid4().hex[:12]}"
-            adapter, sent_under = self._adapter, self._version
-            with self.adapter_users.using(adapter):
-                response = await engine.generate(self.request_payload(text, rid, adapter))
-            turn = self.turn_record(engine, rid, response)
-            turn.policy_version = sent_under  # the published version when it was sent (client-side records)
+            turn, response = await self.run_turn(engine, text, f"p{prompt.index}.s{i}.t{t}")
             sample.turns.append(turn)
             if turn.finish_reason == "abort":
                 sample.aborted = True
                 break
             text += response["text"]
         return sample
+
+    async def run_turn(self, engine: EngineClient, text: str, name: str) -> tuple[Turn, Any]:
+        """One ``/generate`` call of a sample (rid ``name`` + a unique suffix): its turn record and the response."""
+        rid = f"{name}.{uuid.uuid4().hex[:12]}"
+        adapter, sent_under = self._adapter, self._version
+        with self.adapter_users.using(adapter):
+            response = await engine.generate(self.request_payload(text, rid, adapter))
+        turn = self.turn_record(engine, rid, response)
+        turn.policy_version = sent_under  # the published version when it was sent (client-side records)
+        return turn, response
 
     def request_payload(self, text: str, rid: str, adapter: str | None) -> dict[str, Any]:
         payload: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": self.config.max_new_tokens},
@@ -334,3 +339,36 @@ class ReferenceManager:
         if self._producer is not None:
             self._producer.cancel()
             await asyncio.gather(self._producer, return_exceptions=True)
+
+
+class PartialRolloutManager(ReferenceManager):
+    """Partial rollout: an aborted turn is resumed, not recycled. Its prompt and partial output are sent again as a
+    new call that names the aborted one in ``Turn.continues``, up to :attr:`max_resumes` times; the turn then
+    carries the versions of every part (the aborted part's labels and spans first, :meth:`resumed`), so the group's
+    oldest version counts the tokens generated before the abort. Declare ``Capabilities(partial_rollout=True)``."""
+
+    max_resumes = 4
+
+    async def run_turn(self, engine: EngineClient, text: str, name: str) -> tuple[Turn, Any]:
+        turn, response = await super().run_turn(engine, text, name)
+        for attempt in range(self.max_resumes):
+            if turn.finish_reason != "abort":
+                break
+            text += response["text"]
+            later, response = await super().run_turn(engine, text, f"{name}.r{attempt + 1}")
+            turn = self.resumed(turn, later)
+        return turn, response
+
+    def resumed(self, aborted: Turn, later: Turn) -> Turn:
+        """The turn made of an aborted part and the call that resumed it: the later call's record, continuing the
+        aborted call (and what it continued), with every part's versions and the version the first part was sent
+        under."""
+        versions = [v for v in [aborted.weight_version, *(aborted.weight_versions or [])] if v is not None]
+        later.continues = [*aborted.continues, aborted.rid]
+        own = later.weight_versions or ([later.weight_version] if later.weight_version is not None else [])
+        later.weight_versions = [*versions, *own]
+        later.completion_tokens += aborted.completion_tokens
+        if aborted.policy_version is not None:
+            later.policy_version = aborted.policy_version
+        return later
+

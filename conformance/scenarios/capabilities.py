@@ -22,6 +22,7 @@ class Needs:
     failover: bool = False
     multi_turn: bool = False
     staleness_filter: bool = False
+    partial_rollout: bool = False
 
     def missing(self, caps: Capabilities) -> str | None:
         """Why an integration with ``caps`` cannot run a scenario that needs these, or None."""

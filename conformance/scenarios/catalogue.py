@@ -116,6 +116,40 @@ async def _lora_refused_by_one(run: Run) -> None:
     await _lora_refused(run, [len(run.backend.urls) - 1])
 
 
+def _resumed_across_an_update(history: History) -> bool:
+    """Whether a consumed group's oldest version comes only from the aborted parts of turns resumed under a newer
+    one (partial rollout across an update: the group is as old as the tokens generated before the abort)."""
+    outputs = history.outputs_by_rid()
+
+    def oldest(rids: list[str]) -> int:
+        return min((v for rid in rids if rid in outputs for v in call_versions(history, *outputs[rid])),
+                   default=10 ** 9)
+    for rec in history.batches:
+        for g in rec.batch.groups:
+            turns = [t for s in g.samples for t in s.turns]
+            if oldest([old for t in turns for old in t.continues]) < oldest([t.rid for t in turns]):
+                return True
+    return False
+
+
+async def _partial_rollout(run: Run) -> None:
+    """The engines hold requests under the current version when the suite freezes them and aborts everything they
+    hold; an update cycle runs while they are frozen, so the integration resumes the aborted calls under the next
+    version. Groups are drained (staleness bound 1) until one as old as such an aborted part is consumed (up to
+    three rounds)."""
+    await run.start()
+    await run.update(resident=True)
+    for _ in range(3):
+        await run.abort_in_flight(then_update=True)
+        for _ in range(run.rollout.buffer_capacity // run.rollout.batch_size + 2):
+            await run.drain(1)
+            run.history.wire = run.backend.wire.snapshot()
+            if _resumed_across_an_update(run.history):
+                return
+    run.unmet(("S2", "S3"), "no consumed group was as old as the aborted part of a turn resumed under a newer "
+              "version in three rounds")
+
+
 async def _staleness(run: Run) -> None:
     """Groups at exactly the bound (1), then at bound + 1, reach consumption by construction."""
     rollout = run.rollout
@@ -175,6 +209,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              full_updates=False),
     Scenario("lora-refused-by-one", "a LoRA update the last engine refuses to load while the others load it, then a "
              "good one", _lora_refused_by_one, ("V2", "P5", "I6", "V1"), needs=Needs(lora=True), full_updates=False),
+    Scenario("partial-rollout", "requests aborted under version 1 (by the suite, engines frozen) are resumed by the "
+             "integration under version 2; groups made of them are consumed with the staleness bound at 1",
+             _partial_rollout, ("S2", "S3", "I4"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),
+             needs=Needs(partial_rollout=True, staleness_filter=True)),
     Scenario("staleness", "groups buffered while three updates land; bound 1 at consumption",
              _staleness, ("S3", "S2", "V4-S1"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1, buffer_capacity=8),
              needs=Needs(staleness_filter=True)),

@@ -324,12 +324,15 @@ class Run:
         await wait_for_condition(blocked, self.deadlines.wait_s,
                                  "the producer to fill its buffer (no /generate in flight)")
 
-    async def abort_in_flight(self) -> None:
+    async def abort_in_flight(self, then_update: bool = False) -> int | None:
         """Abort the requests every engine holds, as an operator or a crash would (not the integration's doing).
         So that some are held, the suite freezes the engines first (``pause`` in place, its own call; on ≤0.5.4
         that pause already aborts everything), checks on the wire that each engine the integration uses held one of
-        its requests sent before, aborts everything (SGLang answers frozen requests once they continue) and continues the engines;
-        it retries while an engine held nothing."""
+        its requests sent before, aborts everything (SGLang answers frozen requests once they continue) and
+        continues the engines; it retries while an engine held nothing. With ``then_update`` the engines are not
+        continued by the suite: an update cycle runs while they are frozen, and its own continue releases the
+        aborted answers, so whatever the integration resumes of them runs under the cycle's new weights (returns
+        what the cycle returned)."""
         wire, urls = self.backend.wire, self.backend.urls
         deadline = time.monotonic() + self.deadlines.wait_s
         while True:
@@ -347,9 +350,11 @@ class Run:
             await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}) for url in urls))
             for item in injected:
                 item.t_end = time.monotonic()
+            if then_update and used <= held:
+                return await self.update()
             await asyncio.gather(*(probe_post(url, "/continue_generation", {}) for url in urls))
             if used <= held:
-                return
+                return None
             if time.monotonic() > deadline:
                 raise ScenarioTimeout(f"no request was held by every engine the integration uses ({sorted(used)}) to "
                                       f"abort within {self.deadlines.wait_s:.0f}s (engines holding one: "

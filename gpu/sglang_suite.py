@@ -95,14 +95,14 @@ class SglangSuite:
 
     def config(self) -> Any:
         from .backend import RayBackendConfig
-        from .sglang_cpu import CPU_ENV, CPU_FLAGS, python_of
+        from .sglang_cpu import CPU_ENV, CPU_FLAGS, default_venv, python_of
         from .tiny_model import write_model
 
         if self._model_dir is None:
             self._model_dir = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-sglang-model-")) / "model"))
         spec = EngineSpec(model_path=self._model_dir, enable_lora=self.enable_lora, random_seed=self.seed,
                           disable_cuda_graph=False, extra_args=CPU_FLAGS, fake_args=self.fake_args)
-        python = self.python or str(python_of(Path(self.venv)))
+        python = self.python or str(python_of(Path(self.venv) if self.venv else default_venv(self.release)))
         return RayBackendConfig(spec, engines=self.engines, nodes=2, program=self.program, python=python,
                                 resources_per_engine={"CPU": 1}, health_timeout_s=self.health_timeout_s,
                                 profile=self.release, env=dict(CPU_ENV), engine_host="127.0.0.1")

@@ -202,39 +202,41 @@ print("pids", *lease.pool.backend.engine_pids(), flush=True)
 lease.stop()
 run_one("steady-disk-retract", for_real_sglang(load_integration("conformance.reference:integration")), factory)
 print("ran", flush=True)
-if sys.argv[3] == "close":
-    suite.close()
-    print("closed", flush=True)
-else:
-    import time
-    time.sleep(600)  # killed here, holding its engines
+import time
+time.sleep(600)  # killed here, holding its engines
 """
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_no_engine_process_outlives_a_killed_run(kind: str) -> None:
     """The run is SIGKILLed while it holds its engines (no teardown runs at all); closing is covered above."""
-    ending = "killed"
     release = os.environ.get("WEIGHTSYNC_SGLANG_RELEASE", "0.5.23")
     if kind == "sglang":
         make_suite(kind, engines=1)  # skips without the environment
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, kind, release, ending], cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, kind, release], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True).start()
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line.strip())
+        lines.put(None)  # the run ended
+
+    threading.Thread(target=read, daemon=True).start()
     seen: list[str] = []
     engines: list[int] = []
     try:
-        while not seen or seen[-1] != ("closed" if ending == "close" else "ran"):
+        while not seen or seen[-1] != "ran":
             try:
-                seen.append(lines.get(timeout=400))
+                line = lines.get(timeout=400)
             except queue.Empty:
                 pytest.fail("the run did not get there within 400s:\n" + "\n".join(seen)[-3000:])
-            if seen[-1].startswith("pids"):
-                engines = descendants([int(p) for p in seen[-1].split()[1:]])
-            assert proc.poll() is None or not lines.empty() or seen[-1] == "closed", "\n".join(seen)[-3000:]
-        if ending == "killed":
-            os.kill(proc.pid, signal.SIGKILL)  # no teardown runs: the engines must die with their parent
+            if line is None:
+                pytest.fail("the run ended before it held its engines:\n" + "\n".join(seen)[-3000:])
+            seen.append(line)
+            if line.startswith("pids"):
+                engines = descendants([int(p) for p in line.split()[1:]])
+        os.kill(proc.pid, signal.SIGKILL)  # no teardown runs: the engines must die with their parent
         proc.wait(60)
     finally:
         if proc.poll() is None:

@@ -11,9 +11,11 @@ from .verdict import Verdict, verdict
 
 
 @check("F3", "atomic checkpoints",
-       holds="disk checkpoints are published atomically (rename) and kept until every engine loaded them",
+       holds="disk checkpoints are published atomically (rename), never written into once an engine was told to "
+             "load them (a reused path is replaced by a rename), and kept until every engine loaded them; judged per "
+             "load",
        reads="the `model_path` of each `/update_weights_from_disk` against inotify events of the checkpoint "
-             "directory",
+             "directory and of the inside of each checkpoint renamed into it",
        model_based="it needs disk updates (the disk scenarios), which the model-based run mixes with the other "
                    "transports")
 def atomic_checkpoints(h: History) -> Verdict:

@@ -41,8 +41,9 @@ _FIELDS_SHOWN = ("mode", "abort_all_requests", "flush_cache", "weight_version")
 
 @check("I1-I2", "no abort on update",
        holds="no bump or transfer aborts, and a whole update cycle aborts none of the requests in the engines; on "
-             "every engine a request was resident when the cycle first touched it, else `unknown`; aborted-request "
-             "and aborted-sample rates, recompute tokens",
+             "every engine a request was resident when the cycle first touched it, else `unknown`; a request the "
+             "integration drops itself around an update counts as aborted; aborted-request and aborted-sample "
+             "rates, recompute tokens",
        reads="`abort_all_requests` as SGLang reads it on `/update_weight_version` (default true) and on every "
              "transfer; every `/generate` answer with `finish_reason` abort and what was sent to that engine "
              "before it; the `/generate` calls open at each engine's pause (or first transfer/bump)",

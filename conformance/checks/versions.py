@@ -114,7 +114,8 @@ def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, flo
 
 
 @check("V3", "no version before the first update",
-       holds="no current version before the first update: filter off, no staleness metrics",
+       holds="no current version before the first update: filter off, no staleness metrics (or, for an "
+             "integration that publishes a version for its initial weights, that version)",
        reads="the batches consumed before the first successful cycle",
        model_based="it needs batches drained before the first update with the staleness filter on (the first-drain "
                    "scenario)")

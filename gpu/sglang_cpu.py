@@ -49,6 +49,7 @@ CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disabl
              "--skip-server-warmup", "--max-total-tokens", "32768", "--mem-fraction-static", "0.2")
 """SGLang's launch flags for CPU (without ``--max-total-tokens`` the KV pool is 0.2 × RAM: 5.7 GB, 13 s)."""
 STAMP = "weightsync-sglang-cpu.json"
+BUILDING = "weightsync-sglang-cpu.building"
 STANDIN = Path(__file__).with_name("sgl_kernel_standin.py")
 
 
@@ -182,12 +183,15 @@ class Installer:
         return pins
 
     def install(self) -> Status:
-        if self.venv.exists() and any(self.venv.iterdir()) and read_stamp(self.venv) is None:
+        ours = read_stamp(self.venv) is not None or (self.venv / BUILDING).exists()  # built, or interrupted
+        if self.venv.exists() and any(self.venv.iterdir()) and not ours:
             raise InstallError(f"{self.venv} exists and was not built by this installer: pass another --venv or "
                                "remove it")
         if self.venv.exists():
             shutil.rmtree(self.venv)
         self.log_path.unlink(missing_ok=True)
+        self.venv.mkdir(parents=True)
+        (self.venv / BUILDING).write_text("an unfinished build of gpu.sglang_cpu; the next install removes it\n")
         self.run("venv", [sys.executable, "-m", "venv", str(self.venv)])
         (self.venv / "constraints.txt").write_text("\n".join(CONSTRAINTS) + "\n")
         self.pip("sglang", "--no-deps", f"sglang=={self.release}")
@@ -200,6 +204,7 @@ class Installer:
         (self.venv / STAMP).write_text(json.dumps(
             {"release": self.release, "recipe": recipe(self.release), "versions": versions,
              "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
+        (self.venv / BUILDING).unlink()
         return status(self.release, self.venv)
 
     def patch_torchvision(self) -> None:

@@ -87,6 +87,23 @@ def test_a_directory_the_installer_did_not_build_is_never_removed(tmp_path: Path
     assert (venv / "precious.txt").exists()
 
 
+def test_an_interrupted_build_is_removed_and_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv = tmp_path / "sglang-0.5.23"
+    venv.mkdir()
+    (venv / sglang_cpu.BUILDING).write_text("")
+    (venv / "half-installed").write_text("x")
+    steps: list[str] = []
+
+    def stop_at_the_first_step(self: Installer, step: str, command: list[str]) -> str:
+        steps.append(step)
+        raise InstallError(f"step '{step}' stopped by the test")
+
+    monkeypatch.setattr(Installer, "run", stop_at_the_first_step)
+    with pytest.raises(InstallError, match="stopped by the test"):
+        Installer("0.5.23", venv).install()
+    assert steps == ["venv"] and not (venv / "half-installed").exists() and (venv / sglang_cpu.BUILDING).exists()
+
+
 def test_a_failed_step_is_one_line_naming_it(tmp_path: Path) -> None:
     installer = Installer("0.5.23", tmp_path / "v")
     with pytest.raises(InstallError) as error:

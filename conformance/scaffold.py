@@ -131,6 +131,7 @@ CAPABILITIES = Capabilities(
     failover=True,                      # Roles.new_updater() may build a second trainer cell (failover)
     multi_turn=True,                    # samples of several /generate calls
     staleness_filter=True,              # the Manager enforces env.rollout.max_staleness at consumption
+    partial_rollout=False,              # the Manager resumes an aborted call (Turn.continues) instead of recycling
     stamps_engines=True,                # the engines carry your versions (False: Turn.policy_version holds them)
 )
 """Declare only what you support: a case needing more is skipped with the reason, never passed."""

@@ -219,8 +219,8 @@ def test_a_project_without_conformance_cases_runs_unchanged(pytester: pytest.Pyt
     pytester.makepyfile(test_own=ADOPTER_OWN_TESTS)
     args = ("-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "load", "--model-path", "/models/llama",
             "--integration")
-    with_plugin = pytester.runpytest_subprocess(*args)
-    without = pytester.runpytest_subprocess(*args, "-p", "no:weightsync_conformance")
+    with_plugin = pytester.runpytest_inprocess(*args)
+    without = pytester.runpytest_inprocess(*args, "-p", "no:weightsync_conformance")
     with_plugin.assert_outcomes(passed=3)
     without.assert_outcomes(passed=3)
     assert not [line for line in with_plugin.outlines if "weightsync-conformance:" in line]

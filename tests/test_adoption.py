@@ -140,6 +140,30 @@ def test_an_own_update_cycle_with_the_reference_manager_conforms(monkeypatch: py
     assert not bad, "\n".join(bad)
 
 
+COUNTED = '''
+import os
+from conformance.reference import ReferenceIntegration
+
+def make_integration():
+    with open(os.environ["WEIGHTSYNC_TEST_CALLS"], "a") as log:
+        log.write("called\\n")
+    return ReferenceIntegration(name="counted")
+'''
+
+
+def test_the_integration_factory_is_called_once_per_session(pytester: pytest.Pytester, suite,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Collection, the release check, two scenarios, the report's metadata: one call of the factory."""
+    pytester.makepyfile(counted=COUNTED)
+    pytester.syspathinsert()
+    calls = pytester.path / "calls.log"
+    monkeypatch.setenv("WEIGHTSYNC_TEST_CALLS", str(calls))
+    result = suite("--conformance-integration", "counted:make_integration", "-k", "first-drain-fake or V1-lora-fake",
+                   f"--conformance-report={pytester.path / 'r' / 'conformance-result.json'}")
+    result.assert_outcomes(passed=3)
+    assert calls.read_text() == "called\n"
+
+
 # -- the suite as importable test classes -------------------------------------------------------------------------
 
 ADOPTER_TESTS = '''

@@ -48,7 +48,7 @@ def sizes(quick: bool) -> list[tuple[str, str, dict]]:
 
     default = ReplayConfig()
     shrink_e, shrink_g = (4, 16) if quick else (1, 1)
-    base = dict(updates=3) if quick else {}
+    base = dict(updates=2) if quick else {}
 
     def size(engines: int, groups: int) -> dict:
         engines, groups = max(1, engines // shrink_e), max(2, groups // shrink_g)

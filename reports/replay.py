@@ -250,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tables = [cost_table(r) for r in runs]
     names = [i.name if [j.name for j in integrations].count(i.name) == 1 else s for i, s in zip(integrations, specs)]
     print(table_text(names, runs, tables))
+    for name, run in zip(names, runs):
+        for b in run.history.breaks:
+            print(f"{name} broke at t={b.t:.0f} s: {b.message}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replay.json").write_text(json.dumps(to_json(names, runs, tables), indent=1))
     html = args.out / "replay.html"

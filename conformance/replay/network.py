@@ -32,9 +32,13 @@ StartDelay = Callable[[Any], float]
 """``request payload -> seconds`` before a ``/generate`` reaches the engine (an episode's environment starting)."""
 
 
+REPLAY_DOMAIN = ".replay"
+"""The replay's engines' hosts end with this (nothing outside the replay resolves it)."""
+
+
 def engine_url(i: int) -> str:
     """The URL the integration is given for engine ``i``."""
-    return f"http://engine-{i}.replay"
+    return f"http://engine-{i}{REPLAY_DOMAIN}"
 
 
 class TransferDelay:

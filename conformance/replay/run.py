@@ -16,7 +16,7 @@ from ..checks import REGISTRY, Verdict
 from ..history import BatchRecord, Breakage, History, UpdateCycle
 from ..interface import BuildEnv, Integration
 from ..wire import WireLog, WireRecorder
-from .network import Network, TransferDelay, engine_url, in_process
+from .network import REPLAY_DOMAIN, Network, TransferDelay, engine_url, in_process
 from .vtime import LoopClock, run_virtual
 from .workload import Environment, ReplayConfig, prompt_source, seeded_uuid4, trainer_weights
 
@@ -152,7 +152,7 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
             else:  # the last step trains on the last update's weights; the run stops after it, outside any cycle
                 await asyncio.sleep(config.train_s)
         except Exception as exc:
-            history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}", loop.time()))
+            history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}{_hint(exc)}", loop.time()))
         finally:
             if roles is not None:
                 for name, closer in (("Manager.stop()", roles.manager.stop), ("Roles.close()", roles.close)):
@@ -168,6 +168,14 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
     history.wire = wire.snapshot()
     history.final_labels = labels()
     return ReplayRun(config, integration.name, mode, history, steps, sim_s=loop.time())
+
+
+def _hint(exc: Exception) -> str:
+    """What to do when the integration could not reach the replay's engines at all."""
+    if REPLAY_DOMAIN in str(exc):
+        return (f" (the replay's engines are reached in process, through httpx async clients only: a blocking client "
+                f"such as requests cannot reach *{REPLAY_DOMAIN})")
+    return ""
 
 
 def _host(url: str) -> str:

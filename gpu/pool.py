@@ -38,6 +38,13 @@ T = TypeVar("T")
 SPEED_PROBE_TOKENS = 256
 """Tokens decoded once at start to measure the engines' speed."""
 SPEED_WARMUP_TOKENS = 16
+DEADLINE_BASE_TOKENS_PER_S = 1000.0
+"""The decode speed the suite's deadlines are sized for (the fake decodes 2000 tokens/s per request; half of it
+keeps their margin)."""
+MAX_SLOWDOWN = 10.0
+"""Beyond this the machine is too loaded for a verdict to mean anything; the deadlines stop growing."""
+MIN_SENTINEL_TOKENS = 512
+"""A floor for a sentinel's budget: on a machine so loaded that the probe crawled, the cycles crawl too."""
 
 
 @dataclass
@@ -88,6 +95,22 @@ class EnginePool:
     def lease(self) -> "PooledBackend":
         """A backend for one scenario over the pool's engines."""
         return PooledBackend(self)
+
+    def ensure_started(self) -> None:
+        """Start the engines now (and measure them) unless they run: what :meth:`slowdown` needs."""
+        with self._lock:
+            if self._lent:
+                raise RuntimeError("the engine pool is lent to a running scenario")
+            if self.backend is None:
+                self._start()
+
+    def slowdown(self) -> float:
+        """How much slower than the fake these engines decode (1 at least, at most :data:`MAX_SLOWDOWN`): the
+        factor a scenario's deadlines are scaled by, from the decode speed measured at start."""
+        speed = self.stats.decode_tokens_per_s
+        if not speed:
+            raise RuntimeError("the engines' speed is measured when they start: call ensure_started() first")
+        return min(MAX_SLOWDOWN, max(1.0, DEADLINE_BASE_TOKENS_PER_S / speed))
 
     # -- lending -------------------------------------------------------------------------------------------------
 
@@ -163,8 +186,9 @@ class EnginePool:
         except BaseException:
             _stop_quietly(backend)
             raise
+        budget = int(self.sentinel_seconds * self.stats.decode_tokens_per_s)
         self.sentinel_tokens = min(context_tokens(backend.config.spec.model_path) - len(SENTINEL_INPUT_IDS) - 4,
-                                   max(64, int(self.sentinel_seconds * self.stats.decode_tokens_per_s)))
+                                   max(MIN_SENTINEL_TOKENS, budget))
         self.backend = backend
 
     def _measure_initial(self, backend: RayBackend) -> InitialState:

@@ -131,6 +131,15 @@ class SglangSuite:
             return RayBackend(config)
         return make
 
+    def deadlines(self) -> Any:
+        """The scenarios' deadlines scaled by how much slower than the fake the engines decode (measured when they
+        start; starts them now if needed): real SGLang on 2 CPU cores decodes a few hundred tokens a second."""
+        from conformance.scenarios import DEADLINES
+
+        pool = self.pool()
+        pool.ensure_started()
+        return DEADLINES.scaled(pool.slowdown())
+
     def backend_factory(self) -> Callable[[], Any]:
         """A zero-argument factory: each call lends the pool's engines to one scenario."""
         return self.pool().lease

@@ -368,15 +368,16 @@ class ConformanceSession:
         return self._sglang
 
     def run_sglang(self, integration: Any, scenario: str, seed: int) -> Any:
-        """``scenario`` on the shared real engines; the suite's reference (and its mutants) send their tensors in
-        the encoding real SGLang reads (``gpu.trainer.for_real_sglang``)."""
+        """``scenario`` on the shared real engines, its deadlines scaled by their measured speed; the suite's
+        reference (and its mutants) send their tensors in the encoding real SGLang reads
+        (``gpu.trainer.for_real_sglang``)."""
         from conformance.cases import ScenarioResult, run_one
         from gpu.trainer import for_real_sglang
 
         suite = self.sglang()
         if suite.why_not(scenario):
             return ScenarioResult(skipped=suite.why_not(scenario))
-        return run_one(scenario, for_real_sglang(integration), suite.backend_factory(), seed)
+        return run_one(scenario, for_real_sglang(integration), suite.backend_factory(), seed, suite.deadlines())
 
     def summary(self) -> list[str]:
         return self._sglang.summary() if self._sglang is not None else []

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from conformance.cases import fake_backend_factory, run_one  # noqa: E402
 from conformance.mutants import MUTANTS  # noqa: E402
-from conformance.scenarios import SCENARIOS  # noqa: E402
+from conformance.scenarios import DEADLINES, SCENARIOS  # noqa: E402
 from gpu.mutation import run_mutant  # noqa: E402
 
 COLUMNS = ("fake", "0.5.10", "0.5.15", "0.5.23")
@@ -45,11 +45,14 @@ def measure(backend: str, names: list[str], reference: bool, seed: int) -> dict[
     why_not = (lambda s: None) if suite is None else suite.why_not
     column: dict[str, Any] = {"cells": {}, "killers": {}}
     try:
+        deadlines = DEADLINES if suite is None else suite.deadlines()
+        column["deadline_scale"] = round(deadlines.update_s / DEADLINES.update_s, 2)
         if reference:
-            column["reference"] = run_reference(factory, adapt, why_not, seed)
+            column["reference"] = run_reference(factory, adapt, why_not, seed, deadlines)
             print(f"{backend}: reference {column['reference']['summary']}", flush=True)
         for name in names:
-            outcome = run_mutant(MUTANTS[name], factory, adapt=adapt, why_not=why_not, seed=seed)
+            outcome = run_mutant(MUTANTS[name], factory, adapt=adapt, why_not=why_not, seed=seed,
+                                 deadlines=deadlines)
             column["cells"][name], column["killers"][name] = outcome.cell(), outcome.killers
             print(f"{backend}: {name}: {outcome.cell()}", flush=True)
     finally:
@@ -61,7 +64,7 @@ def measure(backend: str, names: list[str], reference: bool, seed: int) -> dict[
     return column
 
 
-def run_reference(factory: Any, adapt: Any, why_not: Any, seed: int) -> dict[str, Any]:
+def run_reference(factory: Any, adapt: Any, why_not: Any, seed: int, deadlines: Any) -> dict[str, Any]:
     """The reference on every scenario: cases passed / failed / skipped, and which failed."""
     from conformance import DEFAULT_INTEGRATION
     from conformance.cases import load_integration
@@ -73,10 +76,11 @@ def run_reference(factory: Any, adapt: Any, why_not: Any, seed: int) -> dict[str
             counts["skipped"] += len(scenario.checks)
             continue
         try:
-            result = run_one(scenario.name, integration, factory, seed)
+            result = run_one(scenario.name, integration, factory, seed, deadlines)
         except Exception as exc:
             counts["failed"] += len(scenario.checks)
-            failed.append(f"{scenario.name}: {type(exc).__name__}: {str(exc)[:200]}")
+            failed.append(f"{scenario.name}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"  broke: {failed[-1]}", flush=True)
             continue
         for check in scenario.checks:
             v = result.verdicts.get(check)
@@ -87,7 +91,8 @@ def run_reference(factory: Any, adapt: Any, why_not: Any, seed: int) -> dict[str
             else:
                 counts["failed"] += 1
                 failed.append(f"{check}-{scenario.name}: {v.status if v else 'error'}"
-                              + (f" ({v.witness[0][:150]})" if v and v.witness else ""))
+                              + (f" ({' / '.join(v.witness[:3])[:300]})" if v and v.witness else ""))
+                print(f"  failed: {failed[-1]}", flush=True)
     summary = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped " \
               f"in {time.monotonic() - t0:.0f}s"
     return {**counts, "failed_cases": failed, "summary": summary}

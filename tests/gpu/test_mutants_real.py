@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 def test_mutant_is_killed_on_real_sglang_as_on_the_fake(name: str, conformance_session) -> None:
     suite = conformance_session.sglang()  # skips with the install command where the environment is missing
     mutant = MUTANTS[name]
-    real = run_mutant(mutant, suite.backend_factory(), adapt=for_real_sglang, why_not=suite.why_not)
+    real = run_mutant(mutant, suite.backend_factory(), adapt=for_real_sglang, why_not=suite.why_not,
+                      deadlines=suite.deadlines())
     if real.status == "skipped":
         pytest.skip(f"{name} cannot be shown on real SGLang on CPU: {real.reason}")
     assert real.status == "killed", f"{name} ({mutant.bug}) {real.status} on real SGLang {suite.release}: " \

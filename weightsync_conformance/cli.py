@@ -89,7 +89,8 @@ def _new_adapter(argv: list[str]) -> int:
         return 2
     module = path.stem
     print(f"wrote {path}; run it (every case fails with what to implement first):\n"
-          f"  cd {path.parent} && pytest -m cpu --pyargs conformance.suite --conformance-integration {module}:integration")
+          f"  cd {path.parent} && pytest -m cpu --pyargs conformance.suite "
+          f"--conformance-integration {module}:integration")
     return 0
 
 

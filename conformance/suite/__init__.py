@@ -83,7 +83,8 @@ class ConformanceSuite:
         reason = result.skip_reason(case.check)
         verdict = None if reason else result.verdicts[case.check]
         judgement = entry and expectations.judge(entry, case.id, verdict and verdict.status,
-                                                 bool(verdict and verdict.run_broke), verdict.witness if verdict else ())
+                                                 bool(verdict and verdict.run_broke),
+                                                 verdict.witness if verdict else ())
         conformance_record(case, backend, result, expected=judgement and {
             "reason": entry.reason, "link": entry.link, "entry": entry.pattern, "outcome": judgement.outcome})
         if reason:

@@ -188,14 +188,14 @@ class WeightUpdatesMixin:
                 received = await asyncio.gather(*(  # every TP rank receives every broadcast
                     asyncio.to_thread(g.receive, obj["names"], obj["dtypes"], obj["shapes"],
                                       load_format=obj.get("load_format")) for g in groups))
-                return self._merged(received[0], "update_weights_from_distributed")
-            except Exception as e:  # noqa: BLE001 - model_runner catches Exception here
+            except Exception as e:  # noqa: BLE001 - 0.5.23 catches the receive apart from the load
                 if answered:
                     return f"Failed to receive weights: {e}"
-                return (
-                    f"Failed to update parameter online: {e}. The full weights of the ModelRunner are "
-                    "partially updated. Please discard the whole weights."
-                )
+                return _partial_update_message(e)
+            try:
+                return self._merged(received[0], "update_weights_from_distributed")
+            except Exception as e:  # noqa: BLE001 - model_runner catches Exception here
+                return _partial_update_message(e)
 
         return await self._weight_update(
             "update_weights_from_distributed",
@@ -343,3 +343,9 @@ def _disk_failure(e: Exception, stage: str) -> str:
     if stage == "iterator":
         return f"Failed to get weights iterator: {e}."
     return f"Failed to update weights: {e}.\nRolling back to original weights."
+
+
+def _partial_update_message(error: Exception) -> str:
+    """The model runner's answer to a distributed update that raised (``update_weights_from_distributed``)."""
+    return (f"Failed to update parameter online: {error}. The full weights of the ModelRunner are partially "
+            "updated. Please discard the whole weights.")

@@ -42,6 +42,8 @@ class DirectoryWatch:
         self._top = -1
         self._inside: dict[int, str] = {}
         """Watch descriptor → the checkpoint (top-level name) whose inside it watches."""
+        self._followed: set[str] = set()
+        """The checkpoints whose inside is watched (read from other threads)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -83,6 +85,10 @@ class DirectoryWatch:
                     self.events.append(FsEvent(now, kind, name))
                     self._follow(name, inside=bit == _IN_MOVED_TO and bool(mask & _IN_ISDIR))
 
+    def following(self, name: str) -> bool:
+        """Whether the inside of checkpoint ``name`` is watched yet (it is once its arrival has been read)."""
+        return name in self._followed
+
     def _follow(self, name: str, inside: bool) -> None:
         """Watch the inside of checkpoint ``name`` once it arrived by rename (one created in place
         fails F3 already); stop when it is moved or deleted away."""
@@ -90,10 +96,12 @@ class DirectoryWatch:
         for wd in [wd for wd, n in self._inside.items() if n == name]:
             del self._inside[wd]
             self._libc.inotify_rm_watch(self._fd, wd)
+        self._followed.discard(name)
         if inside:
             wd = self._libc.inotify_add_watch(self._fd, str(self.path / name).encode(), _INSIDE)
             if wd >= 0:
                 self._inside[wd] = name
+                self._followed.add(name)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -164,8 +164,8 @@ class Run:
             t1 = time.monotonic()
             wire.release_holds()
             await sentinels.release()
-        left = set(wire.clear_refusals())
-        unused = [key for keys in refused if set(keys) <= left for key in keys]  # one path of an engine suffices
+        left = set(wire.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
+        unused = sorted(left - {key for keys in refused if not set(keys) <= left for key in keys})
         if unused and error is None:  # a cycle that failed at the first refusal need not reach the others
             self.history.breaks.append(Breakage("error", f"the injected refusal of {unused} was never used: the "
                                                 "integration did not call that endpoint on that engine during the "

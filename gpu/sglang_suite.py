@@ -30,8 +30,6 @@ from .launch import FAKE, SGLANG, EngineSpec
 LORA_ON_CPU = ("real SGLang on CPU cannot serve LoRA: with --enable-lora the engine dies at start "
                "(sglang/srt/lora/layers.py pins host memory, 'pin_memory=True requires a CUDA or other accelerator "
                "backend'; measured on 0.5.23), so LoRA scenarios run on the fake and on GPUs only")
-UNSUPPORTED_ON_CPU = {"lora": LORA_ON_CPU}
-"""Scenarios real SGLang on CPU cannot run, with the measured reason (each case of them is skipped with it)."""
 HEALTH_TIMEOUT_S = 300.0
 """Start to ``/health`` 200 is 15–50 s on 2 busy cores; a deadline well past it, far below SGLang's own 600 s."""
 
@@ -52,7 +50,6 @@ class SglangSuite:
     """The interpreter that runs ``program`` (default: the environment's)."""
     enable_lora: bool = False
     fake_args: tuple[str, ...] = ()
-    unsupported: dict[str, str] = field(default_factory=lambda: dict(UNSUPPORTED_ON_CPU))
     _skip: str | None = field(default=None, init=False)
     _checked: bool = field(default=False, init=False)
     _model_dir: str | None = field(default=None, init=False)
@@ -64,7 +61,7 @@ class SglangSuite:
                   **kwargs: Any) -> "SglangSuite":
         """The same suite with the fake's drop-in (``python -m fakes.launch_server``, the same flags) in place of
         real SGLang: what the CPU tests run."""
-        return cls(release=profile, program=FAKE, python=sys.executable, enable_lora=True, unsupported={},
+        return cls(release=profile, program=FAKE, python=sys.executable, enable_lora=True,
                    fake_args=("--fake-profile", profile, "--fake-tokens-per-second", str(tokens_per_second)),
                    **kwargs)
 
@@ -88,8 +85,13 @@ class SglangSuite:
         return self._skip
 
     def why_not(self, scenario: str) -> str | None:
-        """Why ``scenario`` cannot run on this backend (its cases are skipped with it), or None."""
-        return self.unsupported.get(scenario)
+        """Why ``scenario`` cannot run on this backend (its cases are skipped with it), or None: every scenario that
+        needs LoRA, where the engines run without it (real SGLang on CPU)."""
+        from conformance.scenarios import SCENARIOS
+
+        needs = getattr(SCENARIOS[scenario], "needs", None) if scenario in SCENARIOS else None
+        lora = needs.get("lora") if isinstance(needs, dict) else getattr(needs, "lora", False)
+        return LORA_ON_CPU if lora and not self.enable_lora else None
 
     # -- engines ---------------------------------------------------------------------------------------------
 

@@ -253,6 +253,10 @@ class RayBackend:
         return [dict(e.info) for e in self._engines]
 
     def failures(self) -> list[str]:
+        """Every engine failure recorded so far, after asking each engine once more (an engine that died a moment
+        ago is named as such, not found later as unreachable)."""
+        if not self._stopping.is_set():
+            self._poll(patience=UNRESPONSIVE_POLLS)
         with self._lock:
             return [e.failure for e in self._engines if e.failure]
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI stage (called by .ci/run after the README's test command): real SGLang on CPU.
 #  1. the release's environment (python -m gpu.sglang_cpu install; a no-op when it is up to date);
-#  2. the conformance cases and every mutant on real SGLang, on one pair of engines shared by the session and reset
-#     between scenarios (-m sglang: conformance/suite, tests/gpu/test_mutants_real.py);
+#  2. the conformance cases on real SGLang, on one pair of engines shared by the session and reset between scenarios
+#     (-m sglang conformance/suite; the mutants on real SGLang, tests/gpu/test_mutants_real.py, are run by hand: on
+#     2 busy cores they would take CI past its 30 minutes);
 #  3. the one-engine checks: the reset and teardown of shared engines (tests/gpu/test_engine_pool.py) and the
 #     differential fidelity check, fake against real SGLang (tests/gpu/test_fidelity.py).
 # At most two real engines run at once (2 in step 2, 1 in step 3). pytest exit 5 (nothing collected) fails.
@@ -29,7 +30,7 @@ run() {
 }
 
 cases=0; checks=0
-run conformance/suite tests/gpu/test_mutants_real.py || cases=$?
+run conformance/suite || cases=$?
 run tests/gpu/test_engine_pool.py tests/gpu/test_fidelity.py || checks=$?
 echo "CI: real SGLang stage (install + tests) took $((SECONDS - started)) s"
 [ "$cases" -ne 0 ] && exit "$cases"

@@ -149,7 +149,8 @@ class Run:
             raise ScenarioTimeout(str(exc)) from None
         refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
-            wire.hold_first(DISTURBING_PATHS, self.holds_young, 2 * TURN_S)
+            wire.hold_first(DISTURBING_PATHS, self.holds_young, 2 * max(TURN_S, self.rollout.max_new_tokens /
+                                                                          decode_rate(self.backend)))
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
@@ -231,8 +232,9 @@ class Run:
     async def until_resident(self, cycle: int) -> None:
         """Wait until every engine the integration uses holds one of its ``/generate`` calls sent less than half its
         decode time ago (its ``max_new_tokens`` at :func:`decode_rate`; at least :data:`TURN_S`), so it is still
-        decoding when the cycle reaches that engine, whatever the cycle does first. Batches are consumed while the
-        producer stalls, as :meth:`until_in_flight` does. When that does not happen within ``deadlines.wait_s`` the
+        decoding when the cycle reaches that engine, whatever the cycle does first. Batches are consumed only while
+        an engine the integration uses has none of its requests open (the producer stalls on a full buffer); while
+        each has one, the next turns are waited for. When that does not happen within ``deadlines.wait_s`` the
         cycle runs all the same and I1-I2 answers unknown for it (an integration whose own requests never overlap
         an update is not shown to spare them)."""
         start = time.monotonic()
@@ -249,7 +251,9 @@ class Run:
                            f"({consumed} batch(es) consumed meanwhile): what its cycles do to its own requests in "
                            f"flight is not shown")
                 return
-            if now - stalled_since > STALL_S:
+            if used and all(any(c.engine == e and c.t_end is None for c in calls) for e in used):
+                stalled_since = now  # every engine is decoding: its next turn will be young
+            elif now - stalled_since > STALL_S:
                 await self.drain(max(1, len(used)))
                 consumed += max(1, len(used))
                 stalled_since = time.monotonic()

@@ -26,6 +26,7 @@ from conformance.reference.transports import write_checkpoint_atomic
 from conformance.scenarios import Trainer
 from gpu.reset import EngineResetError
 from gpu.sglang_suite import SglangSuite
+from test_engine_process import alive
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = [pytest.param("fake", marks=pytest.mark.cpu),
@@ -42,12 +43,6 @@ def make_suite(kind: str, engines: int) -> SglangSuite:
     return suite
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def descendants(pids: list[int]) -> list[int]:

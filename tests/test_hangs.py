@@ -95,7 +95,7 @@ def test_run_abandonable_returns_results_errors_and_gives_up_on_a_blocked_loop()
     async def forever() -> None:
         while True:
             try:
-                await asyncio.sleep(1)
+                await asyncio.sleep(1)  # sleep-ok: the coroutine under test idles; nothing waits on it
             except asyncio.CancelledError:
                 pass
 

@@ -41,7 +41,7 @@ def reduced() -> dict[str, tuple]:
 def test_virtual_time_runs_hours_in_milliseconds() -> None:
     async def main() -> float:
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(asyncio.sleep(600 * i) for i in range(13)))
+        await asyncio.gather(*(asyncio.sleep(600 * i) for i in range(13)))  # sleep-ok: virtual time
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.Event().wait(), 3600)
         await asyncio.to_thread(time.sleep, 0.01)  # executor work takes no virtual time

@@ -198,7 +198,7 @@ lease.stop()
 run_one("steady-disk-retract", for_real_sglang(load_integration("conformance.reference:integration")), factory)
 print("ran", flush=True)
 import time
-time.sleep(600)  # killed here, holding its engines
+time.sleep(600)  # sleep-ok: killed here, holding its engines
 """
 
 

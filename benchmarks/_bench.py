@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import sys
@@ -96,3 +97,35 @@ def emit(text: str) -> None:
 def repeat_best(fn: Callable[[], float], times: int) -> float:
     """Best of ``times`` runs of ``fn`` (a rate: higher is better)."""
     return max(fn() for _ in range(times))
+
+
+GENERATE_BODY = json.dumps({"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 4}}).encode()
+"""A short ``/generate`` (4 tokens): the round trip, not the decode, is what it measures."""
+
+
+async def generate_rate(url: str, seconds: float, concurrency: int, timeout_s: float) -> float:
+    """Completed ``/generate`` calls (:data:`GENERATE_BODY`) per second at ``concurrency`` for ``seconds``, after one
+    warm-up call per worker; each call bounded by ``timeout_s``."""
+    import aiohttp
+
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def call() -> None:
+            async with session.post(url + "/generate", data=GENERATE_BODY, headers=headers) as r:
+                body = await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+
+        await bounded(asyncio.gather(*(call() for _ in range(concurrency))), timeout_s, "warm-up")
+        done, end = 0, time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < end:
+                await bounded(call(), timeout_s, "a /generate call")
+                done += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.perf_counter() - t0)
+

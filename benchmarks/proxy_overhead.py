@@ -13,8 +13,6 @@ forwarding app, uvicorn in a thread of the client's process, as in the driver). 
 
 from __future__ import annotations
 
-import asyncio
-import json
 import statistics
 import time
 
@@ -26,35 +24,12 @@ from gpu.launch import FAKE, EngineSpec
 from gpu.proxy import RecordingProxy
 
 CONCURRENCY = 64
-PAYLOAD = json.dumps({"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 4}}).encode()
-HEADERS = {"content-type": "application/json"}
 CALL_TIMEOUT_S = 10.0
 
 
 async def round_trips(url: str, seconds: float) -> float:
     """Completed /generate calls per second at CONCURRENCY for ``seconds`` (after a short warm-up)."""
-    import aiohttp
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def call() -> None:
-            async with session.post(url + "/generate", data=PAYLOAD, headers=HEADERS) as r:
-                body = await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
-
-        await _bench.bounded(asyncio.gather(*(call() for _ in range(CONCURRENCY))), CALL_TIMEOUT_S, "warm-up")
-        done = 0
-        end = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < end:
-                await _bench.bounded(call(), CALL_TIMEOUT_S, "a /generate call")
-                done += 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-        return done / (time.perf_counter() - t0)
+    return await _bench.generate_rate(url, seconds, CONCURRENCY, CALL_TIMEOUT_S)
 
 
 def main() -> None:

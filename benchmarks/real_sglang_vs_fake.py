@@ -54,28 +54,7 @@ async def decode_rate(url: str, tokens: int, parallel: int) -> float:
 
 async def round_trips(url: str, seconds: float, concurrency: int) -> float:
     """Completed ``/generate`` calls (4 tokens) per second at ``concurrency`` for ``seconds``."""
-    import aiohttp
-
-    body = json.dumps({"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 4}}).encode()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def call() -> None:
-            async with session.post(url + "/generate", data=body, headers=HEADERS) as r:
-                payload = await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"HTTP {r.status}: {payload[:200]!r}")
-
-        await _bench.bounded(asyncio.gather(*(call() for _ in range(concurrency))), CALL_TIMEOUT_S, "warm-up")
-        done, end = 0, time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < end:
-                await _bench.bounded(call(), CALL_TIMEOUT_S, "a /generate call")
-                done += 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.perf_counter() - t0)
+    return await _bench.generate_rate(url, seconds, concurrency, CALL_TIMEOUT_S)
 
 
 def measure(engine: EngineProcess, tokens: int, seconds: float, rounds: int, concurrency: int) -> dict[str, float]:

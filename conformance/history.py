@@ -286,6 +286,39 @@ class History:
         done = [c.returned for c in self.cycles if c.ok and c.t_end <= t and c.returned is not None]
         return done[-1] if done else self.initial_version
 
+    def gate_cycle(self, call: WireCall, *, maybe: bool = False) -> UpdateCycle | None:
+        """The update cycle that continued ``call``'s engine when ``call`` was held at SGLang's pause gate: sent after
+        that engine's pause was answered and before its continue, so the engine parked it before tokenizing
+        (``TokenizerManager.generate_request`` waits on ``is_pause_cond``, 0.5.2–0.5.23) and admitted it only at the
+        continue. With ``maybe``, also a call sent while the pause was still unanswered (the gate may have closed
+        before it arrived, or not)."""
+        for pause, resumed in self.pause_windows(call.engine):
+            closed = pause.t_start if maybe else pause.t_end
+            if closed is not None and closed <= call.t_start < resumed:
+                return self.cycle_at(resumed)
+        return None
+
+    def client_truth(self, call: WireCall, *, newest: bool = False) -> int | None:
+        """The client-side version ``call``'s tokens were generated under: the version published when it was sent,
+        or, for a call held at SGLang's pause gate, the version current when the engine admitted it (the one the
+        cycle that continued the engine installs, when that cycle succeeded). Where the wire cannot tell, the oldest
+        plausible version, or with ``newest`` the newest: a call sent while a pause was unanswered (held or not), or
+        after a cycle's last call and before the suite saw the cycle return (the integration may have published
+        already)."""
+        cycle = self.gate_cycle(call, maybe=newest)
+        if cycle is None and newest:
+            cycle = next((c for c in self.cycles if c.t_start <= call.t_start <= c.t_end and self._settled(c)
+                          <= call.t_start), None)
+        if cycle is not None and cycle.ok and cycle.returned is not None:
+            return cycle.returned
+        return self.published_truth_at(call.t_start)
+
+    def _settled(self, cycle: UpdateCycle) -> float:
+        """When the last of ``cycle``'s calls to the engines was answered (its start when it made none)."""
+        ends = [w.t_end for w in self.integration_calls() if w.path != "/generate" and w.t_end is not None
+                and cycle.t_start <= w.t_start <= cycle.t_end]
+        return max(ends, default=cycle.t_start)
+
     def rebase(self, t0: float) -> None:
         """Shift every timestamp so the scenario starts at t=0 (witnesses then read as seconds into the run)."""
         for call in self.wire:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import httpx
 import torch
@@ -250,6 +251,12 @@ class ForgetsAbortedPartManager(PartialRolloutManager):
         return later
 
 
+class SendsIntoPauseGateManager(ReferenceManager):
+    @contextlib.asynccontextmanager
+    async def updating(self) -> AsyncIterator[None]:
+        yield  # calls go out while the engines are paused, stamped with the version published so far
+
+
 class InFlightRidsManager(ReferenceManager):
     """Knows the rids of its requests in flight, for an updater that clears them before each update."""
 
@@ -431,6 +438,12 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "place, later ones are written over it, where engines loaded it and read it", "minimind (update_policy); "
             "rl-frameworks F3", ("F3",),
             shows_in=("steady-disk-retract",), disk_writer=write_checkpoint_reused_in_place),
+    _mutant("gated_call_stamped_at_send", "versions kept client-side; a call sent while the engines are paused is "
+            "recorded under the version published when it was sent, though SGLang's pause gate holds it until the "
+            "cycle's weights are in", "rl-frameworks V6 (miles #2296: measure staleness from submit); SGLang "
+            "TokenizerManager.generate_request parks new requests while paused", ("S2",),
+            shows_in=("answers-while-paused",), manager_cls=SendsIntoPauseGateManager,
+            capabilities=Capabilities(stamps_engines=False)),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",),
             shows_in=("steady-tensor-retract",), updater_cls=PublishFirstUpdater),

@@ -61,6 +61,25 @@ class _Hold:
     """Engines whose first held call went on."""
 
 
+@dataclass
+class AnswerHold:
+    """The integration's ``/generate`` answers held back from it until ``release()`` is true (at most
+    ``timeout_s``): :meth:`WireLog.hold_answers`."""
+
+    release: Callable[[], bool]
+    timeout_s: float
+    held: int = 0
+    """Answers held so far."""
+    released_at: float | None = None
+    """When the answers went on (None while they are held)."""
+    released_by: str | None = None
+    """``pause`` (``release()`` came true), ``timeout`` or ``end`` (:meth:`WireLog.release_holds` first)."""
+
+    def go(self, by: str, now: float) -> None:
+        if self.released_at is None:
+            self.released_at, self.released_by = now, by
+
+
 class WireLog:
     """Thread-safe, append-only list of wire calls shared by every engine's recorder; ``clock`` stamps them
     (monotonic seconds; the replay passes its virtual clock)."""
@@ -73,6 +92,7 @@ class WireLog:
         self._refusals: dict[tuple[int, str], _Refusal] = {}
         self._listeners: list[Callable[[WireCall, bool], None]] = []
         self._hold: _Hold | None = None
+        self._answers: AnswerHold | None = None
 
     def listen(self, listener: Callable[[WireCall, bool], None]) -> Callable[[], None]:
         """Call ``listener(call, answered)`` (from the recorder's thread) when a call is sent (``answered`` False)
@@ -116,9 +136,37 @@ class WireLog:
         with self._lock:
             self._hold = _Hold(paths, ready, timeout_s)
 
+    def hold_answers(self, release: Callable[[], bool], timeout_s: float) -> AnswerHold:
+        """Hold back every answer to the integration's ``/generate`` calls, once the engine produced it, until
+        ``release()`` is true (polled; at most ``timeout_s``), until :meth:`release_holds`. The call's end is stamped
+        when its answer goes on (when the integration could read it)."""
+        hold = AnswerHold(release, timeout_s)
+        with self._lock:
+            self._answers = hold
+        return hold
+
     def release_holds(self) -> None:
         with self._lock:
             self._hold = None
+            answers, self._answers = self._answers, None
+        if answers is not None:
+            answers.go("end", self.clock())
+
+    async def answer_held(self, call: WireCall) -> None:
+        """Wait while the answer to ``call`` is held (:meth:`hold_answers`)."""
+        with self._lock:
+            hold = self._answers
+            if hold is None or call.origin != "integration" or call.path != "/generate":
+                return
+            hold.held += 1
+        deadline = self.clock() + hold.timeout_s
+        while hold.released_at is None:
+            if hold.release():
+                hold.go("pause", self.clock())
+            elif self.clock() >= deadline:
+                hold.go("timeout", self.clock())
+            else:
+                await asyncio.sleep(0.001)
 
     async def held(self, call: WireCall) -> None:
         """Wait while ``call`` is held (:meth:`hold_first`); its start is then stamped when it goes on."""
@@ -219,6 +267,7 @@ class WireRecorder:
         async def record(message: dict) -> None:
             nonlocal status, content_type
             if message["type"] == "http.response.start":
+                await self.log.answer_held(call)
                 status = message["status"]
                 content_type = next((v.decode() for k, v in message.get("headers", [])
                                      if k.lower() == b"content-type"), "")

@@ -111,19 +111,43 @@ class WeightUpdatesMixin:
         return self.scheduler.is_idle_for_flush() and not _flush_fault.get()
 
     async def update_weights_from_disk(self, obj: Mapping[str, Any]) -> Reply:
-        """``/update_weights_from_disk``: read the checkpoint; failure rolls back and keeps the version."""
+        """``/update_weights_from_disk``: read the checkpoint. A failure before loading (no such folder, no weight
+        files) answers 400 and keeps the weights. A failure while the files load (a truncated file, a shape that does
+        not fit) is followed by SGLang's "rollback", which re-reads the same folder: the model runner points
+        ``model_config.model_path`` at the new folder before loading (``model_executor/model_runner.py``
+        ``update_weights_from_disk``, 0.5.10/0.5.15; ``model_runner_components/weight_updater.py``, 0.5.23), and the
+        rollback's load sits outside any ``try``. So when the folder still fails the scheduler dies and the server
+        exits, as measured on real 0.5.10 and 0.5.23 (CPU); when it has meanwhile become readable (a checkpoint
+        still being written), the "rollback" loads it and the answer is the 400 "Rolling back to original weights"
+        with the new weights in place. ``strict_weights`` (opt-in) refuses with the 400 and keeps the weights."""
 
         missing_shards = "error" if self.profile.missing_shard_fails else "skip"
 
+        async def read() -> W.WeightStore:
+            blobs = await asyncio.to_thread(W.load_checkpoint, obj["model_path"], obj.get("load_format"),
+                                            strict=self.strict_weights, missing_shards=missing_shards)
+            return self._merged(blobs, "update_weights_from_disk")
+
         async def load() -> W.WeightStore | str:
             try:
-                blobs = await asyncio.to_thread(W.load_checkpoint, obj["model_path"], obj.get("load_format"),
-                                                strict=self.strict_weights, missing_shards=missing_shards)
-                return self._merged(blobs, "update_weights_from_disk")
+                return await read()
             except W.CheckpointError as e:
-                return _disk_failure(e, e.stage)
+                if e.stage != "load" or self.strict_weights:
+                    return _disk_failure(e, e.stage)
+                failure: W.WeightError = e
             except W.WeightError as e:
-                return _disk_failure(e, "load")
+                if self.strict_weights:
+                    return _disk_failure(e, "load")
+                failure = e
+            try:
+                self.weights = await read()  # the "rollback": the same folder again
+            except W.WeightError as again:
+                self.crash(f"{type(again).__name__} in update_weights_from_disk's rollback (it re-reads "
+                           f"{obj['model_path']}): {again}")
+                raise EngineCrashed(self.crash_reason) from None
+            self._event("weights.load", digest=self.weights.digest(), source="update_weights_from_disk (rollback)",
+                        model_path=obj.get("model_path"))
+            return _disk_failure(failure, "load")
 
         flush = obj.get("flush_cache", True) if self.profile.disk_flush_cache_field else True
         return await self._weight_update(

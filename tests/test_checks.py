@@ -433,6 +433,40 @@ def test_client_side_versions_are_judged_against_the_version_published_at_dispat
         "recorded oldest 0" in v.witness[0], v.explain()
 
 
+def test_a_call_held_at_the_pause_gate_is_as_new_as_the_weights_that_admitted_it():
+    """Client-side versions: a call sent after the engine's pause was answered waits at SGLang's pause gate and runs
+    under the cycle's weights (version 1), though it was sent while version 0 was published."""
+    cont = call(3, "/continue_generation", {}, t0=1.6, t1=1.61)
+    wire = [pause(1, 1.1), gen("g", 1.3, 2.5, version="default"), cont]
+    cycles = [cycle(0, t0=1.0, t1=2.0, returned=1, labels=("default", "default"))]
+    h = history(wire=wire, cycles=cycles, stamps_engines=False, initial_version=0,
+                batches=[BatchRecord(0, 3, Batch([_client_side_group(0, "g", 1, 0, 1)], 1), 1)])
+    assert h.gate_cycle(wire[1]) is cycles[0] and h.client_truth(wire[1]) == 1
+    assert check("S2", h).passed
+    h.batches = [BatchRecord(0, 3, Batch([_client_side_group(0, "g", 0, 1, 0)], 1), 1)]
+    v = check("S2", h)
+    assert v.status == "fail" and "held at SGLang's pause gate" in v.witness[0] and "as old as 1" in v.witness[0] \
+        and "recorded oldest 0" in v.witness[0], v.explain()
+    h.cycles = [cycle(0, t0=1.0, t1=2.0, ok=False, returned=1, labels=("default", "default"))]  # nothing installed
+    assert h.client_truth(wire[1]) == 0
+
+
+def test_where_the_wire_cannot_tell_either_client_side_version_is_accepted():
+    """A call sent while the pause was unanswered, or after the cycle's last call but before the suite saw the
+    cycle return (the integration may have published already), may be recorded under either version."""
+    wire = [call(1, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.3), gen("p", 1.2, 2.5, version="default"),
+            call(3, "/continue_generation", {}, t0=1.6, t1=1.61), gen("q", 1.8, 2.9, version="default", seq=101)]
+    cycles = [cycle(0, t0=1.0, t1=2.0, returned=1, labels=("default", "default"))]
+    for rid in ("p", "q"):
+        for recorded in (0, 1):
+            h = history(wire=wire, cycles=cycles, stamps_engines=False, initial_version=0,
+                        batches=[BatchRecord(0, 3, Batch([_client_side_group(0, rid, recorded, 1 - recorded,
+                                                                             recorded)], 1), 1)])
+            assert check("S2", h).passed, (rid, recorded)
+    h.batches = [BatchRecord(0, 3, Batch([_client_side_group(0, "q", 2, -1, 2)], 1), 1)]
+    assert check("S2", h).status == "fail"
+
+
 def test_a_continued_call_counts_toward_the_oldest_version():
     """Partial rollout: the aborted call's tokens (version 1) are part of the turn that continued it."""
     wire = [gen("a1", 0, 1, version="1", finish="abort"), gen("a2", 1, 2, version="2", seq=101)]

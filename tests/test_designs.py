@@ -93,3 +93,18 @@ def test_partial_rollout_resumes_aborted_calls_across_an_update_and_passes() -> 
     h = results["partial-rollout"].history
     resumed = [t for rec in h.batches for g in rec.batch.groups for s in g.samples for t in s.turns if t.continues]
     assert resumed and not h.unmet
+
+
+@pytest.mark.parametrize("stamps_engines", [True, False], ids=["engine-labels", "client-side"])
+def test_calls_sent_while_the_engines_are_paused_are_judged_under_the_weights_that_admitted_them(
+        stamps_engines: bool) -> None:
+    """The answers-while-paused scenario hands the integration answers while every engine is paused. With engine
+    labels the reference sends its next calls at once: SGLang's pause gate holds them and the labels say they ran
+    under the new weights. With client-side versions it holds them itself until the cycle published (its own gate):
+    none meets SGLang's, and every call counts as sent under the version it records. Both pass."""
+    caps = Capabilities(stamps_engines=stamps_engines)
+    results = _all_pass(ReferenceIntegration(name=f"gate-{stamps_engines}", capabilities=caps),
+                        ["answers-while-paused"])
+    h = results["answers-while-paused"].history
+    gated = [c for c in h.integration_calls("/generate") if h.gate_cycle(c) is not None]
+    assert bool(gated) == stamps_engines and not h.unmet and len(h.cycles) == 2

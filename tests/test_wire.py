@@ -58,3 +58,38 @@ def test_a_refusal_answers_once_without_reaching_the_engine_and_is_recorded() ->
     assert (first.status, first.response, first.ok) == (400, body, False) and second.ok
     assert log.clear_refusals() == [(0, "/update_weights_from_disk")]
     assert log.clear_refusals() == []
+
+
+def test_held_answers_reach_the_client_only_once_released_and_the_call_ends_then() -> None:
+    log, engine, released = WireLog(), CountingApp(), asyncio.Event()
+    app = WireRecorder(engine, 0, log)
+    hold = log.hold_answers(released.is_set, timeout_s=10)
+
+    async def go() -> tuple[float, float]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as client:
+            answer = asyncio.create_task(client.post("/generate", json={"text": "x"}))
+            await asyncio.wait_for(_until(lambda: hold.held == 1), 5)
+            assert engine.seen == ["/generate"] and not answer.done()  # the engine answered; the client waits
+            t_release = log.clock()
+            released.set()
+            assert (await asyncio.wait_for(answer, 5)).status_code == 200
+            return t_release, log.clock()
+    t_release, t_after = asyncio.run(go())
+    [call] = log.snapshot()
+    assert hold.released_by == "pause" and t_release <= call.t_end <= t_after
+    assert _post(app, "/update_weights_from_disk", {}).status_code == 200  # only /generate answers are held
+
+
+def test_held_answers_go_on_at_the_timeout_or_when_the_holds_are_released() -> None:
+    log, engine = WireLog(), CountingApp()
+    app = WireRecorder(engine, 0, log)
+    hold = log.hold_answers(lambda: False, timeout_s=0.05)
+    assert _post(app, "/generate", {"text": "x"}).status_code == 200 and hold.released_by == "timeout"
+    hold = log.hold_answers(lambda: False, timeout_s=60)
+    log.release_holds()
+    assert _post(app, "/generate", {"text": "x"}).status_code == 200 and hold.released_by == "end"
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)

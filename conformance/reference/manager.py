@@ -26,7 +26,7 @@ import contextlib
 import itertools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 from ..interface import Batch, BuildEnv, Group, Prompt, Sample, Turn
 from .concurrency import gather_or_cancel
@@ -112,6 +112,8 @@ class ReferenceManager:
         self._recycled: collections.deque[Prompt] = collections.deque()
         self._next_engine = itertools.count()
         self._counters: collections.Counter[str] = collections.Counter()
+        self._dispatch = asyncio.Event()
+        self._dispatch.set()
 
     # -- versions and adapters --------------------------------------------------------------------------
 
@@ -137,6 +139,21 @@ class ReferenceManager:
 
     def label_value(self, label: Any) -> int | None:
         return numeric_label(label)
+
+    @contextlib.asynccontextmanager
+    async def updating(self) -> AsyncIterator[None]:
+        """Held by the updater from its first pause to its publish. With client-side versions no new call goes out
+        meanwhile: SGLang parks a call sent to a paused engine at its pause gate and runs it entirely under the
+        weights the cycle installs, a version not published yet, so the call waits and goes out under it. With
+        engine stamps the engine's labels say which weights produced each token: calls go out as usual."""
+        if self.stamps_engines:
+            yield
+            return
+        self._dispatch.clear()
+        try:
+            yield
+        finally:
+            self._dispatch.set()
 
     @property
     def lora_adapter(self) -> str | None:
@@ -213,6 +230,7 @@ class ReferenceManager:
     async def run_turn(self, engine: EngineClient, text: str, name: str) -> tuple[Turn, Any]:
         """One ``/generate`` call of a sample (rid ``name`` + a unique suffix): its turn record and the response."""
         rid = f"{name}.{uuid.uuid4().hex[:12]}"
+        await self._dispatch.wait()  # client-side versions: not while a cycle holds the engines paused
         adapter, sent_under = self._adapter, self._version
         with self.adapter_users.using(adapter):
             response = await engine.generate(self.request_payload(text, rid, adapter))

@@ -70,20 +70,21 @@ class ReferenceUpdater:
             new = self._version + 1
             if mover is not None:
                 await mover.prepare(self.engines, weights, new)  # while the engines still generate
-            try:
-                await self.pause_all()
-                if self.flush_needed():
-                    await gather_all(*(e.flush_cache() for e in self.engines))
-                if mover is not None and mover.needs_session:
-                    await self.begin_sessions()
-                adapter = await self.transfer(new, mover, weights, lora)
-                await self.stamp(new)
-                await self.end_sessions()
-            except BaseException as exc:
-                await self.release_on_failure(exc)
-                raise
-            await self.resume_all()
-            self.publish(new, adapter)
+            async with self.manager.updating():
+                try:
+                    await self.pause_all()
+                    if self.flush_needed():
+                        await gather_all(*(e.flush_cache() for e in self.engines))
+                    if mover is not None and mover.needs_session:
+                        await self.begin_sessions()
+                    adapter = await self.transfer(new, mover, weights, lora)
+                    await self.stamp(new)
+                    await self.end_sessions()
+                except BaseException as exc:
+                    await self.release_on_failure(exc)
+                    raise
+                await self.resume_all()
+                self.publish(new, adapter)
             return new
 
     def transport_for(self, name: str) -> WeightTransport:

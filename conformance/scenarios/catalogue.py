@@ -71,12 +71,13 @@ async def _failover(run: Run) -> None:
 
 
 async def _failing_transfer(run: Run) -> None:
-    """Disk and distributed: weights every engine rejects (the last parameter has the wrong shape: SGLang answers
-    400; disk rolls back). Tensor: SGLang answers a tensor load that raises by killing the server, so every
-    engine's transfer is refused at the wire with the 400 SGLang's handler gives a load that reports failure."""
+    """Distributed: weights every engine rejects (the last parameter has the wrong shape: SGLang answers 400).
+    Tensor and disk: SGLang answers a load that raises by killing the server (a tensor load has no ``try``; a disk
+    load's rollback re-reads the same folder), so every engine's transfer is refused at the wire with the 400
+    SGLang's handler gives a load that reports failure."""
     await run.start()
     await run.drain(1)
-    if run.transport == "tensor":
+    if run.transport in ("tensor", "disk"):
         await run.update(refuse=range(len(run.backend.urls)), resident=True)
     else:
         await run.update(poison=True, resident=True)
@@ -171,10 +172,46 @@ async def _aborted_groups(run: Run) -> None:
     await run.drain(run.rollout.buffer_capacity // run.rollout.batch_size + 2)
 
 
+def _gate_shown(history: History) -> bool:
+    """Whether every call the integration sent into SGLang's pause gate was consumed, and a group all of whose calls
+    were sent after the last cycle's first answered pause (whether held at the gate or sent once the cycle was
+    over) was consumed too."""
+    consumed = {t.rid for rec in history.batches for g in rec.batch.groups for s in g.samples for t in s.turns}
+    calls = [(rid, call) for rid, (call, _) in history.outputs_by_rid().items()]
+    if any(history.gate_cycle(call) is not None and rid not in consumed for rid, call in calls):
+        return False
+    last = history.cycles[-1]
+    pauses = [w.t_end for w in history.cycle_calls(last) if w.path == "/pause_generation" and w.ok
+              and w.t_end is not None]
+    if not pauses:
+        return False
+    sent = {rid: call.t_start for rid, call in calls}
+    return any(all(sent.get(t.rid, -1.0) >= min(pauses) for s in g.samples for t in s.turns)
+               for rec in history.batches for g in rec.batch.groups)
+
+
+async def _answers_while_paused(run: Run) -> None:
+    """Each update hands the integration answers while every engine is paused (held back at the wire since just
+    before the cycle), so what it sends next meets SGLang's pause gate and runs entirely under the cycle's weights
+    (or waits on the integration's own gate); batches are drained until all of it was consumed."""
+    rollout = run.rollout
+    await run.start()
+    for _ in range(2):
+        await run.until_in_flight(1)
+        await run.update(gate=True)
+        await run.drain(1)
+    for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 2):
+        run.history.wire = run.backend.wire.snapshot()
+        if _gate_shown(run.history):
+            return
+        await run.drain(1)
+    run.unmet(("S2",), "the groups the integration started while its engines were paused were not all consumed")
+
+
 _STEADY_CHECKS = ("I1-I2", "I3", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
 _REJECTED = {
-    "disk": "a disk update the engines reject (the last parameter has the wrong shape: SGLang answers 400, rolled "
-            "back), then a good one",
+    "disk": "a disk update the engines reject (every load refused at the wire with SGLang's 400 and its rollback "
+            "message: a checkpoint that fails to load kills the server, its rollback re-reads it), then a good one",
     "tensor": "a tensor update the engines reject (every transfer refused at the wire with SGLang's 400: a tensor "
               "load that raises kills the server), then a good one",
     "distributed": "a distributed update the engines reject (the last parameter has the wrong shape: SGLang "
@@ -216,6 +253,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("staleness", "groups buffered while three updates land; bound 1 at consumption",
              _staleness, ("S3", "S2", "V4-S1"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1, buffer_capacity=8),
              needs=Needs(staleness_filter=True)),
+    Scenario("answers-while-paused", "single-turn groups whose answers reach the integration while every engine is "
+             "paused by its cycle, so it starts groups that SGLang's pause gate holds until the new weights are in",
+             _answers_while_paused, ("S2",),
+             rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1, max_in_flight_groups=2,
+                             buffer_capacity=8)),
     Scenario("aborted-groups", "every engine aborts its requests mid-rollout (injected)", _aborted_groups, ("I4",)),
 ]}
 """Scenario name → scenario."""

@@ -15,6 +15,7 @@ from ..checks.labels import finish_type
 from ..history import DISTURBING_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
 from ..interface import RolloutConfig, Roles, Updater
 from ..sentinels import Sentinels, adapters_in_use
+from ..wire import AnswerHold
 from .errors import Hang, ScenarioTimeout, UnexpectedUpdateFailure, bounded, wait_for_condition
 from .trainer import Trainer
 
@@ -67,8 +68,9 @@ TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
 """Per transport, the endpoint and the HTTP 400 body SGLang's handler answers when the load reports failure
 (``python/sglang/srt/entrypoints/http_server.py``, 0.5.4–0.5.23: ``{"success": false, "message": …}``; the disk and
 distributed messages are ``model_executor/model_runner.py``'s). Injected at the wire, so the same fault works in
-front of real SGLang. Needed for the tensor transport: SGLang answers a tensor load that raises (a wrong shape) by
-killing the server, not with a 400."""
+front of real SGLang. Needed for the tensor and disk transports: SGLang answers a tensor load that raises (a wrong
+shape) by killing the server, not with a 400, and a disk load that raises too (its rollback re-reads the same folder
+and raises again, outside any ``try``)."""
 LORA_FAILURE: tuple[tuple[str, ...], dict[str, Any]] = (
     ("/load_lora_adapter", "/load_lora_adapter_from_tensors"),
     {"success": False, "error_message": "Failed to load LoRA adapter: CUDA out of memory (injected by the conformance "
@@ -117,7 +119,7 @@ class Run:
             self.history.initial_version = self.roles.manager.weight_version
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
-                     refuse: Sequence[int] = (), resident: bool = False) -> int | None:
+                     refuse: Sequence[int] = (), resident: bool = False, gate: bool = False) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it.
 
         Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
@@ -129,8 +131,11 @@ class Run:
         last parameter has the wrong shape, so an integration that sends buckets sees its early buckets land first)
         or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
         wire, while the others load the weights; a cycle may fail fast, at the first refusal, leaving the others
-        unused). A cycle that fails unexpectedly, or does not return within
+        unused). With ``gate`` the integration gets answers while its engines are paused (:meth:`hold_answers`), so
+        what it sends next meets SGLang's pause gate. A cycle that fails unexpectedly, or does not return within
         ``deadlines.update_s`` (a hang, even when a failure was expected), breaks the run."""
+        if resident and gate:
+            raise ValueError("update(): resident and gate each hold the cycle's calls at the wire; pick one")
         transport = transport or self.transport
         expect_failure = poison or bool(refuse)
         manager, urls, wire = self.roles.manager, self.backend.urls, self.backend.wire
@@ -149,8 +154,8 @@ class Run:
             raise ScenarioTimeout(str(exc)) from None
         refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
-            wire.hold_first(DISTURBING_PATHS, self.holds_young, 2 * max(TURN_S, self.rollout.max_new_tokens /
-                                                                          decode_rate(self.backend)))
+            wire.hold_first(DISTURBING_PATHS, self.holds_young, 2 * self.turn_s())
+        answers = await self.hold_answers() if gate else None
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
@@ -181,6 +186,11 @@ class Run:
             labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=expect_failure,
             trainer_digest=digest_of(weights) if weights is not None and not poison else None,
             digests_after=self.backend.digests()))
+        if answers is not None and answers.released_by != "pause":
+            why = "its cycle ended first" if answers.released_by == "end" else f"not within {answers.timeout_s:.1f}s"
+            self.unmet(("S2",), f"update cycle {index}: the answers held back from the integration went on before "
+                       f"every engine was paused ({why}): what it sends while its engines are paused (SGLang's pause "
+                       f"gate holds it) is not shown")
         if hang is not None:
             raise hang
         if error is not None and not expect_failure:
@@ -201,6 +211,40 @@ class Run:
         self.history.injected.append(Injected(time.monotonic(), "refusal", engine,
                                               f"{' and '.join(paths)} answer 400 {body}"))
         return [(engine, path) for path in paths]
+
+    def turn_s(self) -> float:
+        """How long one of the integration's turns decodes: its ``max_new_tokens`` at :func:`decode_rate`, at least
+        :data:`TURN_S`."""
+        return max(TURN_S, self.rollout.max_new_tokens / decode_rate(self.backend))
+
+    async def hold_answers(self) -> AnswerHold:
+        """Before a cycle: hold back the answers to the integration's ``/generate`` calls (once one is held) until
+        every engine is paused by it, then hand them over; each engine's continue waits (at most two turns) until the
+        integration sent that engine a call after that. A call sent then is held at SGLang's pause gate and runs
+        entirely under the weights the cycle installs; an integration may also wait before sending (its own gate)."""
+        wire, engines = self.backend.wire, len(self.backend.urls)
+        armed = time.monotonic()
+
+        def paused_everywhere() -> bool:
+            paused: set[int] = set()
+            for c in wire.snapshot():
+                if c.origin == "integration" and c.t_start >= armed:
+                    if c.path == "/pause_generation" and c.ok:
+                        paused.add(c.engine)
+                    elif c.path == "/continue_generation":
+                        paused.discard(c.engine)
+            return len(paused) == engines
+
+        def sent_since(engine: int) -> bool:
+            return hold.released_at is not None and any(
+                c.engine == engine and c.path == "/generate" and c.origin == "integration"
+                and c.t_start >= hold.released_at for c in wire.snapshot())
+        hold = wire.hold_answers(paused_everywhere, min(self.deadlines.wait_s, max(2.0, 4 * self.turn_s())))
+        await wait_for_condition(lambda: hold.held > 0, self.deadlines.wait_s,
+                                 "an answer to one of the integration's /generate calls (to hand it over while every "
+                                 "engine is paused)")
+        wire.hold_first(frozenset({"/continue_generation"}), sent_since, 2 * self.turn_s())
+        return hold
 
     async def drain(self, n: int = 1) -> None:
         """Consume ``n`` batches, recording the truth at consumption."""

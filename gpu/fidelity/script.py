@@ -146,6 +146,10 @@ class Checkpoints:
             self.weights[label] = {n: (t.float() * scale).to(t.dtype) for n, t in self.weights["m0"].items()}
             self.paths[label] = self._write(work / label, self.weights[label])
         self.digests = {label: {n: _digest(t) for n, t in w.items()} for label, w in self.weights.items()}
+        last = list(self.weights["m0"])[-1]
+        wrong = {**self.weights["m1"], last: torch.zeros(*(d + 1 for d in self.weights["m0"][last].shape),
+                                                         dtype=self.weights["m0"][last].dtype)}
+        self.paths["wrong shape"] = self._write(work / "wrong-shape", wrong)  # its last parameter does not fit
 
     def _write(self, path: Path, weights: Mapping[str, torch.Tensor]) -> Path:
         import shutil
@@ -349,6 +353,8 @@ async def _script(url: str, model_dir: Path, work: Path, release: str,
         await call("distributed unknown group", "/update_weights_from_distributed",  # 0.5.10/0.5.15: exits
                    {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "group_name": "nope",
                     "flush_cache": False})
+        await call("disk wrong shape", "/update_weights_from_disk",  # exits: the rollback re-reads the same folder
+                   {"model_path": str(ckpt.paths["wrong shape"]), "flush_cache": False})
         await call("tensor bad base64", "/update_weights_from_tensor",  # 0.5.10: exits (decoded in the scheduler)
                    {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
         await call("tensor safetensors payload", "/update_weights_from_tensor",  # exits: SafeUnpickler raises

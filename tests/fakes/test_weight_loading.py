@@ -92,16 +92,40 @@ async def test_stacked_and_rotary_names_are_skipped_silently(connect, caplog) ->
 
 
 @pytest.mark.asyncio
-async def test_shape_mismatch_on_disk_is_400_and_rolls_back(connect, tmp_path: Path) -> None:
-    wire = await connect(FakeEngine("0.5.23"))
-    before = wire.engine.weights.digest()
+@pytest.mark.parametrize("profile", ["0.5.10", "0.5.23"])
+async def test_shape_mismatch_on_disk_kills_the_server_in_the_rollback(connect, tmp_path: Path, profile) -> None:
+    """SGLang's rollback re-reads the folder it failed on (measured on real 0.5.10 and 0.5.23): the server dies."""
+    wire = await connect(FakeEngine(profile))
     new = perturbed(tiny_model(0), step=3)
     new["lm_head.weight"] = TensorBlob.zeros("float32", (6400, 64))  # the user's model, not the served one
     save_checkpoint(str(tmp_path), new)
     resp = await wire.post("/update_weights_from_disk", json={"model_path": str(tmp_path)})
-    assert resp.status_code == 400
-    assert "Attempted to load weight (torch.Size([6400, 64])) into parameter (torch.Size([64, 16]))" in resp.text
-    assert wire.engine.weights.digest() == before and wire.engine.model_path != str(tmp_path)
+    assert resp.status_code == 500 and wire.engine.crashed
+    assert "rollback" in wire.engine.crash_reason and "into parameter (torch.Size([64, 16]))" in wire.engine.crash_reason
+    assert (await wire.get("/health")).status_code == 503
+
+
+@pytest.mark.asyncio
+async def test_a_rollback_that_reads_the_folder_complete_loads_the_new_weights(connect, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """A checkpoint still being written fails the load; by the rollback's read it is complete: the answer says
+    "Rolling back to original weights" and the engine holds the new ones."""
+    import fakes.weights as W
+
+    wire = await connect(FakeEngine("0.5.23"))
+    before = wire.engine.weights.digest()
+    save_checkpoint(str(tmp_path), perturbed(tiny_model(0), step=3))
+    real, reads = W.load_checkpoint, []
+
+    def half_written_once(*args, **kw):
+        reads.append(args[0])
+        if len(reads) == 1:
+            raise W.CheckpointError("model.safetensors: truncated or still being written?", stage="load")
+        return real(*args, **kw)
+    monkeypatch.setattr(W, "load_checkpoint", half_written_once)
+    resp = await wire.post("/update_weights_from_disk", json={"model_path": str(tmp_path)})
+    assert resp.status_code == 400 and "Rolling back to original weights" in resp.json()["message"]
+    assert len(reads) == 2 and wire.engine.weights.digest() != before and not wire.engine.crashed
 
 
 @pytest.mark.asyncio

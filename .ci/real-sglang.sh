@@ -30,15 +30,13 @@ run() {
 }
 
 # Deselected, said here, in the log and in the README:
-#  - failing-transfer-disk: the poisoned disk update (a wrong-shape parameter) ends a real 0.5.23 engine on CPU where
-#    the fake answers 400 and rolls back; a divergence still to pin down, so it is not run against the shared engines;
 #  - I1-I2-mixed-versions: at 11-14 tokens/s per request (two engines on two cores) the scenario cannot always build
 #    the residency of the integration's own requests on both engines before each update, and I1-I2 then answers
 #    unknown (2 of 3 runs); the scenario's other cases run.
 cases=0; checks=0
-echo "CI: deselected on real SGLang: failing-transfer-disk (a poisoned disk update ends a real 0.5.23 engine on CPU);" \
-  "I1-I2-mixed-versions (unknown when the slow engines cannot build the integration's own residency)"
-run conformance/suite -k "not failing-transfer-disk and not I1-I2-mixed-versions" || cases=$?
+echo "CI: deselected on real SGLang: I1-I2-mixed-versions (unknown when the slow engines cannot build the" \
+  "integration's own residency)"
+run conformance/suite -k "not I1-I2-mixed-versions" || cases=$?
 run tests/gpu/test_engine_pool.py tests/gpu/test_fidelity.py || checks=$?
 echo "CI: real SGLang stage (install + tests) took $((SECONDS - started)) s"
 [ "$cases" -ne 0 ] && exit "$cases"

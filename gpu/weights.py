@@ -18,8 +18,11 @@ from typing import Any, Mapping
 
 from conformance.backends import probe_client
 
-READ_CONCURRENCY = 8
-"""``/get_weights_by_name`` calls in flight per engine."""
+READ_CONCURRENCY = 1
+"""``/get_weights_by_name`` calls in flight per engine: one. Up to 0.5.22 SGLang's tokenizer serialises a control
+endpoint's callers with a queue that a caller arriving as the previous one finishes can overtake, and the overtaken
+caller then fails an ``assert`` (500): ``FanOutCommunicator.queueing_call``, ``managers/communicator.py`` 0.5.15
+(``_Communicator`` in ``tokenizer_communicator_mixin.py``, 0.5.10); 0.5.23 serialises them with a FIFO lock."""
 
 
 class ModelDirError(ValueError):

@@ -125,10 +125,11 @@ class Run:
         Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
         (:mod:`conformance.sentinels`), sent before the cycle and released once the integration continued that
         engine. With ``resident`` the cycle also starts only once every engine the integration sends requests to
-        holds one of them that is still decoding when the cycle reaches it (:meth:`until_resident`), and the cycle's
-        first pause, bump or transfer on each engine is held at the wire (for at most two turns) until that engine
-        holds one (a cycle may take a while before its first pause: a process group to build). The cycle is expected to fail with ``poison`` (weights every engine rejects: the
-        last parameter has the wrong shape, so an integration that sends buckets sees its early buckets land first)
+        is decoding one of them (:meth:`until_resident`), and the cycle's first pause, bump or transfer on each engine
+        is held at the wire (for at most two turns, at least 1 s) until that engine holds one sent less than half a
+        turn ago (a cycle may take a while before its first pause: a process group to build). The cycle is expected
+        to fail with ``poison`` (weights every engine rejects: the last parameter has the wrong shape, so an
+        integration that sends buckets sees its early buckets land first)
         or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
         wire, while the others load the weights; a cycle may fail fast, at the first refusal, leaving the others
         unused). With ``gate`` the integration gets answers while its engines are paused (:meth:`hold_answers`), so
@@ -154,7 +155,7 @@ class Run:
             raise ScenarioTimeout(str(exc)) from None
         refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
-            wire.hold_first(DISTURBING_PATHS, self.holds_young, 2 * self.turn_s())
+            wire.hold_first(DISTURBING_PATHS, self.holds_young, max(1.0, 2 * self.turn_s()))
         answers = await self.hold_answers() if gate else None
         t0 = time.monotonic()
         returned, error, hang = None, None, None
@@ -274,9 +275,12 @@ class Run:
         return [c for c in self.backend.wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
 
     async def until_resident(self, cycle: int) -> None:
-        """Wait until every engine the integration uses holds one of its ``/generate`` calls sent less than half its
-        decode time ago (its ``max_new_tokens`` at :func:`decode_rate`; at least :data:`TURN_S`), so it is still
-        decoding when the cycle reaches that engine, whatever the cycle does first. Batches are consumed only while
+        """Wait until every engine the integration uses is decoding one of its ``/generate`` calls (open, sent less
+        than its decode time ago: its ``max_new_tokens`` at :func:`decode_rate`; at least :data:`TURN_S`). Not
+        necessarily at once half a turn young: engines whose samples chain turns out of phase may never be; the
+        cycle's first disturbing call on each engine is held at the wire until that engine holds a call sent less
+        than half a turn ago (:meth:`update`), so it is still decoding when the cycle reaches it. Batches are
+        consumed only while
         an engine the integration uses has none of its requests open (the producer stalls on a full buffer); while
         each has one, the next turns are waited for. When that does not happen within ``deadlines.wait_s`` the
         cycle runs all the same and I1-I2 answers unknown for it (an integration whose own requests never overlap
@@ -286,12 +290,12 @@ class Run:
         while True:
             now, calls = time.monotonic(), self._generates()
             used = sorted({c.engine for c in calls})
-            missing = [e for e in used if not any(c.engine == e and self._young(c, now) for c in calls)]
+            missing = [e for e in used if not any(c.engine == e and self._young(c, now, 1.0) for c in calls)]
             if used and not missing:
                 return
             if now > deadline:
                 self.unmet(("I1-I2",), f"before update cycle {cycle}, engine(s) {missing or 'all'} held none of the "
-                           f"integration's requests sent less than half a turn ago within {self.deadlines.wait_s:.0f}s "
+                           f"integration's requests still decoding within {self.deadlines.wait_s:.0f}s "
                            f"({consumed} batch(es) consumed meanwhile): what its cycles do to its own requests in "
                            f"flight is not shown")
                 return
@@ -303,13 +307,13 @@ class Run:
                 stalled_since = time.monotonic()
             await asyncio.sleep(0.002)
 
-    def _young(self, call: WireCall, now: float) -> bool:
-        """Whether ``call`` is open and was sent less than half its decode time ago (its ``max_new_tokens`` at
-        :func:`decode_rate`)."""
+    def _young(self, call: WireCall, now: float, fraction: float = 0.5) -> bool:
+        """Whether ``call`` is open and was sent less than ``fraction`` of its decode time ago (its ``max_new_tokens``
+        at :func:`decode_rate`)."""
         params = call.payload.get("sampling_params") if isinstance(call.payload, dict) else None
         budget = params.get("max_new_tokens") if isinstance(params, dict) else None
         lasts = (budget if isinstance(budget, int) else self.rollout.max_new_tokens) / decode_rate(self.backend)
-        return call.t_end is None and now - call.t_start <= lasts / 2
+        return call.t_end is None and now - call.t_start <= lasts * fraction
 
     def holds_young(self, engine: int) -> bool:
         """Whether ``engine`` holds one of the integration's requests still decoding for a while (or is not one the

@@ -112,6 +112,7 @@ integration = ReferenceIntegration(name="no-sessions", updater_cls=NoSessions)
 '''
 
 
+@pytest.mark.slow
 def test_an_integration_without_weight_update_sessions_is_told_once_before_the_first_scenario(
         pytester: pytest.Pytester, suite) -> None:
     pytester.makepyfile(no_sessions=NO_SESSIONS)
@@ -127,6 +128,7 @@ def test_an_integration_without_weight_update_sessions_is_told_once_before_the_f
     older.assert_outcomes(passed=1)  # no sessions on 0.5.15: nothing to say
 
 
+@pytest.mark.slow
 def test_an_own_update_cycle_with_the_reference_manager_conforms(monkeypatch: pytest.MonkeyPatch) -> None:
     """The documented way for a framework whose rollout manager needs Ray or GPUs: its own cycle as the Updater,
     the reference manager as the rollout manager (examples/own_cycle_reference_manager.py)."""
@@ -151,6 +153,7 @@ def make_integration():
 '''
 
 
+@pytest.mark.slow
 def test_the_integration_factory_is_called_once_per_session(pytester: pytest.Pytester, suite,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Collection, the release check, two scenarios, the report's metadata: one call of the factory."""
@@ -193,6 +196,7 @@ def test_our_own_unit_test():
 '''
 
 
+@pytest.mark.slow
 def test_an_adopter_subclasses_the_suite_selects_marks_and_parametrises(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_weight_sync=ADOPTER_TESTS)
     result = pytester.runpytest_inprocess(*QUIET, "-p", "no:xdist", "-v", "-k", "V1 or I3 or first-drain or own")
@@ -236,6 +240,7 @@ def test_nothing_of_the_suite_was_imported():
 '''
 
 
+@pytest.mark.slow
 def test_a_project_without_conformance_cases_runs_unchanged(pytester: pytest.Pytester) -> None:
     """Its conftest defines --model-path and --integration, it runs -n 2 --dist load: the same outcome and output
     with the plugin as without it (no header line, xdist's own load scheduling, nothing of the suite imported)."""

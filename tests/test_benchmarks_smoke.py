@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 45.0  # per benchmark; a quick run takes a few seconds

@@ -59,6 +59,7 @@ def test_bad_paths_are_one_line_errors(args: list[str], capsys: pytest.CaptureFi
     assert err.startswith("python -m conformance: error: ") and "\n" not in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_write_expectations_adopts_in_one_step_and_the_next_run_is_green(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A failing run writes the file (every failing case, reason TODO); the same run with it passes. (In this

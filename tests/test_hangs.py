@@ -114,6 +114,7 @@ def test_run_abandonable_returns_results_errors_and_gives_up_on_a_blocked_loop()
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [("-p", "no:xdist"), ("-n", "2")], ids=["one-process", "xdist"])
 def test_a_session_goes_on_after_a_scenario_that_hangs_for_good(pytester: pytest.Pytester, monkeypatch,
                                                                   workers) -> None:

@@ -60,6 +60,7 @@ def test_options_reach_the_factory_and_an_integration_takes_none() -> None:
         load_integration("conformance.reference:integration", {"flush": "x"})
 
 
+@pytest.mark.slow
 def test_an_adapter_with_process_global_state_runs_with_isolated_scenarios(run_suite) -> None:
     sys.path.insert(0, str(ROOT))
     shared = load_integration("examples.process_global_adapter:integration")
@@ -96,6 +97,7 @@ def test_missing_capabilities_skip_with_the_reason(run_suite) -> None:
     result.stdout.fnmatch_lines(["*integration does not declare capability 'lora'*"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["examples.requests_adapter:integration", "examples.httpx_adapter:integration",
                                      "examples.override_one_step:integration"])
 def test_example_adapters_pass_every_case_they_can_run(example: str) -> None:

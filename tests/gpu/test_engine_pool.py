@@ -29,7 +29,7 @@ from gpu.sglang_suite import SglangSuite
 from test_engine_process import alive
 
 REPO = Path(__file__).resolve().parents[2]
-BACKENDS = [pytest.param("fake", marks=pytest.mark.cpu),
+BACKENDS = [pytest.param("fake", marks=[pytest.mark.cpu, pytest.mark.slow]),
             pytest.param("sglang", marks=[pytest.mark.sglang, pytest.mark.timeout(900)])]
 
 

@@ -44,6 +44,7 @@ def run_suite(pytester: pytest.Pytester):
     return run
 
 
+@pytest.mark.slow
 def test_without_gpus_every_gpu_case_skips_with_one_reason_in_seconds(run_suite) -> None:
     t0 = time.monotonic()
     result = run_suite("-m", "gpu", "--nodes", "2", "-rs")
@@ -55,6 +56,7 @@ def test_without_gpus_every_gpu_case_skips_with_one_reason_in_seconds(run_suite)
     assert "-m gpu needs real SGLang on GPUs: sglang is not installed" in reasons.pop()
 
 
+@pytest.mark.slow
 def test_the_aborted_sample_rate_gates_each_scenario(run_suite, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(gpu_as_fake=GPU_AS_FAKE)
     result = run_suite("-p", "gpu_as_fake", "-m", "gpu",
@@ -64,6 +66,7 @@ def test_the_aborted_sample_rate_gates_each_scenario(run_suite, pytester: pytest
     result.stdout.fnmatch_lines(["*aborted_sample_rate 0.5 on steady-disk-retract exceeds --conformance-max-aborted-rate 0.3*"])
 
 
+@pytest.mark.slow
 def test_a_bad_rate_is_a_usage_error(run_suite) -> None:
     result = run_suite("-m", "gpu", "--max-aborted-rate", "1.5")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -23,7 +23,7 @@ from gpu.cluster import local_cluster
 from gpu.placement import PlacementError
 from gpu.tiny_model import CPU_TEST_MODEL, write_model
 
-pytestmark = [pytest.mark.cpu, pytest.mark.ray]
+pytestmark = [pytest.mark.cpu, pytest.mark.ray, pytest.mark.slow]
 STUB = (str(Path(__file__).with_name("stub_server.py")),)
 SCENARIOS = ("steady-disk-retract", "failover", "lora")
 

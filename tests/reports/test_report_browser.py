@@ -15,7 +15,7 @@ from conftest import RECORDED
 from reports.browser import Browser, find_chromium
 from reports.render import render
 
-pytestmark = [pytest.mark.cpu, pytest.mark.skipif(find_chromium() is None, reason=(
+pytestmark = [pytest.mark.cpu, pytest.mark.slow, pytest.mark.skipif(find_chromium() is None, reason=(
     "no Chromium on this machine (apt-get install -y chromium; .ci/run installs it): the report was not opened "
     "in a browser"))]
 

@@ -80,6 +80,7 @@ def test_a_result_of_another_schema_version_is_refused(tmp_path: Path, recorded:
         load_result(tmp_path / "r.json")
 
 
+@pytest.mark.slow
 def test_the_main_job_under_xdist_writes_a_complete_valid_result(tmp_path: Path) -> None:
     """``python -m conformance --out DIR -n 2``: the controller writes the result; every case pytest ran is in it
     exactly once with pytest's outcome, names the history of the worker that ran its scenario, and matches the
@@ -118,6 +119,7 @@ def test_the_main_job_under_xdist_writes_a_complete_valid_result(tmp_path: Path)
     assert not changes.regressions, changes.lines()
 
 
+@pytest.mark.slow
 def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: pytest.Pytester) -> None:
     """In one process: the suite's own cases (first-drain) carry their verdict and history, a conformance test
     whose setup fails before ``conformance_record`` still gets its case (``error``, with what went wrong), and the run

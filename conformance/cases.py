@@ -132,6 +132,7 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
     skipped_checks = s.skipped_checks(integration, backend.profile)
     backend.start()
     bound = deadlines.script_s + TEARDOWN_MARGIN_S
+    history: History | None = None
     try:
         outcome = run_abandonable(run_scenario(s, integration, backend, seed, deadlines), bound, f"scenario {s.name}")
         if isinstance(outcome.error, Unsupported):
@@ -145,7 +146,13 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
                 f"cancelled ({', '.join(outcome.abandoned)}): they were abandoned with the scenario's event loop",
                 max((c.t_end or c.t_start for c in history.wire), default=0.0)))
     finally:
-        backend.stop()
+        try:
+            backend.stop()
+        except Exception as exc:  # an engine died in the run (real SGLang exits) or cannot be reset: the run broke
+            if history is None:
+                raise
+            history.breaks.append(Breakage("error", f"the backend failed when the scenario ended: {exc}",
+                                           max((c.t_end or c.t_start for c in history.wire), default=0.0)))
     return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks
                                              if check not in skipped_checks}, skipped_checks=skipped_checks)
 

@@ -45,9 +45,9 @@ def test_every_check_is_registered_in_the_readme_order_with_a_checker() -> None:
 def test_each_title_is_spelt_once_in_the_source() -> None:
     titles = [c.title for c in REGISTRY.values()]
     assert len(set(titles)) == len(titles)
-    sources = _sources()
+    strings = {p: _strings(tree) for p, tree in _sources().items()}
     for c in REGISTRY.values():
-        spelt = [p.relative_to(ROOT).as_posix() for p, tree in sources.items() for s in _strings(tree)
+        spelt = [p.relative_to(ROOT).as_posix() for p, found in strings.items() for s in found
                  if s == c.title or c.name in s]
         assert spelt == ["conformance/checks/" + c.run.__module__.rpartition(".")[2] + ".py"], \
             f"the title of {c.id} ({c.title!r}) is spelt in {spelt}"

@@ -126,7 +126,7 @@ class Run:
         (:mod:`conformance.sentinels`), sent before the cycle and released once the integration continued that
         engine. With ``resident`` the cycle also starts only once every engine the integration sends requests to
         is decoding one of them (:meth:`until_resident`), and the cycle's first pause, bump or transfer on each engine
-        is held at the wire (for at most two turns, at least 1 s, at most a quarter of the cycle's deadline) until
+        is held at the wire (for at most two turns, at least 0.5 s, at most a quarter of the cycle's deadline) until
         that engine holds one sent less than half a turn ago (a cycle may take a while before its first pause: a
         process group to build). The cycle is expected
         to fail with ``poison`` (weights every engine rejects: the last parameter has the wrong shape, so an
@@ -157,7 +157,7 @@ class Run:
         refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
             wire.hold_first(DISTURBING_PATHS, self.holds_young,
-                            min(max(1.0, 2 * self.turn_s()), self.deadlines.update_s / 4))
+                            min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4))
         answers = await self.hold_answers() if gate else None
         t0 = time.monotonic()
         returned, error, hang = None, None, None

@@ -277,12 +277,12 @@ class Run:
         return [c for c in self.backend.wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
 
     async def until_resident(self, cycle: int) -> None:
-        """Wait until every engine the integration uses is decoding one of its ``/generate`` calls (open, sent less
-        than its decode time ago: its ``max_new_tokens`` at :func:`decode_rate`; at least :data:`TURN_S`). Not
-        necessarily at once half a turn young: engines whose samples chain turns out of phase may never be; the
-        cycle's first disturbing call on each engine is held at the wire until that engine holds a call sent less
-        than half a turn ago (:meth:`update`), so it is still decoding when the cycle reaches it. Batches are
-        consumed only while
+        """Wait until every engine the integration uses holds one of its ``/generate`` calls sent less than half its
+        decode time ago (its ``max_new_tokens`` at :func:`decode_rate`; at least :data:`TURN_S`), so it is still
+        decoding when the cycle reaches that engine, whatever the cycle does first. After six turns without that
+        moment (engines whose samples chain turns out of phase are never all that young at once), a call still
+        decoding on each engine is enough: the cycle's first disturbing call on each engine is held at the wire until
+        that engine holds a call sent less than half a turn ago (:meth:`update`). Batches are consumed only while
         an engine the integration uses has none of its requests open (the producer stalls on a full buffer); while
         each has one, the next turns are waited for. When that does not happen within ``deadlines.wait_s`` the
         cycle runs all the same and I1-I2 answers unknown for it (an integration whose own requests never overlap
@@ -292,7 +292,8 @@ class Run:
         while True:
             now, calls = time.monotonic(), self._generates()
             used = sorted({c.engine for c in calls})
-            missing = [e for e in used if not any(c.engine == e and self._young(c, now, 1.0) for c in calls)]
+            young = 0.5 if now - start < 6 * self.turn_s() else 1.0  # half a turn young, or still decoding
+            missing = [e for e in used if not any(c.engine == e and self._young(c, now, young) for c in calls)]
             if used and not missing:
                 return
             if now > deadline:

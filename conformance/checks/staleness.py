@@ -40,6 +40,15 @@ def _true_oldest(h: History, group: Group, outputs: dict, *, newest: bool = Fals
     return (min(versions) if versions else None), missing
 
 
+def _plausible(h: History, group: Group, outputs: dict, truth: int | None) -> bool:
+    """Whether a client-side group's recorded oldest version lies between the oldest and the newest version its calls
+    may have been generated under (where the wire cannot tell: :meth:`History.client_truth`)."""
+    if h.stamps_engines or truth is None or not isinstance(group.oldest_version, int):
+        return False
+    newest = _true_oldest(h, group, outputs, newest=True)[0]
+    return newest is not None and min(truth, newest) <= group.oldest_version <= max(truth, newest)
+
+
 @check("S2", "oldest version",
        holds="a group's oldest version = min over every sample, turn (and the calls it continued) and per-token "
              "span",
@@ -65,9 +74,7 @@ def oldest_version(h: History) -> Verdict:
                     f"engine answered (the suite cannot verify its versions)",
                     rids=tuple(missing[:3]), batch=rec.index, prompt=g.prompt_index, times=(rec.t,)))
                 continue
-            plausible = {truth, _true_oldest(h, g, outputs, newest=True)[0]} - {None}
-            if g.oldest_version != truth and not (len(plausible) == 2 and isinstance(g.oldest_version, int)
-                                                  and min(plausible) <= g.oldest_version <= max(plausible)):
+            if g.oldest_version != truth and not _plausible(h, g, outputs, truth):
                 if h.stamps_engines:
                     recorded = {t.rid: (t.weight_version, t.weight_versions) for s in g.samples for t in s.turns}
                     source, what = "turn labels", "was generated under versions as old as"

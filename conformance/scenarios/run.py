@@ -8,7 +8,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
 from ..checks.labels import finish_type
@@ -158,7 +158,7 @@ class Run:
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
             wire.hold_first(DISTURBING_PATHS, self.holds_young,
                             min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4))
-        answers = await self.hold_answers() if gate else None
+        answers, unfollow = await self.hold_answers() if gate else (None, lambda: None)
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
@@ -172,6 +172,7 @@ class Run:
         finally:
             t1 = time.monotonic()
             wire.release_holds()
+            unfollow()
             await sentinels.release()
         left = set(wire.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
         unused = sorted(left - {key for keys in refused if not set(keys) <= left for key in keys})
@@ -220,34 +221,33 @@ class Run:
         :data:`TURN_S`."""
         return max(TURN_S, self.rollout.max_new_tokens / decode_rate(self.backend))
 
-    async def hold_answers(self) -> AnswerHold:
+    async def hold_answers(self) -> tuple[AnswerHold, Callable[[], None]]:
         """Before a cycle: hold back the answers to the integration's ``/generate`` calls (once one is held) until
         every engine is paused by it, then hand them over; each engine's continue waits (at most two turns) until the
         integration sent that engine a call after that. A call sent then is held at SGLang's pause gate and runs
-        entirely under the weights the cycle installs; an integration may also wait before sending (its own gate)."""
+        entirely under the weights the cycle installs; an integration may also wait before sending (its own gate).
+        Returns the hold and the function that stops following the wire (once the cycle is over)."""
         wire, engines = self.backend.wire, len(self.backend.urls)
-        armed = time.monotonic()
+        paused: set[int] = set()
+        sent: set[int] = set()  # engines sent a /generate once the answers went on
 
-        def paused_everywhere() -> bool:
-            paused: set[int] = set()
-            for c in wire.snapshot():
-                if c.origin == "integration" and c.t_start >= armed:
-                    if c.path == "/pause_generation" and c.ok:
-                        paused.add(c.engine)
-                    elif c.path == "/continue_generation":
-                        paused.discard(c.engine)
-            return len(paused) == engines
-
-        def sent_since(engine: int) -> bool:
-            return hold.released_at is not None and any(
-                c.engine == engine and c.path == "/generate" and c.origin == "integration"
-                and c.t_start >= hold.released_at for c in wire.snapshot())
-        hold = wire.hold_answers(paused_everywhere, min(self.deadlines.wait_s, max(2.0, 4 * self.turn_s())))
+        def follow(call: WireCall, answered: bool) -> None:
+            if call.origin != "integration":
+                return
+            if call.path == "/pause_generation" and answered and call.ok:
+                paused.add(call.engine)
+            elif call.path == "/continue_generation":
+                paused.discard(call.engine)
+            elif call.path == "/generate" and not answered and hold.released_at is not None:
+                sent.add(call.engine)
+        hold = wire.hold_answers(lambda: len(paused) == engines,
+                                 min(self.deadlines.wait_s, max(2.0, 4 * self.turn_s())))
+        stop = wire.listen(follow)
         await wait_for_condition(lambda: hold.held > 0, self.deadlines.wait_s,
                                  "an answer to one of the integration's /generate calls (to hand it over while every "
                                  "engine is paused)")
-        wire.hold_first(frozenset({"/continue_generation"}), sent_since, 2 * self.turn_s())
-        return hold
+        wire.hold_first(frozenset({"/continue_generation"}), sent.__contains__, 2 * self.turn_s())
+        return hold, stop
 
     async def drain(self, n: int = 1) -> None:
         """Consume ``n`` batches, recording the truth at consumption."""

@@ -55,10 +55,12 @@ class _Refusal:
 @dataclass
 class _Hold:
     paths: frozenset[str]
-    ready: Callable[[int], bool]
+    ready: Callable[[int, bool], bool]
     timeout_s: float
     passed: set[int] = field(default_factory=set)
-    """Engines whose first held call went on."""
+    """Engines whose first held call arrived."""
+    went: set[int] = field(default_factory=set)
+    """Engines whose first held call went on to the engine."""
 
 
 @dataclass
@@ -130,11 +132,18 @@ class WireLog:
             self._refusals.clear()
             return unused
 
-    def hold_first(self, paths: frozenset[str], ready: Callable[[int], bool], timeout_s: float) -> None:
+    def hold_first(self, paths: frozenset[str], ready: Callable[[int, bool], bool], timeout_s: float) -> None:
         """Hold the integration's first call to one of ``paths`` on each engine, before it goes on to the engine,
-        until ``ready(engine)`` is true (at most ``timeout_s``), until :meth:`release_holds`."""
+        until ``ready(engine, another_went)`` is true (``another_went``: another engine's held call already went
+        on), at most ``timeout_s``, until :meth:`release_holds`."""
         with self._lock:
             self._hold = _Hold(paths, ready, timeout_s)
+
+    def holding(self) -> tuple[set[int], set[int]] | None:
+        """While :meth:`hold_first` holds: the engines whose first call is held now, and those whose call went on."""
+        with self._lock:
+            hold = self._hold
+            return None if hold is None else (hold.passed - hold.went, set(hold.went))
 
     def hold_answers(self, release: Callable[[], bool], timeout_s: float) -> AnswerHold:
         """Hold back every answer to the integration's ``/generate`` calls, once the engine produced it, until
@@ -177,9 +186,11 @@ class WireLog:
                 return
             hold.passed.add(call.engine)
         deadline = self.clock() + hold.timeout_s
-        while self._hold is hold and self.clock() < deadline and not hold.ready(call.engine):
+        while self._hold is hold and self.clock() < deadline and not hold.ready(call.engine,
+                                                                                 bool(hold.went - {call.engine})):
             await asyncio.sleep(0.001)
         with self._lock:
+            hold.went.add(call.engine)
             call.t_start = self.clock()
 
     def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration") -> WireCall:

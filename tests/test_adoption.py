@@ -140,6 +140,11 @@ def test_an_own_update_cycle_with_the_reference_manager_conforms(monkeypatch: py
     assert {"steady-disk-retract", "failover", "failing-transfer-disk", "one-engine-rejects", "staleness"} <= set(ran)
     bad = [v.explain() for r in ran.values() for v in r.verdicts.values() if not v.passed]
     assert not bad, "\n".join(bad)
+    # its cycle pauses engine after engine, after writing the checkpoint: still, every engine holds the manager's
+    # requests when the cycle first reaches it
+    overlap = {name: r.verdicts["I1-I2"].metrics["integration_overlap_at_pause"] for name, r in ran.items()
+               if "I1-I2" in r.verdicts}
+    assert len(overlap) >= 4 and set(overlap.values()) == {1.0}, overlap
 
 
 COUNTED = '''

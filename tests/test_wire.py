@@ -93,3 +93,37 @@ def test_held_answers_go_on_at_the_timeout_or_when_the_holds_are_released() -> N
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.001)
+
+
+def test_the_first_held_call_per_engine_goes_on_when_ready_and_tells_the_next_that_another_went() -> None:
+    """``hold_first`` holds each engine's first matching call until ``ready(engine, another_went)``; ``holding``
+    says which engines wait and which went on; later calls and other paths are never held."""
+    log, engines, asked = WireLog(), [CountingApp(), CountingApp()], []
+    apps = [WireRecorder(engine, i, log) for i, engine in enumerate(engines)]
+    go = asyncio.Event()
+
+    def ready(engine: int, another_went: bool) -> bool:
+        asked.append((engine, another_went))
+        return go.is_set() if engine == 0 else another_went
+
+    log.hold_first(frozenset({"/pause_generation"}), ready, timeout_s=10)
+
+    async def run() -> None:
+        clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") for app in apps]
+        try:
+            first = asyncio.create_task(clients[0].post("/pause_generation", json={}))
+            second = asyncio.create_task(clients[1].post("/pause_generation", json={}))
+            await asyncio.wait_for(_until(lambda: log.holding() == ({0, 1}, set())), 5)
+            assert (await clients[0].post("/flush_cache", json={})).status_code == 200  # another path goes on
+            assert engines[0].seen == ["/flush_cache"] and engines[1].seen == []
+            go.set()
+            await asyncio.wait_for(asyncio.gather(first, second), 5)
+            assert log.holding() == (set(), {0, 1})
+            assert (await asyncio.wait_for(clients[0].post("/pause_generation", json={}), 5)).status_code == 200
+        finally:
+            for client in clients:
+                await client.aclose()
+    asyncio.run(run())
+    assert (1, False) in asked and (1, True) in asked and (0, True) not in asked
+    log.release_holds()
+    assert log.holding() is None

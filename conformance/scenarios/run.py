@@ -5,6 +5,7 @@ scenario sets up. Backend-agnostic: only the roles, the backend's URLs and probe
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from dataclasses import dataclass, fields
@@ -80,6 +81,12 @@ LORA_FAILURE: tuple[tuple[str, ...], dict[str, Any]] = (
 integration uses one of them."""
 STALL_S = 0.1
 """How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
+LAST_CHANCE = 0.7
+"""The share of its decode time after which a request still open is the last chance for a held call to find the
+engine busy with the integration's work (:meth:`Run.holds_young`)."""
+SPARE = 0.25
+"""The share of its decode time a request on another engine still has to go when a resident cycle's first disturbing
+call goes on (:meth:`Run.holds_young`)."""
 TURN_S = 0.15
 """How long one of the integration's turns decodes, at least (the scenarios raise ``max_new_tokens`` to that at the
 backend's decode speed): a request sent at most half of it before a cycle starts is still decoding when the cycle
@@ -127,8 +134,9 @@ class Run:
         engine. With ``resident`` the cycle also starts only once every engine the integration sends requests to
         is decoding one of them (:meth:`until_resident`), and the cycle's first pause, bump or transfer on each engine
         is held at the wire (for at most two turns, at least 0.5 s, at most a quarter of the cycle's deadline) until
-        that engine holds one sent less than half a turn ago (a cycle may take a while before its first pause: a
-        process group to build). The cycle is expected
+        that engine holds one sent less than half a turn ago and the others one still decoding for a while
+        (:meth:`holds_young`; a cycle may take a while before its first pause: a process group to build, a
+        checkpoint to write); while held, batches are consumed when the producer stalls. The cycle is expected
         to fail with ``poison`` (weights every engine rejects: the last parameter has the wrong shape, so an
         integration that sends buckets sees its early buckets land first)
         or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
@@ -159,6 +167,7 @@ class Run:
             wire.hold_first(DISTURBING_PATHS, self.holds_young,
                             min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4))
         answers, unfollow = await self.hold_answers() if gate else (None, lambda: None)
+        feeder = asyncio.create_task(self._feed_held()) if resident else None
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
@@ -173,6 +182,7 @@ class Run:
             t1 = time.monotonic()
             wire.release_holds()
             unfollow()
+            fed = await asyncio.gather(feeder, return_exceptions=True) if feeder is not None else [None]
             await sentinels.release()
         left = set(wire.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
         unused = sorted(left - {key for keys in refused if not set(keys) <= left for key in keys})
@@ -197,6 +207,8 @@ class Run:
                        f"gate holds it) is not shown")
         if hang is not None:
             raise hang
+        if isinstance(fed[0], BaseException):  # consuming a batch while the cycle's calls were held failed
+            raise fed[0]
         if error is not None and not expect_failure:
             raise UnexpectedUpdateFailure(f"update cycle {index} ({transport}{', LoRA' if lora else ''}) failed: "
                                           f"{error}")
@@ -246,7 +258,7 @@ class Run:
         await wait_for_condition(lambda: hold.held > 0, self.deadlines.wait_s,
                                  "an answer to one of the integration's /generate calls (to hand it over while every "
                                  "engine is paused)")
-        wire.hold_first(frozenset({"/continue_generation"}), sent.__contains__, 2 * self.turn_s())
+        wire.hold_first(frozenset({"/continue_generation"}), lambda engine, _: engine in sent, 2 * self.turn_s())
         return hold, stop
 
     async def drain(self, n: int = 1) -> None:
@@ -318,12 +330,39 @@ class Run:
         lasts = (budget if isinstance(budget, int) else self.rollout.max_new_tokens) / decode_rate(self.backend)
         return call.t_end is None and now - call.t_start <= lasts * fraction
 
-    def holds_young(self, engine: int) -> bool:
-        """Whether ``engine`` holds one of the integration's requests still decoding for a while (or is not one the
-        integration uses, so none will come)."""
+    def holds_young(self, engine: int, another_went: bool = False) -> bool:
+        """Whether the cycle's first pause, bump or transfer may go on to ``engine`` (or it is not one the
+        integration uses, so none of its requests will come): the engine holds one of the integration's requests
+        sent less than half its decode time ago, while every other engine it uses holds one with at least
+        :data:`SPARE` of its decode time left (a cycle that goes from engine to engine reaches them soon after; two
+        engines whose samples chain turns out of phase always meet such a moment). Once another engine's went on,
+        any request still open is enough: a cycle that pauses engine after engine can leave every group waiting on
+        the paused one, so no younger request comes."""
         now, calls = time.monotonic(), self._generates()
-        return engine not in {c.engine for c in calls} or any(c.engine == engine and self._young(c, now)
-                                                                  for c in calls)
+        used = {c.engine for c in calls}
+
+        def holds(e: int, fraction: float) -> bool:
+            return any(c.engine == e and self._young(c, now, fraction) for c in calls)
+        if engine not in used:
+            return True
+        if another_went:
+            return holds(engine, math.inf)
+        return holds(engine, 0.5) and all(holds(e, 1.0 - SPARE) for e in used - {engine})
+
+    async def _feed_held(self) -> None:
+        """While the cycle's first disturbing calls are held and none went on yet, consume a batch whenever an engine
+        the integration uses has had none of its requests open for :data:`STALL_S` (a producer blocked on a full
+        buffer), as a trainer would, so the requests the hold waits for come."""
+        wire, stalled_since = self.backend.wire, time.monotonic()
+        while (state := wire.holding()) is not None and not state[1]:
+            now, calls = time.monotonic(), self._generates()
+            used = {c.engine for c in calls}
+            if not state[0] or all(any(c.engine == e and c.t_end is None for c in calls) for e in used):
+                stalled_since = now
+            elif now - stalled_since > STALL_S:
+                await self.drain(1)
+                stalled_since = time.monotonic()
+            await asyncio.sleep(0.002)
 
     async def until_in_flight(self, per_engine: int = 1, min_age_s: float = 0.0) -> None:
         """Wait until every engine the integration uses has ``per_engine`` generates in flight (open for at least ``min_age_s``, i.e.

@@ -187,7 +187,8 @@ def test_an_abort_after_the_whole_token_budget_is_a_complete_turn_for_i4():
     full.payload["sampling_params"] = {"max_new_tokens": 4}  # completion_tokens 4: the whole budget
     cut.payload["sampling_params"] = {"max_new_tokens": 16}
     trained = BatchRecord(0, 2.0, Batch([group(3, ["r1"], 1, finish="abort")], 1), 1)
-    assert check("I4", history(wire=[full, cut], batches=[trained])).passed
+    v = check("I4", history(wire=[full, cut], batches=[trained]))
+    assert v.passed and (v.metrics["complete_aborts"], v.metrics["complete_aborts_trained"]) == (1, 1), v.explain()
     v = check("I4", history(wire=[full, cut], batches=[BatchRecord(0, 2.0, Batch([group(4, ["r2"], 1)], 1), 1)]))
     assert v.status == "fail" and "r2" in v.witness[0], v.explain()
 

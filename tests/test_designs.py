@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import pytest
 import torch
 
+from conformance.backends import FakeBackend, FakeBackendConfig
 from conformance.cases import fake_backend_factory, run_cases
-from conformance.interface import Capabilities
-from conformance.mutants import NoneAsZeroManager
+from conformance.checks.labels import cut_short, finish_type
+from conformance.interface import Capabilities, Turn
+from conformance.mutants import KeepsAbortedManager, NoneAsZeroManager
 from conformance.reference import ReferenceIntegration, ReferenceManager, write_checkpoint_atomic
-from conformance.scenarios import Deadlines
+from conformance.scenarios import DEFAULT_ROLLOUT, SCENARIOS, Deadlines, Run, Scenario
+from conformance.scenarios.errors import wait_for_condition
+from conformance.scenarios.run import decode_rate
 
 pytestmark = pytest.mark.cpu
 FAST = Deadlines(update_s=5.0, drain_s=5.0, wait_s=5.0, script_s=30.0)
@@ -108,3 +114,72 @@ def test_calls_sent_while_the_engines_are_paused_are_judged_under_the_weights_th
     h = results["answers-while-paused"].history
     gated = [c for c in h.integration_calls("/generate") if h.gate_cycle(c) is not None]
     assert bool(gated) == stamps_engines and not h.unmet and len(h.cycles) == 2
+
+
+class CompleteAtBudgetManager(ReferenceManager):
+    """Counts a turn answered with abort but with its whole token budget generated as complete, and trains it (the
+    abort landed in the step that finished the request: every token is there)."""
+
+    def cut_short(self, turn: Turn) -> bool:
+        return turn.finish_reason == "abort" and turn.completion_tokens < self.config.max_new_tokens
+
+
+def _complete_aborts(run: Run) -> set[str]:
+    """The rids of the integration's calls SGLang answered with abort after generating their whole budget."""
+    return {str(out["meta_info"]["id"]) for c in run.backend.wire.snapshot()
+            if c.path == "/generate" and c.origin == "integration"
+            for out in c.generate_outputs() if finish_type(out) == "abort" and not cut_short(c.payload, out)}
+
+
+async def _aborts_at_the_budget(run: Run) -> None:
+    """Freezes and aborts the engines as one of the integration's requests is about to decode its last token (a
+    token every 10 ms on a slow fake; the aim moves by a quarter token after each miss, earlier when the request
+    finished first, later when it was cut short) until one is answered with abort after its whole budget, aborts once
+    more at once (cutting requests short), then consumes what the integration made of both."""
+    await run.start()
+    wire, rate, budget, lead = run.backend.wire, decode_rate(run.backend), run.rollout.max_new_tokens, 1.5
+    aimed: list[Any] = []
+
+    def last_token() -> bool:
+        now = time.monotonic()
+        aimed[:] = [c for c in wire.snapshot() if c.path == "/generate" and c.origin == "integration"
+                    and c.t_end is None and (now - c.t_start) * rate >= budget - lead][:1]
+        return bool(aimed)
+    for _ in range(20):
+        await run.until_in_flight(1)  # a batch consumed first when the producer waits on a full buffer
+        await wait_for_condition(last_token, run.deadlines.wait_s, "a request about to decode its last token")
+        await run.abort_in_flight()
+        if _complete_aborts(run):
+            break
+        await wait_for_condition(lambda: aimed[0].t_end is not None, run.deadlines.wait_s, "the aimed request's end")
+        finished = [finish_type(out) for out in aimed[0].generate_outputs()]
+        lead += 0.25 if "abort" not in finished else -0.25
+    else:
+        run.unmet(("I4",), "no request was answered with abort after its whole token budget")
+    await wait_for_condition(lambda: not [c for c in wire.snapshot() if c.path == "/generate" and c.t_end is None
+                                          and c.origin == "integration" and c.t_start < run.history.injected[-1].t],
+                             run.deadlines.wait_s, "the answers to the requests the last abort hit")
+    await run.abort_in_flight()  # on the requests sent since (a batch consumed first when the buffer is full)
+    await run.drain(run.rollout.buffer_capacity + run.rollout.max_in_flight_groups)
+
+
+@pytest.mark.parametrize("manager", [CompleteAtBudgetManager, ReferenceManager, KeepsAbortedManager],
+                         ids=["trains-complete-aborts", "reference", "keeps-aborted-mutant"])
+def test_a_turn_aborted_with_its_whole_budget_generated_may_train_as_complete(
+        manager: type[ReferenceManager], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang answers abort when the abort lands in the step that decoded a request's last token. A manager that
+    trains such a turn as complete (its whole budget is there) passes I4, like the reference that recycles it; one
+    that trains every aborted turn still fails."""
+    name = "aborts-at-the-budget"
+    monkeypatch.setitem(SCENARIOS, name, Scenario(
+        name, "aborts land as requests decode their last token", _aborts_at_the_budget, ("I4",),
+        rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1)))
+    slow = lambda: FakeBackend(FakeBackendConfig(tokens_per_second=100.0))  # noqa: E731
+    result = run_cases(ReferenceIntegration(name=manager.__name__, manager_cls=manager), slow, scenarios=[name],
+                       deadlines=FAST)[name]
+    v = result.verdicts["I4"]
+    if manager is KeepsAbortedManager:
+        assert v.status == "fail" and "finish_reason abort" in v.witness[0], v.explain()
+        return
+    assert v.passed and v.metrics["complete_aborts"] >= 1 and v.metrics["aborted_requests"] >= 1, v.explain()
+    assert (v.metrics["complete_aborts_trained"] >= 1) is (manager is CompleteAtBudgetManager), v.metrics

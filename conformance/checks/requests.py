@@ -189,18 +189,20 @@ def _aborting_calls(h: History) -> dict[tuple[int, str], list[WireCall]]:
 def aborted_never_trained(h: History) -> Verdict:
     """I4: a group with an aborted turn never reaches training unchanged: drop it, recycle it as the pristine
     prompt, or continue the aborted call (partial rollout: the continuing turn names it in ``continues`` and its
-    own call must have finished). A turn answered with abort after generating its whole token budget is complete.
-    Reports how aborted requests were dealt with."""
+    own call must have finished). A turn answered with abort after generating its whole token budget is complete
+    (``complete_aborts``; those trained: ``complete_aborts_trained``). Reports how aborted requests were dealt
+    with."""
     outputs = h.outputs_by_rid()
     aborted_rids = {rid for rid, (call, out) in outputs.items() if cut_short(call.payload, out)}
     complete = {rid for rid, (call, out) in outputs.items() if finish_type(out) == "abort" and rid not in aborted_rids}
     failures: list[Anomaly] = []
-    trained = continued = 0
+    trained = continued = complete_trained = 0
     for rec in h.batches:
         for group in rec.batch.groups:
             for sample in group.samples:
                 trained += 1
                 continued += sum(len(t.continues) for t in sample.turns)
+                complete_trained += sum(t.rid in complete for t in sample.turns)
                 bad = [t.rid for t in sample.turns
                        if t.rid in aborted_rids or (t.finish_reason == "abort" and t.rid not in complete)]
                 if bad:
@@ -213,4 +215,5 @@ def aborted_never_trained(h: History) -> Verdict:
     vacuous = None if aborted_rids else "no request was aborted during the run, so the recycle path never ran"
     return verdict(failures, vacuous=vacuous,
                    metrics={"aborted_requests": len(aborted_rids), "trained_samples": trained,
-                            "continued_requests": continued})
+                            "continued_requests": continued, "complete_aborts": len(complete),
+                            "complete_aborts_trained": complete_trained})

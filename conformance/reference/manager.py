@@ -221,11 +221,17 @@ class ReferenceManager:
         for t in range(self.config.turns):
             turn, response = await self.run_turn(engine, text, f"p{prompt.index}.s{i}.t{t}")
             sample.turns.append(turn)
-            if turn.finish_reason == "abort":
+            if self.cut_short(turn):
                 sample.aborted = True
                 break
             text += response["text"]
         return sample
+
+    def cut_short(self, turn: Turn) -> bool:
+        """Whether the engine stopped ``turn`` before its end: it answered ``finish_reason`` abort (the sample is
+        aborted, I4). The reference counts an abort that came with the whole token budget generated as cut short
+        too (it recycles the group); treating that turn as complete is as legitimate."""
+        return turn.finish_reason == "abort"
 
     async def run_turn(self, engine: EngineClient, text: str, name: str) -> tuple[Turn, Any]:
         """One ``/generate`` call of a sample (rid ``name`` + a unique suffix): its turn record and the response."""
@@ -370,7 +376,7 @@ class PartialRolloutManager(ReferenceManager):
     async def run_turn(self, engine: EngineClient, text: str, name: str) -> tuple[Turn, Any]:
         turn, response = await super().run_turn(engine, text, name)
         for attempt in range(self.max_resumes):
-            if turn.finish_reason != "abort":
+            if not self.cut_short(turn):
                 break
             text += response["text"]
             later, response = await super().run_turn(engine, text, f"{name}.r{attempt + 1}")

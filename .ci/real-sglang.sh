@@ -29,14 +29,8 @@ run() {
   return "$code"
 }
 
-# Deselected, said here, in the log and in the README:
-#  - I1-I2-mixed-versions: at 11-14 tokens/s per request (two engines on two cores) the scenario cannot always build
-#    the residency of the integration's own requests on both engines before each update, and I1-I2 then answers
-#    unknown (2 of 3 runs); the scenario's other cases run.
 cases=0; checks=0
-echo "CI: deselected on real SGLang: I1-I2-mixed-versions (unknown when the slow engines cannot build the" \
-  "integration's own residency)"
-run conformance/suite -k "not I1-I2-mixed-versions" || cases=$?
+run conformance/suite || cases=$?
 run tests/gpu/test_engine_pool.py tests/gpu/test_fidelity.py || checks=$?
 echo "CI: real SGLang stage (install + tests) took $((SECONDS - started)) s"
 [ "$cases" -ne 0 ] && exit "$cases"

@@ -159,7 +159,7 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
 
 def _hung(scenario: str, integration: Integration, backend: Backend, seed: int, message: str) -> History:
     """The history of a scenario whose run did not come back: the wire so far and a hang naming what was open."""
-    wire = backend.wire.snapshot()
+    wire = backend.wire.frozen()
     history = History(scenario, integration.name, backend.name, backend.profile, seed, wire=wire, breaks=[
         Breakage("hang", f"{message}; the scenario was abandoned", time.monotonic(), open_calls(backend.wire))])
     history.rebase(min((c.t_start for c in wire), default=history.breaks[0].t))

@@ -19,7 +19,7 @@ import itertools
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 from .history import WireCall
@@ -234,6 +234,12 @@ class WireLog:
     def snapshot(self) -> list[WireCall]:
         with self._lock:
             return list(self.calls)
+
+    def frozen(self) -> list[WireCall]:
+        """Copies of the calls as they stand now: a call answered later (at the teardown) does not change them, so a
+        history's times stay on its own clock once rebased."""
+        with self._lock:
+            return [replace(call) for call in self.calls]
 
 
 class WireRecorder:

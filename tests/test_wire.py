@@ -127,3 +127,11 @@ def test_the_first_held_call_per_engine_goes_on_when_ready_and_tells_the_next_th
     assert (1, False) in asked and (1, True) in asked and (0, True) not in asked
     log.release_holds()
     assert log.holding() is None
+
+
+def test_frozen_calls_keep_their_times_when_the_call_is_answered_later() -> None:
+    log = WireLog()
+    call = log.open(0, "POST", "/generate", {"text": "x"})
+    [copy] = log.frozen()
+    log.close(call, 200, {"text": "y"})
+    assert copy.t_end is None and copy.status is None and call.t_end is not None and log.snapshot() == [call]

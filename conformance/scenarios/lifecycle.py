@@ -105,7 +105,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
                         history.breaks.append(Breakage("error", f"{name} failed: {type(exc).__name__}: {exc}",
                                                        time.monotonic(), open_calls(backend.wire)))
             history.fs = watch.stop()
-    history.wire = backend.wire.snapshot()
+    history.wire = backend.wire.frozen()
     history.final_labels = await probe_labels(list(backend.urls))
     history.engine_truth = backend.truth()
     history.rebase(t0)

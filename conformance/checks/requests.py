@@ -182,7 +182,9 @@ def _aborting_calls(h: History) -> dict[tuple[int, str], list[WireCall]]:
 
 @check("I4", "aborted groups never train",
        holds="aborted groups never reach training unchanged (dropped, recycled pristine, or continued: "
-             "`Turn.continues`)",
+             "`Turn.continues`); a turn answered with abort after generating its whole token budget is complete "
+             "(SGLang reports the abort when it lands in the step that decoded the last token), so training it is "
+             "fine (`complete_aborts`, `complete_aborts_trained`)",
        reads="`/generate` answers finished with abort, joined by rid with the turns of consumed batches",
        model_based="it needs aborts injected mid-rollout (the aborted-groups scenario), which the model-based run "
                    "does not do")

@@ -18,6 +18,7 @@ import httpx
 
 from conformance.interface import BuildEnv, Capabilities, LoraAdapter, Roles
 from conformance.reference import ReferenceManager, encode_pickle_b64, write_checkpoint_atomic
+from conformance.reference.client import KEEPALIVE_EXPIRY_S
 
 
 class AsyncSGLangClient:
@@ -134,7 +135,8 @@ class HttpxIntegration:
         transports=frozenset({"disk", "tensor"}), lora=False))
 
     async def build(self, env: BuildEnv) -> Roles:
-        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
+        # idle connections dropped before SGLang's uvicorn closes them (5 s): KEEPALIVE_EXPIRY_S
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, keepalive_expiry=KEEPALIVE_EXPIRY_S))
         engines = [AsyncSGLangClient(url, http) for url in env.engine_urls]
         manager = ReferenceManager(engines, env)
 

@@ -22,6 +22,8 @@ ASGIApp = Callable[..., Any]
 T = TypeVar("T")
 
 DEFAULT_STOP_TIMEOUT = 5.0
+KEEP_ALIVE_S = 5
+"""How long an idle connection stays open: SGLang's ``SGLANG_TIMEOUT_KEEP_ALIVE`` (python/sglang/srt/environ.py)."""
 
 
 def _has_module(name: str) -> bool:
@@ -56,7 +58,7 @@ def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: floa
         access_log=False,
         proxy_headers=False,
         timeout_graceful_shutdown=graceful_timeout,
-        timeout_keep_alive=5,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 

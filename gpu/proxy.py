@@ -21,6 +21,7 @@ import asyncio
 import json
 from typing import Any, Callable
 
+from conformance.reference.client import KEEPALIVE_EXPIRY_S
 from conformance.wire import WireLog, WireRecorder
 from fakes.asgi import lifespan
 
@@ -62,7 +63,7 @@ class ForwardingProxy:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=KEEPALIVE_EXPIRY_S),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
         return self._session

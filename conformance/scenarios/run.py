@@ -81,9 +81,6 @@ LORA_FAILURE: tuple[tuple[str, ...], dict[str, Any]] = (
 integration uses one of them."""
 STALL_S = 0.1
 """How long a wait for engine activity goes without it before consuming a batch to unblock the producer."""
-LAST_CHANCE = 0.7
-"""The share of its decode time after which a request still open is the last chance for a held call to find the
-engine busy with the integration's work (:meth:`Run.holds_young`)."""
 SPARE = 0.25
 """The share of its decode time a request on another engine still has to go when a resident cycle's first disturbing
 call goes on (:meth:`Run.holds_young`)."""
@@ -294,7 +291,7 @@ class Run:
         decoding when the cycle reaches that engine, whatever the cycle does first. After six turns without that
         moment (engines whose samples chain turns out of phase are never all that young at once), a call still
         decoding on each engine is enough: the cycle's first disturbing call on each engine is held at the wire until
-        that engine holds a call sent less than half a turn ago (:meth:`update`). Batches are consumed only while
+        that engine holds a call sent less than half a turn ago (:meth:`holds_young`). Batches are consumed only while
         an engine the integration uses has none of its requests open (the producer stalls on a full buffer); while
         each has one, the next turns are waited for. When that does not happen within ``deadlines.wait_s`` the
         cycle runs all the same and I1-I2 answers unknown for it (an integration whose own requests never overlap
@@ -335,7 +332,7 @@ class Run:
         integration uses, so none of its requests will come): the engine holds one of the integration's requests
         sent less than half its decode time ago, while every other engine it uses holds one with at least
         :data:`SPARE` of its decode time left (a cycle that goes from engine to engine reaches them soon after; two
-        engines whose samples chain turns out of phase always meet such a moment). Once another engine's went on,
+        engines whose samples chain turns out of phase always meet such a moment). Once another engine's call went on,
         any request still open is enough: a cycle that pauses engine after engine can leave every group waiting on
         the paused one, so no younger request comes."""
         now, calls = time.monotonic(), self._generates()

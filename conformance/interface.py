@@ -31,6 +31,13 @@ Transport = Literal["disk", "tensor", "distributed"]
 ALL_TRANSPORTS: frozenset[str] = frozenset({"disk", "tensor", "distributed"})
 ALL_PAUSE_MODES: frozenset[str] = frozenset({"abort", "retract", "in_place"})
 
+KEEPALIVE_EXPIRY_S = 2.0
+"""How long a pooled connection to an engine may sit idle before the client drops it: well under SGLang's 5 s
+(``SGLANG_TIMEOUT_KEEP_ALIVE``, ``python/sglang/srt/environ.py``, passed to uvicorn in
+``srt/entrypoints/http_server.py``; 0.5.10–0.5.23). With equal limits (httpx's default is also 5 s) a request sent on
+a connection the server closes at that moment is lost (``ReadError``, no answer): seen once in the real-SGLang CI stage,
+a ``/generate`` of ``steady-tensor-retract`` on 0.5.23."""
+
 
 @dataclass(frozen=True)
 class Capabilities:

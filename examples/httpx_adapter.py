@@ -16,9 +16,8 @@ from typing import Any, Mapping
 
 import httpx
 
-from conformance.interface import BuildEnv, Capabilities, LoraAdapter, Roles
+from conformance.interface import KEEPALIVE_EXPIRY_S, BuildEnv, Capabilities, LoraAdapter, Roles
 from conformance.reference import ReferenceManager, encode_pickle_b64, write_checkpoint_atomic
-from conformance.reference.client import KEEPALIVE_EXPIRY_S
 
 
 class AsyncSGLangClient:

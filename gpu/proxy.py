@@ -21,7 +21,7 @@ import asyncio
 import json
 from typing import Any, Callable
 
-from conformance.reference.client import KEEPALIVE_EXPIRY_S
+from conformance.interface import KEEPALIVE_EXPIRY_S
 from conformance.wire import WireLog, WireRecorder
 from fakes.asgi import lifespan
 

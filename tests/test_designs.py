@@ -124,10 +124,13 @@ class CompleteAtBudgetManager(ReferenceManager):
         return turn.finish_reason == "abort" and turn.completion_tokens < self.config.max_new_tokens
 
 
+def _generates(run: Run) -> list[Any]:
+    return [c for c in run.backend.wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
+
+
 def _complete_aborts(run: Run) -> set[str]:
     """The rids of the integration's calls SGLang answered with abort after generating their whole budget."""
-    return {str(out["meta_info"]["id"]) for c in run.backend.wire.snapshot()
-            if c.path == "/generate" and c.origin == "integration"
+    return {str(out["meta_info"]["id"]) for c in _generates(run)
             for out in c.generate_outputs() if finish_type(out) == "abort" and not cut_short(c.payload, out)}
 
 
@@ -137,13 +140,12 @@ async def _aborts_at_the_budget(run: Run) -> None:
     finished first, later when it was cut short) until one is answered with abort after its whole budget, aborts once
     more at once (cutting requests short), then consumes what the integration made of both."""
     await run.start()
-    wire, rate, budget, lead = run.backend.wire, decode_rate(run.backend), run.rollout.max_new_tokens, 1.5
+    rate, budget, lead = decode_rate(run.backend), run.rollout.max_new_tokens, 1.5
     aimed: list[Any] = []
 
     def last_token() -> bool:
         now = time.monotonic()
-        aimed[:] = [c for c in wire.snapshot() if c.path == "/generate" and c.origin == "integration"
-                    and c.t_end is None and (now - c.t_start) * rate >= budget - lead][:1]
+        aimed[:] = [c for c in _generates(run) if c.t_end is None and (now - c.t_start) * rate >= budget - lead][:1]
         return bool(aimed)
     for _ in range(20):
         await run.until_in_flight(1)  # a batch consumed first when the producer waits on a full buffer
@@ -156,8 +158,8 @@ async def _aborts_at_the_budget(run: Run) -> None:
         lead += 0.25 if "abort" not in finished else -0.25
     else:
         run.unmet(("I4",), "no request was answered with abort after its whole token budget")
-    await wait_for_condition(lambda: not [c for c in wire.snapshot() if c.path == "/generate" and c.t_end is None
-                                          and c.origin == "integration" and c.t_start < run.history.injected[-1].t],
+    await wait_for_condition(lambda: not [c for c in _generates(run) if c.t_end is None
+                                          and c.t_start < run.history.injected[-1].t],
                              run.deadlines.wait_s, "the answers to the requests the last abort hit")
     await run.abort_in_flight()  # on the requests sent since (a batch consumed first when the buffer is full)
     await run.drain(run.rollout.buffer_capacity + run.rollout.max_in_flight_groups)

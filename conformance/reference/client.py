@@ -18,14 +18,6 @@ import httpx
 from .releases import Release
 
 
-KEEPALIVE_EXPIRY_S = 2.0
-"""How long a pooled connection to an engine may sit idle before the client drops it: well under SGLang's 5 s
-(``SGLANG_TIMEOUT_KEEP_ALIVE``, ``python/sglang/srt/environ.py``, passed to uvicorn in
-``srt/entrypoints/http_server.py``; 0.5.10–0.5.23). With equal limits (httpx's default is also 5 s) a request sent on
-a connection the server closes at that moment is lost (``ReadError``, no answer): seen once in the real-SGLang CI stage,
-a ``/generate`` of ``steady-tensor-retract`` on 0.5.23."""
-
-
 class EngineError(RuntimeError):
     """An engine refused a call or could not be reached."""
 

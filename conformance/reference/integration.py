@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 import httpx
 
-from ..interface import BuildEnv, Capabilities, Roles
-from .client import KEEPALIVE_EXPIRY_S, HttpEngineClient
+from ..interface import KEEPALIVE_EXPIRY_S, BuildEnv, Capabilities, Roles
+from .client import HttpEngineClient
 from .manager import ReferenceManager
 from .transports import (CheckpointWriter, DiskTransport, DistributedTransport, LoraTransport, TensorEncoder,
                          TensorTransport, WeightTransport, encode_safetensors_b64, write_checkpoint_atomic)
@@ -87,7 +87,7 @@ class ReferenceIntegration:
 
     def make_http_client(self, env: BuildEnv) -> httpx.AsyncClient:
         """One pooled client for every engine (no pool limit: in-flight generations must never queue here; idle
-        connections dropped before the engine closes them, :data:`~conformance.reference.client.KEEPALIVE_EXPIRY_S`)."""
+        connections dropped before the engine closes them, :data:`~conformance.interface.KEEPALIVE_EXPIRY_S`)."""
         return httpx.AsyncClient(timeout=self.timeout_s, mounts=self.http_mounts, verify=_ssl_context(),
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
                                                      keepalive_expiry=KEEPALIVE_EXPIRY_S))

@@ -9,7 +9,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
 from ..checks.labels import finish_type
@@ -95,6 +95,11 @@ def decode_rate(backend: Backend) -> float:
     say)."""
     rate = getattr(backend, "decode_tokens_per_s", None)
     return float(rate) if rate else backend.sentinel_tokens / SENTINEL_SECONDS
+
+
+def _open_everywhere(calls: list[WireCall], engines: Iterable[int]) -> bool:
+    """Whether each of ``engines`` has one of ``calls`` still open."""
+    return all(any(c.engine == e and c.t_end is None for c in calls) for e in engines)
 
 
 @dataclass
@@ -296,8 +301,8 @@ class Run:
         each has one, the next turns are waited for. When that does not happen within ``deadlines.wait_s`` the
         cycle runs all the same and I1-I2 answers unknown for it (an integration whose own requests never overlap
         an update is not shown to spare them)."""
-        start = time.monotonic()
-        deadline, stalled_since, consumed = start + self.deadlines.wait_s, start, 0
+        start, before = time.monotonic(), len(self.history.batches)
+        deadline, stalled_since = start + self.deadlines.wait_s, start
         while True:
             now, calls = time.monotonic(), self._generates()
             used = sorted({c.engine for c in calls})
@@ -308,15 +313,12 @@ class Run:
             if now > deadline:
                 self.unmet(("I1-I2",), f"before update cycle {cycle}, engine(s) {missing or 'all'} held none of the "
                            f"integration's requests still decoding within {self.deadlines.wait_s:.0f}s "
-                           f"({consumed} batch(es) consumed meanwhile): what its cycles do to its own requests in "
-                           f"flight is not shown")
+                           f"({len(self.history.batches) - before} batch(es) consumed meanwhile): what its cycles do "
+                           f"to its own requests in flight is not shown")
                 return
-            if used and all(any(c.engine == e and c.t_end is None for c in calls) for e in used):
-                stalled_since = now  # every engine is decoding: its next turn will be young
-            elif now - stalled_since > STALL_S:
-                await self.drain(max(1, len(used)))
-                consumed += max(1, len(used))
-                stalled_since = time.monotonic()
+            # every engine decoding: its next turn will be young
+            stalled_since = await self._unstall(stalled_since, bool(used) and _open_everywhere(calls, used),
+                                                max(1, len(used)))
             await asyncio.sleep(0.002)
 
     def _young(self, call: WireCall, now: float, fraction: float = 0.5) -> bool:
@@ -352,35 +354,37 @@ class Run:
         buffer), as a trainer would, so the requests the hold waits for come."""
         wire, stalled_since = self.backend.wire, time.monotonic()
         while (state := wire.holding()) is not None and not state[1]:
-            now, calls = time.monotonic(), self._generates()
-            used = {c.engine for c in calls}
-            if not state[0] or all(any(c.engine == e and c.t_end is None for c in calls) for e in used):
-                stalled_since = now
-            elif now - stalled_since > STALL_S:
-                await self.drain(1)
-                stalled_since = time.monotonic()
-            await asyncio.sleep(0.002)
+            calls = self._generates()
+            busy = not state[0] or _open_everywhere(calls, {c.engine for c in calls})
+            stalled_since = await self._unstall(stalled_since, busy, 1)
+            await asyncio.sleep(STALL_S / 10)
+
+    async def _unstall(self, since: float, busy: bool, n: int) -> float:
+        """One poll of a wait that keeps the producer going: while ``busy`` the stall clock restarts; once it was not
+        for :data:`STALL_S`, ``n`` batches are consumed (a producer blocked on a full buffer restarts one group per
+        consumed batch). Returns when the current stall began."""
+        if busy:
+            return time.monotonic()
+        if time.monotonic() - since > STALL_S:
+            await self.drain(n)
+            return time.monotonic()
+        return since
 
     async def until_in_flight(self, per_engine: int = 1, min_age_s: float = 0.0) -> None:
         """Wait until every engine the integration uses has ``per_engine`` generates in flight (open for at least ``min_age_s``, i.e.
         decoding by then). While that does not happen, one batch per engine is consumed every ``STALL_S``, as a
         trainer would: a producer blocked on a full buffer restarts one group per consumed batch, so consuming one
         at a time (or only once it went idle) can leave the engines taking turns forever, never decoding at once."""
-        wire = self.backend.wire
-        start = time.monotonic()
-        deadline, stalled_since, consumed = start + self.deadlines.wait_s, start, 0
+        wire, start, before = self.backend.wire, time.monotonic(), len(self.history.batches)
+        deadline, stalled_since = start + self.deadlines.wait_s, start
         while not (engines := self.used_engines()) or not all(
                 wire.in_flight(min_age_s=min_age_s).get(e, 0) >= per_engine for e in engines):
-            now = time.monotonic()
-            if now > deadline:
+            if time.monotonic() > deadline:
                 raise ScenarioTimeout(f"timed out after {self.deadlines.wait_s:.0f}s waiting for {per_engine} "
-                                      f"/generate "
-                                      f"call(s) in flight on every engine (in flight: {wire.in_flight()}; "
-                                      f"{consumed} batch(es) consumed meanwhile to unblock the producer)")
-            if now - stalled_since > STALL_S:
-                await self.drain(max(1, len(engines)))
-                consumed += max(1, len(engines))
-                stalled_since = time.monotonic()
+                                      f"/generate call(s) in flight on every engine (in flight: {wire.in_flight()}; "
+                                      f"{len(self.history.batches) - before} batch(es) consumed meanwhile to unblock "
+                                      f"the producer)")
+            stalled_since = await self._unstall(stalled_since, False, max(1, len(engines)))
             await asyncio.sleep(0.002)
 
     async def until_next_call(self) -> None:

@@ -82,9 +82,8 @@ async def test_engine_without_sessions_is_asked_once_then_skipped(rig: Rig) -> N
 def test_pooled_connections_are_dropped_before_the_engine_closes_them(tmp_path) -> None:
     """SGLang's uvicorn closes a connection idle for 5 s; a client that keeps it as long can send a request on it as
     it closes (lost, ReadError). The reference and the suite's proxy drop theirs well before."""
-    from conformance.interface import BuildEnv, RolloutConfig
+    from conformance.interface import KEEPALIVE_EXPIRY_S, BuildEnv, RolloutConfig
     from conformance.reference import ReferenceIntegration
-    from conformance.reference.client import KEEPALIVE_EXPIRY_S
     from fakes.serving import KEEP_ALIVE_S
 
     assert KEEPALIVE_EXPIRY_S < KEEP_ALIVE_S / 2

@@ -11,11 +11,13 @@ A backend starts N engines, gives each a URL the integration talks real HTTP to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ssl
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, AsyncIterator, Mapping, Protocol
 
 import httpx
 
@@ -101,6 +103,10 @@ class FakeBackendConfig:
     max_running_requests: int = 64
     enable_lora: bool = True
     seed: int = 0
+    stepped: bool = False
+    """Engines on manual clocks, stepped together by one backend thread at ``tokens_per_second``, which
+    :meth:`FakeBackend.held` stops so that a scenario can place a call on an exact token (:meth:`FakeBackend.step`,
+    :meth:`FakeBackend.tokens_left`). Off: each engine decodes on its own real-time ticker."""
 
 
 class FakeBackend:
@@ -117,6 +123,9 @@ class FakeBackend:
         self.urls: list[str] = []
         self._engines: list[Any] = []
         self._servers: list[Any] = []
+        self._stepping = threading.Lock()
+        self._closing = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def start(self) -> None:
         from fakes.engine import FakeEngine
@@ -124,7 +133,7 @@ class FakeBackend:
 
         c = self.config
         for i in range(c.engines):
-            engine = FakeEngine(profile=c.profile, tokens_per_second=c.tokens_per_second,
+            engine = FakeEngine(profile=c.profile, tokens_per_second=None if c.stepped else c.tokens_per_second,
                                 max_running_requests=c.max_running_requests, enable_lora=c.enable_lora,
                                 seed=c.seed, engine_id=f"e{i}")
             server = LoopbackServer(WireRecorder(engine.app, i, self.wire))
@@ -132,8 +141,44 @@ class FakeBackend:
             self._engines.append(engine)
             self._servers.append(server)
             self.urls.append(server.url)
+        if c.stepped:
+            self._ticker = threading.Thread(target=self._tick, name="fake-backend-ticker", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._closing.wait(1.0 / self.config.tokens_per_second):
+            with self._stepping:
+                self._step(1)
+
+    def _step(self, n: int) -> None:
+        for engine in self._engines:
+            engine.step_threadsafe(n)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """Stop a stepped backend's clock (after the step in progress): no engine decodes until the block ends."""
+        if self._ticker is None:
+            raise RuntimeError("FakeBackend.held needs FakeBackendConfig(stepped=True)")
+        await asyncio.to_thread(self._stepping.acquire)
+        try:
+            yield
+        finally:
+            self._stepping.release()
+
+    async def step(self, n: int = 1) -> None:
+        """Run ``n`` decode steps on every engine, inside :meth:`held`."""
+        if not self._stepping.locked():
+            raise RuntimeError("FakeBackend.step runs inside FakeBackend.held (the ticker steps otherwise)")
+        await asyncio.to_thread(self._step, n)
+
+    def tokens_left(self) -> dict[str, int]:
+        """Rid → tokens of its budget each request the engines are decoding has left."""
+        return {r.rid: r.max_new_tokens - len(r.output_ids) for e in self._engines for r in list(e.scheduler.running)}
 
     def stop(self) -> None:
+        self._closing.set()
+        if self._ticker is not None:
+            self._ticker.join()
         with ThreadPoolExecutor(max_workers=max(1, len(self._servers))) as pool:
             list(pool.map(lambda server: server.stop(), self._servers))
         self._servers.clear()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -15,12 +14,12 @@ import torch
 from conformance.backends import FakeBackend, FakeBackendConfig
 from conformance.cases import fake_backend_factory, run_cases
 from conformance.checks.labels import cut_short, finish_type
+from conformance.history import WireCall
 from conformance.interface import Capabilities, Turn
 from conformance.mutants import KeepsAbortedManager, NoneAsZeroManager
 from conformance.reference import ReferenceIntegration, ReferenceManager, write_checkpoint_atomic
 from conformance.scenarios import DEFAULT_ROLLOUT, SCENARIOS, Deadlines, Run, Scenario
 from conformance.scenarios.errors import wait_for_condition
-from conformance.scenarios.run import decode_rate
 
 pytestmark = pytest.mark.cpu
 FAST = Deadlines(update_s=5.0, drain_s=5.0, wait_s=5.0, script_s=30.0)
@@ -128,40 +127,40 @@ def _generates(run: Run) -> list[Any]:
     return [c for c in run.backend.wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
 
 
-def _complete_aborts(run: Run) -> set[str]:
-    """The rids of the integration's calls SGLang answered with abort after generating their whole budget."""
-    return {str(out["meta_info"]["id"]) for c in _generates(run)
-            for out in c.generate_outputs() if finish_type(out) == "abort" and not cut_short(c.payload, out)}
+async def _abort_with_left(run: Run, left: int) -> WireCall:
+    """On a stepped fake backend: stop the clock while a request of the integration's has at least ``left`` tokens
+    of its budget to go, step until it has exactly ``left``, abort every engine's requests (the aborted ones
+    finish on the next step, decoding one token more), and return that request's call once answered."""
+    backend: FakeBackend = run.backend  # type: ignore[assignment]
+
+    def running() -> dict[str, int]:
+        return {rid: n for rid, n in backend.tokens_left().items() if n >= left}
+    while True:
+        await run.until_in_flight(1)
+        await wait_for_condition(lambda: running(), run.deadlines.wait_s, f"a request with {left} token(s) to go")
+        async with backend.held():
+            if not (candidates := running()):
+                continue  # it finished while the clock was being stopped
+            rid, n = max(candidates.items(), key=lambda item: item[1])
+            await backend.step(n - left)
+            assert backend.tokens_left().get(rid) == left, (rid, left, backend.tokens_left())
+            await run.abort_in_flight()
+        break
+    call = next(c for c in _generates(run) if isinstance(c.payload, dict) and c.payload.get("rid") == rid)
+    await wait_for_condition(lambda: call.t_end is not None, run.deadlines.wait_s, f"the answer to {rid}")
+    return call
 
 
 async def _aborts_at_the_budget(run: Run) -> None:
-    """Freezes and aborts the engines as one of the integration's requests is about to decode its last token (a
-    token every 10 ms on a slow fake; the aim moves by a quarter token after each miss, earlier when the request
-    finished first, later when it was cut short) until one is answered with abort after its whole budget, aborts once
-    more at once (cutting requests short), then consumes what the integration made of both."""
+    """Aborts the engines as a request of the integration's decodes its last token (answered abort, with its whole
+    budget), then as another has half its budget to go (cut short), and consumes what the integration made of
+    both."""
     await run.start()
-    rate, budget, lead = decode_rate(run.backend), run.rollout.max_new_tokens, 1.5
-    aimed: list[Any] = []
-
-    def last_token() -> bool:
-        now = time.monotonic()
-        aimed[:] = [c for c in _generates(run) if c.t_end is None and (now - c.t_start) * rate >= budget - lead][:1]
-        return bool(aimed)
-    for _ in range(20):
-        await run.until_in_flight(1)  # a batch consumed first when the producer waits on a full buffer
-        await wait_for_condition(last_token, run.deadlines.wait_s, "a request about to decode its last token")
-        await run.abort_in_flight()
-        if _complete_aborts(run):
-            break
-        await wait_for_condition(lambda: aimed[0].t_end is not None, run.deadlines.wait_s, "the aimed request's end")
-        finished = [finish_type(out) for out in aimed[0].generate_outputs()]
-        lead += 0.25 if "abort" not in finished else -0.25
-    else:
-        run.unmet(("I4",), "no request was answered with abort after its whole token budget")
-    await wait_for_condition(lambda: not [c for c in _generates(run) if c.t_end is None
-                                          and c.t_start < run.history.injected[-1].t],
-                             run.deadlines.wait_s, "the answers to the requests the last abort hit")
-    await run.abort_in_flight()  # on the requests sent since (a batch consumed first when the buffer is full)
+    for left in (1, run.rollout.max_new_tokens // 2):
+        call = await _abort_with_left(run, left)
+        if [cut_short(call.payload, out) for out in call.generate_outputs()] != [left > 1]:
+            run.unmet(("I4",), f"{call.payload['rid']}, aborted with {left} token(s) to go, was answered "
+                               f"{[finish_type(out) for out in call.generate_outputs()]}")
     await run.drain(run.rollout.buffer_capacity + run.rollout.max_in_flight_groups)
 
 
@@ -169,15 +168,15 @@ async def _aborts_at_the_budget(run: Run) -> None:
                          ids=["trains-complete-aborts", "reference", "keeps-aborted-mutant"])
 def test_a_turn_aborted_with_its_whole_budget_generated_may_train_as_complete(
         manager: type[ReferenceManager], monkeypatch: pytest.MonkeyPatch) -> None:
-    """SGLang answers abort when the abort lands in the step that decoded a request's last token. A manager that
-    trains such a turn as complete (its whole budget is there) passes I4, like the reference that recycles it; one
-    that trains every aborted turn still fails."""
+    """SGLang answers abort when the abort lands in the step that decoded a request's last token (placed on that
+    token by a stepped fake). A manager that trains such a turn as complete (its whole budget is there) passes I4,
+    like the reference that recycles it; one that trains every aborted turn still fails."""
     name = "aborts-at-the-budget"
     monkeypatch.setitem(SCENARIOS, name, Scenario(
         name, "aborts land as requests decode their last token", _aborts_at_the_budget, ("I4",),
         rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1)))
-    slow = lambda: FakeBackend(FakeBackendConfig(tokens_per_second=100.0))  # noqa: E731
-    result = run_cases(ReferenceIntegration(name=manager.__name__, manager_cls=manager), slow, scenarios=[name],
+    stepped = lambda: FakeBackend(FakeBackendConfig(engines=1, tokens_per_second=100.0, stepped=True))  # noqa: E731
+    result = run_cases(ReferenceIntegration(name=manager.__name__, manager_cls=manager), stepped, scenarios=[name],
                        deadlines=FAST)[name]
     v = result.verdicts["I4"]
     if manager is KeepsAbortedManager:

@@ -126,6 +126,7 @@ class FakeBackend:
         self._stepping = threading.Lock()
         self._closing = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._held = False
 
     def start(self) -> None:
         from fakes.engine import FakeEngine
@@ -160,14 +161,16 @@ class FakeBackend:
         if self._ticker is None:
             raise RuntimeError("FakeBackend.held needs FakeBackendConfig(stepped=True)")
         await asyncio.to_thread(self._stepping.acquire)
+        self._held = True
         try:
             yield
         finally:
+            self._held = False
             self._stepping.release()
 
     async def step(self, n: int = 1) -> None:
         """Run ``n`` decode steps on every engine, inside :meth:`held`."""
-        if not self._stepping.locked():
+        if not self._held:
             raise RuntimeError("FakeBackend.step runs inside FakeBackend.held (the ticker steps otherwise)")
         await asyncio.to_thread(self._step, n)
 

@@ -160,7 +160,8 @@ class FakeBackend:
         """Stop a stepped backend's clock (after the step in progress): no engine decodes until the block ends."""
         if self._ticker is None:
             raise RuntimeError("FakeBackend.held needs FakeBackendConfig(stepped=True)")
-        await asyncio.to_thread(self._stepping.acquire)
+        while not self._stepping.acquire(blocking=False):  # polled, not in a thread: a cancelled wait takes nothing
+            await asyncio.sleep(0.001)
         self._held = True
         try:
             yield

@@ -137,7 +137,7 @@ async def _abort_with_left(run: Run, left: int) -> WireCall:
         return {rid: n for rid, n in backend.tokens_left().items() if n >= left}
     while True:
         await run.until_in_flight(1)
-        await wait_for_condition(lambda: running(), run.deadlines.wait_s, f"a request with {left} token(s) to go")
+        await wait_for_condition(lambda: bool(running()), run.deadlines.wait_s, f"a request with {left} token(s) to go")
         async with backend.held():
             if not (candidates := running()):
                 continue  # it finished while the clock was being stopped

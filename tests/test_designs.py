@@ -123,10 +123,6 @@ class CompleteAtBudgetManager(ReferenceManager):
         return turn.finish_reason == "abort" and turn.completion_tokens < self.config.max_new_tokens
 
 
-def _generates(run: Run) -> list[Any]:
-    return [c for c in run.backend.wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
-
-
 async def _abort_with_left(run: Run, left: int) -> WireCall:
     """On a stepped fake backend: stop the clock while a request of the integration's has at least ``left`` tokens
     of its budget to go, step until it has exactly ``left``, abort every engine's requests (the aborted ones
@@ -146,7 +142,7 @@ async def _abort_with_left(run: Run, left: int) -> WireCall:
             assert backend.tokens_left().get(rid) == left, (rid, left, backend.tokens_left())
             await run.abort_in_flight()
         break
-    call = next(c for c in _generates(run) if isinstance(c.payload, dict) and c.payload.get("rid") == rid)
+    call = next(c for c in run.generates() if isinstance(c.payload, dict) and c.payload.get("rid") == rid)
     await wait_for_condition(lambda: call.t_end is not None, run.deadlines.wait_s, f"the answer to {rid}")
     return call
 

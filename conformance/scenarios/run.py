@@ -285,9 +285,10 @@ class Run:
     def used_engines(self) -> list[int]:
         """The engines the integration has sent ``/generate`` calls to so far (a sticky or least-loaded router may
         use only some of them)."""
-        return sorted({c.engine for c in self._generates()})
+        return sorted({c.engine for c in self.generates()})
 
-    def _generates(self) -> list[WireCall]:
+    def generates(self) -> list[WireCall]:
+        """The integration's ``/generate`` calls on the wire so far (live: open ones close as they are answered)."""
         return [c for c in self.backend.wire.snapshot() if c.path == "/generate" and c.origin == "integration"]
 
     async def until_resident(self, cycle: int) -> None:
@@ -304,7 +305,7 @@ class Run:
         start, before = time.monotonic(), len(self.history.batches)
         deadline, stalled_since = start + self.deadlines.wait_s, start
         while True:
-            now, calls = time.monotonic(), self._generates()
+            now, calls = time.monotonic(), self.generates()
             used = sorted({c.engine for c in calls})
             young = 0.5 if now - start < 6 * self.turn_s() else 1.0  # half a turn young, or still decoding
             missing = [e for e in used if not any(c.engine == e and self._young(c, now, young) for c in calls)]
@@ -337,7 +338,7 @@ class Run:
         engines whose samples chain turns out of phase always meet such a moment). Once another engine's call went on,
         any request still open is enough: a cycle that pauses engine after engine can leave every group waiting on
         the paused one, so no younger request comes."""
-        now, calls = time.monotonic(), self._generates()
+        now, calls = time.monotonic(), self.generates()
         used = {c.engine for c in calls}
 
         def holds(e: int, fraction: float) -> bool:
@@ -354,7 +355,7 @@ class Run:
         buffer), as a trainer would, so the requests the hold waits for come."""
         wire, stalled_since = self.backend.wire, time.monotonic()
         while (state := wire.holding()) is not None and not state[1]:
-            calls = self._generates()
+            calls = self.generates()
             busy = not state[0] or _open_everywhere(calls, {c.engine for c in calls})
             stalled_since = await self._unstall(stalled_since, busy, 1)
             await asyncio.sleep(STALL_S / 10)
@@ -394,7 +395,7 @@ class Run:
         since = time.monotonic()
 
         def progressed() -> bool:
-            calls = self._generates()
+            calls = self.generates()
             engines = sorted({c.engine for c in calls})
             if not engines:
                 return False
@@ -428,7 +429,7 @@ class Run:
         continued by the suite: an update cycle runs while they are frozen, and its own continue releases the
         aborted answers, so whatever the integration resumes of them runs under the cycle's new weights (returns
         what the cycle returned)."""
-        wire, urls = self.backend.wire, self.backend.urls
+        urls = self.backend.urls
         deadline = time.monotonic() + self.deadlines.wait_s
         while True:
             await self.until_in_flight(1)
@@ -438,10 +439,8 @@ class Run:
                                  "every request it held (abort_all)") for engine in range(len(urls))]
             self.history.injected += injected
             await asyncio.gather(*(probe_post(url, "/pause_generation", {"mode": "in_place"}) for url in urls))
-            held = {e for e in range(len(urls)) if any(
-                c.engine == e and c.path == "/generate" and c.origin == "integration" and c.t_start < mark
-                and (c.t_end is None or any(finish_type(o) == "abort" for o in c.generate_outputs()))
-                for c in wire.snapshot())}
+            held = {c.engine for c in self.generates() if c.t_start < mark and (
+                c.t_end is None or any(finish_type(o) == "abort" for o in c.generate_outputs()))}
             await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}) for url in urls))
             for item in injected:
                 item.t_end = time.monotonic()

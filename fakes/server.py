@@ -203,7 +203,8 @@ class LoopbackServer:
                 server.request_exit(self.loop, force=True)
                 thread.join(2.0)
             if thread.is_alive():
-                raise RuntimeError(f"loopback server thread {thread.name} did not stop")
+                raise RuntimeError(f"loopback server thread {thread.name} did not stop; it is at:\n"
+                                   + thread_stack(thread))
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -304,6 +305,14 @@ class _Deadline:
 
     def left(self) -> float:
         return max(0.0, self.end - self._time())
+
+
+def thread_stack(thread: threading.Thread) -> str:
+    """Where ``thread`` is now (its Python stack, innermost last): the witness of a thread that does not stop."""
+    import traceback
+
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)\n"
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

@@ -56,7 +56,7 @@ def compare(found: list[dict[str, Any]], listed: list[dict[str, Any]]) -> tuple[
 
 def spec(model_dir: Path, fake: bool, release: str) -> EngineSpec:
     flags = tuple(f for f in CPU_FLAGS if f != "--disable-cuda-graph")
-    fake_args = ("--fake-profile", release, "--fake-tokens-per-second", "400") if fake else ()
+    fake_args = ("--fake-profile", release, "--fake-tokens-per-second", "1000") if fake else ()
     return EngineSpec(model_path=str(model_dir), extra_args=flags, fake_args=fake_args)
 
 

@@ -30,9 +30,10 @@ import torch
 from gpu.weights import blob_from_values, parameter_specs, read_weights
 
 Observation = dict[str, Any]
-LONG_TOKENS = 160
+LONG_TOKENS = 1000
 """Budget of the request held across a pause: the pause is sent as its first token arrives, so it is resident then
-unless the engine decodes 160 tokens in that moment (≈ 0.4 s at SGLang's 350 tokens/s on 2 quiet cores)."""
+unless the engine decodes 1000 tokens in that moment (≈ 3 s at SGLang's 350 tokens/s on 2 quiet cores, 1 s on the
+fake at the 1000 tokens/s :func:`gpu.fidelity.__main__.spec` gives it)."""
 CALL_TIMEOUT_S = 120.0
 
 

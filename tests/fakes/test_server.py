@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
 
 from fakes.engine import FakeEngine
@@ -123,6 +124,38 @@ def test_stop_is_bounded_with_a_request_hanging_in_flight() -> None:
     assert time.monotonic() - started < 4.0
     client.join(5)
     assert not client.is_alive() and _loopback_threads() == []
+
+
+def test_a_server_thread_that_does_not_stop_is_named_with_where_it_is_stuck() -> None:
+    """An app that blocks its event loop (a synchronous wait in a handler) keeps the thread from stopping: stop()
+    says so, with the thread's stack as the witness."""
+    entered, release = threading.Event(), threading.Event()
+
+    async def blocks_the_loop(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "http":
+            entered.set()
+            release.wait(30)  # synchronous: the loop cannot run until it returns
+
+    server = LoopbackServer(blocks_the_loop, stop_timeout=0.2).start()
+    client = threading.Thread(target=lambda: _post_ignoring_errors(server.url), daemon=True)
+    client.start()
+    assert entered.wait(10)
+    try:
+        with pytest.raises(RuntimeError, match="did not stop; it is at:") as error:
+            server.stop()
+        assert "blocks_the_loop" in str(error.value) and "release.wait(30)" in str(error.value)
+    finally:
+        release.set()
+        server.stop()
+        client.join(10)
+    assert _loopback_threads() == []
+
+
+def _post_ignoring_errors(url: str) -> None:
+    try:
+        httpx.post(url + "/x", timeout=5)
+    except httpx.HTTPError:
+        pass
 
 
 def test_process_mode_reads_the_printed_url_and_exits_zero() -> None:

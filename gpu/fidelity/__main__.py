@@ -45,12 +45,17 @@ def key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
             json.dumps(entry["real"], sort_keys=True))
 
 
+def is_race(entry: dict[str, Any]) -> bool:
+    """Whether a listed divergence is one of the answers real SGLang gives only on some runs (explained ``race:``)."""
+    return entry.get("why", "").startswith("race:")
+
+
 def compare(found: list[dict[str, Any]], listed: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
     """The divergences found that are not listed, and the listed ones not found (a ``race:`` entry never counts as
     gone: real SGLang gives that answer only on some runs)."""
     listed_keys, found_keys = {key(e) for e in listed}, {key(d) for d in found}
     new = [d for d in found if key(d) not in listed_keys]
-    gone = [e for e in listed if key(e) not in found_keys and not e.get("why", "").startswith("race:")]
+    gone = [e for e in listed if key(e) not in found_keys and not is_race(e)]
     return new, gone
 
 
@@ -119,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     listed = {key(e): e for e in known(args.release)}
     new, gone = compare(found, list(listed.values()))
     for d in found:
-        mark = "  NEW   " if d in new else "  race  " if listed[key(d)]["why"].startswith("race:") else "  listed"
+        mark = "  NEW   " if d in new else "  race  " if is_race(listed[key(d)]) else "  listed"
         print(f"{mark} {d['step']} / {d['field']}: fake {json.dumps(d['fake'])} | real {json.dumps(d['real'])}")
     for e in gone:
         print(f"  GONE    {e['step']} / {e['field']}: listed, no longer diverges (remove it)")
@@ -128,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fake": fake_cost, "real": real_cost}}, indent=1))
     if args.update:
         found_keys = {key(d) for d in found}
-        races = [e for k, e in listed.items() if e["why"].startswith("race:") and k not in found_keys]
+        races = [e for k, e in listed.items() if is_race(e) and k not in found_keys]
         entries = [{**d, "why": listed.get(key(d), {}).get("why", "TODO")} for d in found] + races
         divergences_file(args.release).write_text(json.dumps(
             {"release": args.release, "divergences": entries}, indent=1) + "\n")

@@ -80,7 +80,8 @@ def test_an_unknown_case_id_is_a_usage_error_with_the_closest_ids(pytester: pyte
 
 def test_the_ini_option_finds_the_file(pytester: pytest.Pytester, suite) -> None:
     expectations(pytester, ("Z9-nothing", "typo"))
-    pytester.makeini("[pytest]\nconformance_expectations = conformance-expectations.toml\n")
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+                      "conformance_expectations = conformance-expectations.toml\n")
     result = suite("-c", str(pytester.path / "tox.ini"), "-k", "V3-first-drain")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*'Z9-nothing' matches no case of the suite*"])
@@ -191,7 +192,8 @@ class TestParametrised(ConformanceSuite):
     backends = ["fake"]
 
     @pytest.fixture(scope="class", params=["reference", "override-one-step"])
-    def conformance_integration(self, request):
+    @classmethod
+    def conformance_integration(cls, request):
         from conformance.reference import ReferenceIntegration
         return ReferenceIntegration(name=request.param)
 

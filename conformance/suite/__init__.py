@@ -49,7 +49,8 @@ class ConformanceSuite:
     ``{"I3-steady-*": pytest.mark.xfail(reason="abort-mode pauses, #123", strict=True)}``."""
 
     @pytest.fixture(scope="class")
-    def conformance_integration(self, request: pytest.FixtureRequest, conformance_session: Any) -> Any:
+    @classmethod
+    def conformance_integration(cls, request: pytest.FixtureRequest, conformance_session: Any) -> Any:
         """The class's integration; override with ``params`` to parametrise it (class scope keeps one object per
         parameter, so each scenario runs once per parameter)."""
         chosen = request.cls.integration if request.cls is not None else None

@@ -7,9 +7,11 @@
     link = "https://github.com/org/framework/issues/123"     # optional
     backend = "gpu"                       # optional: only on this backend (fake | gpu | sglang); default every backend
 
-Each listed case runs as a strict expected failure: it must still fail, and on its own invariant (a run that broke
-— an error, a hang, a timeout — is a new failure, not the listed one); one that passes is an error telling you to
-delete the entry. An entry that matches no case of the suite is an error, with the closest ids suggested.
+Each listed case runs as a strict expected failure: it must still fail, on its own invariant, with ``fail``. A
+verdict of ``unknown`` (the scenario never built the situation the invariant needs) or a run that broke (an error,
+a hang, a timeout) is reported as "expected a failure, got unknown (<why>)" and fails the run: the listed failure
+was not seen. One that passes is an error telling you to delete the entry. An entry that matches no case of the
+suite is an error, with the closest ids suggested.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ Outcome = Literal["xfail", "unexpected-pass", "other-failure", "not-judged"]
 @dataclass(frozen=True)
 class Judgement:
     """What a listed case's verdict means: ``xfail`` (failed as listed), ``unexpected-pass`` (an error: delete the
-    entry), ``other-failure`` (failed, but not as listed: a new failure) or ``not-judged`` (skipped)."""
+    entry), ``other-failure`` (no listed failure seen: ``unknown``, an error or a broken run; fails the run) or
+    ``not-judged`` (skipped)."""
 
     outcome: Outcome
     message: str
@@ -83,7 +86,8 @@ class Expectations:
 
     def judge(self, entry: Expectation, case_id: str, status: str | None, run_broke: bool = False,
               witness: Sequence[str] = ()) -> Judgement:
-        """Strict-xfail semantics for a listed case whose verdict is ``status`` (None: skipped)."""
+        """Strict-xfail semantics for a listed case whose verdict is ``status`` (None: skipped; ``error``: the run
+        raised before a verdict existed). Only ``fail`` on an unbroken run is the listed failure."""
         where = f"{self.path.name}: {entry.pattern!r}"
         if status is None or status == "skipped":
             return Judgement("not-judged", f"listed in {where} ({entry.describe()}), not run")
@@ -91,11 +95,22 @@ class Expectations:
             return Judgement("unexpected-pass", f"{case_id} passes now but is listed as an expected failure in "
                                                 f"{where} ({entry.describe()}): delete the entry"
                                                 + (" or narrow the glob" if entry.is_glob else ""))
-        if run_broke:
-            first = next((w for w in witness[1:2]), "")
-            return Judgement("other-failure", f"{case_id} is listed in {where} as failing its invariant, but the run "
-                                              f"broke ({first.strip()}): that is a new failure, not the listed one")
-        return Judgement("xfail", f"expected failure ({entry.describe()})")
+        if status == "fail" and not run_broke:
+            return Judgement("xfail", f"expected failure ({entry.describe()})")
+        why = _why(status, run_broke, witness)
+        return Judgement("other-failure", f"{case_id} is listed in {where} ({entry.describe()}): expected a failure, "
+                                          f"got unknown ({why}): that is a new failure, not the listed one")
+
+
+def _why(status: str, run_broke: bool, witness: Sequence[str]) -> str:
+    """One line on why a listed case has no verdict of its own: the first lines of its witness."""
+    lines = [w.strip() for w in witness if w.strip()]
+    if status not in ("unknown", "fail"):
+        lines.insert(0, f"{status}:")
+    elif run_broke and not lines:
+        lines = ["the run broke"]
+    text = " ".join(lines[:2]) or "no verdict"
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def load_expectations(path: str | Path, known_ids: Iterable[str]) -> Expectations:

@@ -67,13 +67,34 @@ def test_strict_xfail_judgements(tmp_path: Path) -> None:
     ex = load_expectations(write(tmp_path, '[[xfail]]\ncase = "V1-*"\nreason = "never stamped, #7"\n'), KNOWN)
     entry = ex.lookup("V1-lora")
     assert ex.judge(entry, "V1-lora", "fail").outcome == "xfail"
-    assert ex.judge(entry, "V1-lora", "unknown").outcome == "xfail"
     stale = ex.judge(entry, "V1-lora", "pass")
     assert stale.outcome == "unexpected-pass" and "delete the entry or narrow the glob" in stale.message
     broke = ex.judge(entry, "V1-lora", "fail", run_broke=True,
                      witness=["the run broke, so this case cannot pass:", "  error: ValueError: boom"])
     assert broke.outcome == "other-failure" and "error: ValueError: boom" in broke.message
+    assert "expected a failure, got unknown (the run broke" in broke.message
     assert ex.judge(entry, "V1-lora", "skipped").outcome == "not-judged"
+
+
+def test_an_unknown_verdict_is_not_the_expected_failure(tmp_path: Path) -> None:
+    """A listed case whose situation was never built answers unknown: the listed failure was not seen."""
+    ex = load_expectations(write(tmp_path, '[[xfail]]\ncase = "V1-lora"\nreason = "never stamped, #7"\n'), KNOWN)
+    judged = ex.judge(ex.lookup("V1-lora"), "V1-lora", "unknown", witness=[
+        "the scenario could not build the situation this check needs:", "  no request was resident at the pause"])
+    assert judged.outcome == "other-failure"
+    assert ("V1-lora is listed in conformance-expectations.toml: 'V1-lora' (never stamped, #7): expected a failure, "
+            "got unknown (the scenario could not build the situation this check needs: no request was resident at "
+            "the pause): that is a new failure, not the listed one") == judged.message
+
+
+def test_a_run_that_raised_is_not_the_expected_failure(tmp_path: Path) -> None:
+    """The scenario's run raised before any verdict (an engine lost): an error, never the listed failure."""
+    ex = load_expectations(write(tmp_path, '[[xfail]]\ncase = "V1-lora"\nreason = "r"\n'), KNOWN)
+    judged = ex.judge(ex.lookup("V1-lora"), "V1-lora", "error",
+                      witness=["lora on the fake backend: EngineFailure: engine 1 exited"])
+    assert judged.outcome == "other-failure"
+    assert "expected a failure, got unknown (error: lora on the fake backend: EngineFailure: engine 1 exited)" \
+        in judged.message
 
 
 def test_written_expectations_load_back_and_list_every_failing_case(tmp_path: Path) -> None:

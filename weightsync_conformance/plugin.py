@@ -306,7 +306,9 @@ class ConformanceSession:
                 self._cache[key] = exc
         found = self._cache[key]
         if isinstance(found, Exception):
-            pytest.fail(f"{scenario} on the {backend} backend: {found}", pytrace=False)
+            from conformance.session import ScenarioRunError
+
+            raise ScenarioRunError(f"{scenario} on the {backend} backend: {found}")
         return found
 
     def check_release(self, integration: Any) -> None:

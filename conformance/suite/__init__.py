@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Collection, Mapping
 import pytest
 
 from ..cases import CASES, Case
+from ..session import ScenarioRunError
 
 BACKENDS: dict[str, str] = {"fake": "cpu", "gpu": "gpu", "sglang": "sglang"}
 """Each backend a case runs on → the marker its items carry (``-m cpu``: the fake SGLang; ``-m gpu``: real SGLang
@@ -78,9 +79,13 @@ class ConformanceSuite:
                   conformance_record: Any, request: pytest.FixtureRequest) -> None:
         """One case: its scenario's run (shared by the scenario's cases), judged by its invariant. A case passes
         only on a ``pass`` verdict: ``unknown`` fails too, with the reason; a skip says why."""
-        result = conformance_session.run(conformance_integration, case.scenario, backend)
         expectations = conformance_session.expectations()
         entry = expectations.lookup(case.id, backend) if expectations is not None else None
+        try:
+            result = conformance_session.run(conformance_integration, case.scenario, backend)
+        except ScenarioRunError as exc:  # no verdict at all: never the listed failure
+            listed = entry and expectations.judge(entry, case.id, "error", witness=[str(exc)])
+            pytest.fail(f"{listed.message}\n{exc}" if listed else str(exc), pytrace=False)
         reason = result.skip_reason(case.check)
         verdict = None if reason else result.verdicts[case.check]
         judgement = entry and expectations.judge(entry, case.id, verdict and verdict.status,

@@ -25,18 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
+from fakes.facts import FAMILIES
+
 PauseMode = Literal["abort", "retract", "in_place"]
 Transport = Literal["disk", "tensor", "distributed"]
 
 ALL_TRANSPORTS: frozenset[str] = frozenset({"disk", "tensor", "distributed"})
 ALL_PAUSE_MODES: frozenset[str] = frozenset({"abort", "retract", "in_place"})
 
-KEEPALIVE_EXPIRY_S = 2.0
-"""How long a pooled connection to an engine may sit idle before the client drops it: well under SGLang's 5 s
-(``SGLANG_TIMEOUT_KEEP_ALIVE``, ``python/sglang/srt/environ.py``, passed to uvicorn in
-``srt/entrypoints/http_server.py``; 0.5.10–0.5.23). With equal limits (httpx's default is also 5 s) a request sent on
-a connection the server closes at that moment is lost (``ReadError``, no answer): seen once in the real-SGLang CI stage,
-a ``/generate`` of ``steady-tensor-retract`` on 0.5.23."""
+KEEPALIVE_EXPIRY_S = 0.4 * min(family.keep_alive_s for family in FAMILIES.values())
+"""How long a pooled connection to an engine may sit idle before the client drops it: two fifths (2 s) of the engines'
+own idle limit (``EngineFamily.keep_alive_s`` of ``fakes.facts``: SGLang's ``SGLANG_TIMEOUT_KEEP_ALIVE``, 5 s, in
+every release of its table). With equal limits (httpx's default is also 5 s) a request sent on a connection the
+server closes at that moment is lost (``ReadError``, no answer): seen once in the real-SGLang CI stage, a
+``/generate`` of ``steady-tensor-retract`` on SGLang's default release."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ class Turn:
     """``finish_reason.type``: ``length``, ``stop`` or ``abort``."""
     completion_tokens: int
     weight_versions: list[str] | None = None
-    """Per-token span versions when the engine reports them (SGLang ≥ 0.5.23), oldest first."""
+    """Per-token span versions when the engine reports them (SGLang fact ``weight_versions_spans``), oldest first."""
     policy_version: int | None = None
     """The framework's own version for this turn (client-side versioning, ``Capabilities.stamps_engines=False``);
     None when it relies on the engine's label."""

@@ -20,6 +20,8 @@ from typing import Any, Awaitable, Callable
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from fakes.facts import SGLANG
+
 from .backends import Backend
 from .checks import REGISTRY
 from .interface import Integration, RolloutConfig
@@ -57,9 +59,9 @@ def integration_machine(integration: Integration, backend_factory: Callable[[], 
     """A state machine class over ``integration`` (run it with ``run_state_machine_as_test`` or ``.TestCase``)."""
     caps = integration.capabilities
     transports = sorted(caps.transports)
-    # SGLang answers a rejected disk (rollback) or distributed update with 400; a rejected tensor update raises
-    # inside the scheduler and kills the server (model_runner.update_weights_from_tensor has no try/except).
-    rejectable = sorted(caps.transports & {"distributed"})  # a wrong-shaped tensor or disk load kills SGLang
+    # a rejected update is one the engine answers (400): not over a transport where a load that raises kills the
+    # server (``EngineFamily.load_failure_kills`` of ``fakes.facts``, with why)
+    rejectable = sorted(caps.transports - set(SGLANG.load_failure_kills))
     rollout = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tokens=16, max_in_flight_groups=4,
                             buffer_capacity=8, max_staleness=2 if caps.staleness_filter else None)
     scenario = Scenario("model-based", "random trainer actions", _no_script, (), transport=tuple(transports),

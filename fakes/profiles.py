@@ -1,17 +1,17 @@
 """Version profiles: the SGLang behaviours that changed between releases, as switches of the fake, read from the
-table of SGLang facts (``fakes.releases``)."""
+table of SGLang facts (``fakes.facts.SGLANG``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from .releases import FACTS, RELEASES
+from .facts import SGLANG, parse_version
 
 
 @dataclass(frozen=True)
 class Profile:
-    """Behaviour switches of one SGLang release: each field is the fact of the same name in ``fakes.releases``
+    """Behaviour switches of one SGLang release: each field is the fact of the same name in ``fakes.facts.SGLANG``
     (what it means, where it lives in SGLang, the releases it changed in)."""
 
     version: str
@@ -51,13 +51,13 @@ class Profile:
 
 def _profile(version: str) -> Profile:
     return Profile(version=version,
-                   **{f.name: FACTS[f.name].at(version) for f in fields(Profile) if f.name != "version"})
+                   **{f.name: SGLANG.fact(f.name, version) for f in fields(Profile) if f.name != "version"})
 
 
-PROFILES: dict[str, Profile] = {v: _profile(v) for v in RELEASES}
+PROFILES: dict[str, Profile] = {v: _profile(v) for v in SGLANG.releases}
 """Release label → its behaviour switches."""
 
-DEFAULT_PROFILE = RELEASES[-1]
+DEFAULT_PROFILE = SGLANG.default_release
 """The release the fake behaves as unless told otherwise: the newest it knows."""
 
 
@@ -68,5 +68,5 @@ def get_profile(version: str | Profile) -> Profile:
     try:
         return PROFILES[version]
     except KeyError:
-        known = ", ".join(sorted(PROFILES, key=lambda v: tuple(int(p) for p in v.split("."))))
+        known = ", ".join(sorted(PROFILES, key=parse_version))
         raise ValueError(f"unknown SGLang profile {version!r}; known profiles: {known}") from None

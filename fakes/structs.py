@@ -46,6 +46,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from .facts import parse_version
+
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 VALIDATION_ERROR_TYPE = "Bad Request"
 
@@ -73,14 +75,14 @@ _snapshots: dict[str, dict[str, Any]] = {}
 _compiled: dict[tuple[str, str], Any] = {}
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) if part.isdigit() else 0 for part in version.replace("post", ".").split("."))
+_version_key = parse_version
+"""``parse_version`` under the name ``fakes.launch_server`` imports (until it imports ``fakes.facts``)."""
 
 
 def available_versions() -> list[str]:
     """The sglang versions with a committed snapshot, oldest first."""
     names = [p.name[len("io_struct-") : -len(".json")] for p in SNAPSHOT_DIR.glob("io_struct-*.json")]
-    return sorted(names, key=_version_key)
+    return sorted(names, key=parse_version)
 
 
 def snapshot(profile_version: str) -> dict[str, Any]:
@@ -94,7 +96,7 @@ def snapshot(profile_version: str) -> dict[str, Any]:
         raise FileNotFoundError(f"no io_struct-*.json snapshots in {SNAPSHOT_DIR}")
     chosen = profile_version if profile_version in versions else None
     if chosen is None:
-        older = [v for v in versions if _version_key(v) <= _version_key(profile_version)]
+        older = [v for v in versions if parse_version(v) <= parse_version(profile_version)]
         if not older:
             raise KeyError(f"no snapshot for sglang {profile_version}; have {versions}")
         chosen = older[-1]

@@ -1,6 +1,6 @@
 """Real SGLang on a CPU-only machine: one virtual environment per release, built from the package registries.
 
-``python -m gpu.sglang_cpu install --release 0.5.23 [--venv DIR]`` builds (once; a second run prints "up to date")
+``python -m gpu.sglang_cpu install --release V [--venv DIR]`` builds (once; a second run prints "up to date")
 the environment ``../shared/docs/sglang-on-cpu.md`` measured: ``sglang==V`` without its CUDA dependencies, the
 local CPU ``torch==2.13.0`` (pinned by a constraints file, so nothing pulls a CUDA build), the pure-Python packages
 that release imports (at the release's own pins), ``triton``/``xgrammar``/``compressed-tensors``/``apache-tvm-ffi``
@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TextIO
 
-RELEASES = ("0.5.10", "0.5.15", "0.5.23")
+from fakes.facts import SGLANG
+
+RELEASES = SGLANG.cpu_releases
+"""The releases it installs (``real_on_cpu`` rows of ``fakes.facts.SGLANG``), oldest first."""
 TORCH = "torch==2.13.0"
 """The local CPU wheel; every pip step is constrained to it."""
 CONSTRAINTS = (TORCH, "torchvision==0.28.0", "triton==3.8.0")

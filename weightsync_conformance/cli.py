@@ -114,11 +114,12 @@ def _write_expectations(path: Path, report: Path | None, spec: str) -> None:
 
 
 def _profiles(value: str | None, default: str) -> list[str]:
+    from fakes.facts import parse_version
     from fakes.profiles import PROFILES
 
     if value is None:
         return [default]
-    known = sorted(PROFILES, key=lambda v: tuple(int(p) for p in v.split(".")))
+    known = sorted(PROFILES, key=parse_version)
     chosen = known if value == "all" else [v.strip() for v in value.split(",") if v.strip()]
     unknown = [v for v in chosen if v not in PROFILES]
     if unknown or not chosen:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fakes.releases import fact
+from fakes.facts import SGLANG
 
 from ..history import WireCall
 
@@ -24,7 +24,7 @@ IMPLICIT: dict[tuple[str, str], Any] = {
 }
 """What SGLang does where its handler takes no such field at all: before 0.5.6 ``/pause_generation`` has no body and
 always aborts (``python/sglang/srt/entrypoints/http_server.py`` 0.5.2:934; fact ``pause_modes`` of
-``fakes.releases``); before 0.5.6 a disk update always flushes (no ``flush_cache``: fact ``disk_flush_cache_field``)."""
+``fakes.facts.SGLANG``); before 0.5.6 a disk update always flushes (no ``flush_cache``: fact ``disk_flush_cache_field``)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,7 +37,7 @@ def _routes(profile: str) -> dict[str, Any]:
 def pause_takes_mode(profile: str) -> bool:
     """Whether SGLang ``profile``'s ``/pause_generation`` takes a mode (fact ``pause_modes``: ≥0.5.6); before, every
     pause aborts."""
-    return bool(fact("pause_modes", profile))
+    return bool(SGLANG.fact("pause_modes", profile))
 
 
 def effective_body(call: WireCall, profile: str) -> dict[str, Any] | None:

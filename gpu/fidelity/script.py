@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import httpx
 import torch
 
+from fakes.facts import SGLANG
 from gpu.weights import blob_from_values, parameter_specs, read_weights
 
 Observation = dict[str, Any]
@@ -215,7 +216,7 @@ async def run_script(url: str, model_dir: Path, work: Path, release: str) -> dic
 async def _script(url: str, model_dir: Path, work: Path, release: str,
                   out: dict[str, Observation]) -> dict[str, Observation]:
     ckpt = Checkpoints(model_dir, work)
-    sessions = release == "0.5.23"
+    sessions = bool(SGLANG.fact("weight_update_sessions", release))
     timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
 
@@ -341,22 +342,25 @@ async def _script(url: str, model_dir: Path, work: Path, release: str,
         await weights("weights after disk m0")
         await label("label after disk v5")
 
-        # -- last, the calls that end a real server; the first one that does ends the script ("server lost") --
+        # -- last, the calls that end a real server; the first one that does ends the script ("server lost"). Why
+        # each exits, in SGLang's table (fakes.facts.SGLANG): the flushing update where post_update_flush_failure is
+        # "crash", the unknown group where distributed_receive_errors_answered is false, the wrong shape and the
+        # tensor payloads by load_failure_kills (the base64 one on the oldest CPU release: decoded in the scheduler)
         held, running = await held_pause("in_place", "pause in_place before the flushing disk update")
         await call("disk m1 flush_cache default (paused in place, request running)", "/update_weights_from_disk",
-                   {"model_path": str(ckpt.paths["m1"]), "weight_version": "v6"})  # 0.5.10/0.5.15: exits
+                   {"model_path": str(ckpt.paths["m1"]), "weight_version": "v6"})  # exits: flush "crash"
         await label("label after the flushing disk update")
         await weights("weights after the flushing disk update")
         await call("continue at the end", "/continue_generation", {})
         out["request held across the flushing disk update"] = await held.result()
         if sessions:
             await call("begin_weight_update at the end", "/begin_weight_update", {})
-        await call("distributed unknown group", "/update_weights_from_distributed",  # 0.5.10/0.5.15: exits
+        await call("distributed unknown group", "/update_weights_from_distributed",  # exits: receive not answered
                    {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "group_name": "nope",
                     "flush_cache": False})
-        await call("disk wrong shape", "/update_weights_from_disk",  # exits: the rollback re-reads the same folder
+        await call("disk wrong shape", "/update_weights_from_disk",  # exits: load_failure_kills
                    {"model_path": str(ckpt.paths["wrong shape"]), "flush_cache": False})
-        await call("tensor bad base64", "/update_weights_from_tensor",  # 0.5.10: exits (decoded in the scheduler)
+        await call("tensor bad base64", "/update_weights_from_tensor",  # exits on the oldest CPU release
                    {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
         await call("tensor safetensors payload", "/update_weights_from_tensor",  # exits: SafeUnpickler raises
                    {"serialized_named_tensors": [safetensors_b64(named[:1])], "flush_cache": False})

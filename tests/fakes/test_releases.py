@@ -1,4 +1,4 @@
-"""The table of SGLang facts (``fakes.releases``) exists once and is read: every fact is used, the fake's
+"""The table of SGLang facts (``fakes.facts.SGLANG``) exists once and is read: every fact is used, the fake's
 profiles, the checkers' reading of the wire and the reference integration's adaptations agree on it, and the
 default release is spelt once."""
 
@@ -15,13 +15,17 @@ from conformance.checks.effective import pause_takes_mode
 from conformance.reference.releases import Release
 from fakes import structs
 from fakes.profiles import DEFAULT_PROFILE, PROFILES, Profile
-from fakes.releases import FACTS, RELEASES, fact, parse_version
+from fakes.facts import SGLANG, parse_version
+
+FACTS, RELEASES, fact = SGLANG.facts, SGLANG.releases, SGLANG.fact
 
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for pkg in ("fakes", "conformance", "gpu", "reports", "weightsync_conformance")
            for p in sorted((ROOT / pkg).rglob("*.py"))]
+TABLES = ("fakes/profiles.py", "fakes/releases.py")
+"""The table's own modules (besides ``fakes/facts/``): a fact named there is not yet read."""
 SNAPSHOT_TEST = ROOT / "tests" / "fakes" / "test_structs.py"
 """Where the facts the fake takes from its io_struct/http_server snapshots instead (routes, struct fields) are held
 against those snapshots (``test_profiles_agree_with_the_snapshots``)."""
@@ -40,8 +44,8 @@ def test_every_fact_is_a_profile_switch_and_nothing_else_is() -> None:
 def test_every_fact_is_used() -> None:
     """Read by the fake, the checkers or the reference (``profile.NAME``, ``fact("NAME", …)``), or held against the
     snapshots of the released wheels."""
-    code = "\n".join(p.read_text() for p in SOURCES if p.name not in ("profiles.py", "releases.py")
-                     or p.parent.name != "fakes")
+    code = "\n".join(p.read_text() for p in SOURCES if p.relative_to(ROOT).as_posix() not in TABLES
+                     and p.parent != ROOT / "fakes" / "facts")
     snapshot_test = SNAPSHOT_TEST.read_text()
     unused = [name for name in FACTS if not _read_in(code, name) and f"p.{name}" not in snapshot_test]
     assert unused == []
@@ -101,4 +105,25 @@ def test_the_default_release_is_spelt_once() -> None:
             spelt += [f"{path.relative_to(ROOT)}:{d.lineno}" for d in defaults
                       if isinstance(d, ast.Constant) and d.value == DEFAULT_PROFILE]
     assert spelt == []
-    assert DEFAULT_PROFILE == RELEASES[-1]
+    assert DEFAULT_PROFILE == RELEASES[-1] == SGLANG.default_release
+
+
+def test_the_alias_module_is_the_table() -> None:
+    """``fakes.releases`` (the names the table had before ``fakes.facts``) reads the same table."""
+    from fakes import releases
+
+    assert releases.FACTS is SGLANG.facts and releases.RELEASES == SGLANG.releases
+    assert releases.fact("pause_modes", "0.5.4") is SGLANG.fact("pause_modes", "0.5.4") is False
+    assert releases.parse_version is parse_version
+
+
+@pytest.mark.parametrize("text, parsed", [("0.5.15.post1", (0, 5, 15)), ("0.5.23", (0, 5, 23)), ("", ()),
+                                           (None, ()), ("0.5.10rc1", (0, 5, 10)), ("dev", ()), ((0, 5), (0, 5))])
+def test_parse_version(text, parsed) -> None:
+    assert parse_version(text) == parsed
+
+
+def test_a_fact_says_since_when() -> None:
+    assert FACTS["weight_update_sessions"].since(True) == RELEASES[-1]
+    with pytest.raises(KeyError):
+        FACTS["weight_update_sessions"].since("never")

@@ -474,3 +474,10 @@ def test_every_field_is_consumed_or_explicitly_ignored() -> None:
                     f"{counts} (tests/fakes/test_structs.py::_field_use_gaps lists them)")
     missing = {name: [f for f in fields if f not in table.get(name, ())] for name, fields in gaps.items()}
     assert {k: v for k, v in missing.items() if v} == {}, "fields neither consumed nor listed in IGNORED_FIELDS"
+
+
+def test_the_snapshots_are_the_table_s_releases_in_order() -> None:
+    """One snapshot per release row of ``fakes.facts.SGLANG``, ordered by the one version parser."""
+    from fakes.facts import SGLANG
+
+    assert structs.available_versions() == list(SGLANG.releases)

@@ -6,11 +6,12 @@ cases through :func:`run_cases`, so "the suite fails on a mutant" means exactly 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -202,12 +203,40 @@ def evaluate(check: str, history: History) -> Verdict:
     return v
 
 
+class RunAhead:
+    """Scenario runs started ahead of the cases that read them: scenarios are independent (each has its own engines
+    and event loop) and mostly wait on real time, so up to ``parallel`` run at once in threads while the first case
+    waits on its own. :meth:`result` of a key never submitted runs it now (and caches it)."""
+
+    def __init__(self, parallel: int = 8) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario")
+        self._futures: dict[Any, Future[Any]] = {}
+
+    def submit(self, key: Any, run: Callable[[], Any]) -> None:
+        """Start ``run`` for ``key`` unless it was started already."""
+        if key not in self._futures:
+            self._futures[key] = self._pool.submit(run)
+
+    def result(self, key: Any, run: Callable[[], Any]) -> Any:
+        """``run()``'s result for ``key`` (started now unless already submitted); its exception is raised."""
+        self.submit(key, run)
+        return self._futures[key].result()
+
+    def close(self) -> None:
+        """Drop the runs not started; wait for those running (each is bounded by its own deadlines)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run_cases(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
               scenarios: list[str] | None = None, parallel: int = 4,
               deadlines: Deadlines = DEADLINES) -> dict[str, ScenarioResult]:
     """Every scenario (or the named ones) → its result. Scenarios are independent (each has its own engines
     and event loop) and mostly wait on real time, so ``parallel`` of them run at once in threads."""
     names = list(scenarios or SCENARIOS)
-    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario") as pool:
-        futures = {name: pool.submit(run_one, name, integration, backend_factory, seed, deadlines) for name in names}
-        return {name: futures[name].result() for name in names}
+    ahead = RunAhead(parallel)
+    try:
+        for name in names:
+            ahead.submit(name, functools.partial(run_one, name, integration, backend_factory, seed, deadlines))
+        return {name: ahead.result(name, lambda: None) for name in names}
+    finally:
+        ahead.close()

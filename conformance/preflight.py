@@ -8,10 +8,14 @@ weight_updater.py``, 0.5.23); earlier releases have no sessions (``fakes.release
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .backends import Backend
 from .cases import TEARDOWN_MARGIN_S, BackendFactory
 from .interface import Integration
 from .loop import run_abandonable
+from .history import WireCall
 from .scenarios import DEADLINES, Deadlines, Run, Scenario, run_scenario
 
 SESSION_TRANSPORTS = ("tensor", "distributed")
@@ -26,6 +30,23 @@ PROBE = Scenario(name="release-check", doc="one full-weight update on a transpor
                  script=_one_update, checks=(), transport=SESSION_TRANSPORTS)
 
 
+@dataclass(frozen=True)
+class Finding:
+    """A preflight check that stopped the run: which, for which integration on which release, the message that says
+    what to fix, and its witness (the refused calls, as the wire shows them)."""
+
+    check: str
+    integration: str
+    profile: str
+    message: str
+    witness: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The result's ``preflight`` entry (``reports/schema.json``)."""
+        return {"check": self.check, "status": "fail", "integration": self.integration, "profile": self.profile,
+                "message": self.message, "witness": list(self.witness)}
+
+
 def needs_sessions(profile: str) -> bool:
     from fakes.releases import fact
 
@@ -33,9 +54,9 @@ def needs_sessions(profile: str) -> bool:
 
 
 def release_check(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
-                  deadlines: Deadlines = DEADLINES) -> str | None:
+                  deadlines: Deadlines = DEADLINES) -> Finding | None:
     """None when the integration opens a session around its tensor/distributed updates (or the release or its
-    capabilities need none), else the one-line message that says what to fix."""
+    capabilities need none), else the finding, whose message says in one line what to fix."""
     if not set(SESSION_TRANSPORTS) & set(integration.capabilities.transports):
         return None
     backend: Backend = backend_factory()
@@ -45,17 +66,27 @@ def release_check(integration: Integration, backend_factory: BackendFactory, see
     backend.start()
     try:
         outcome = run_abandonable(run_scenario(PROBE, integration, backend, seed, deadlines),
-                                  deadlines.script_s + TEARDOWN_MARGIN_S, "release-check")
+                                  deadlines.script_s + TEARDOWN_MARGIN_S, PROBE.name)
     finally:
         backend.stop()
     history = outcome.result if outcome.finished else None
     if history is None or not history.cycles:
         return None  # the probe could not run a cycle: the scenarios will say why, with their witnesses
     opened = any(call.path in SESSION_PATHS for call in history.wire)
-    refused = any(call.path.startswith("/update_weights_from_") and not call.ok for call in history.wire)
+    refused = [call for call in history.wire if call.path.startswith("/update_weights_from_") and not call.ok]
     if opened or not refused:
         return None
-    return (f"integration {integration.name!r} never opens a weight-update session; SGLang {backend.profile} "
-            f"requires one for tensor and distributed updates (its {transport} update was refused): call "
-            f"/begin_weight_update before the transfer and /end_weight_update after it (the reference updater's "
-            f"begin_sessions/end_sessions), or run on an earlier release with --conformance-sglang-profile")
+    message = (f"integration {integration.name!r} never opens a weight-update session; SGLang {backend.profile} "
+               f"requires one for tensor and distributed updates (its {transport} update was refused): call "
+               f"/begin_weight_update before the transfer and /end_weight_update after it (the reference updater's "
+               f"begin_sessions/end_sessions), or run on an earlier release with --conformance-sglang-profile")
+    witness = (f"no call to {' or '.join(SESSION_PATHS)} on any engine", *map(_refusal, refused))
+    return Finding(PROBE.name, integration.name, backend.profile, message, witness)
+
+
+def _refusal(call: WireCall) -> str:
+    """``engine 0: POST /update_weights_from_tensor at t=0.12s answered 400: <message>``."""
+    body = call.response.get("message") if isinstance(call.response, dict) else call.response
+    answer = "no answer" if call.status is None else f"answered {call.status}"
+    return f"engine {call.engine}: {call.method} {call.path} at t={call.t_start:.2f}s {answer}" + (
+        f": {str(body)[:200]}" if body else "")

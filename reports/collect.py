@@ -37,12 +37,14 @@ def case_entry(case: Any, backend: str, result: Any) -> dict[str, Any]:
 
 class ResultCollector:
     """Pytest plugin object: registered by the plugin (``weightsync_conformance.plugin``) when a report or a
-    history dump is asked for. ``run_metadata(exitstatus)`` is the result's ``run`` (the plugin knows the
-    integration; the report only writes what it is given)."""
+    history dump is asked for. ``run_metadata(exitstatus)`` is the result's ``run`` and ``preflight()`` its
+    preflight findings (the plugin knows the integration; the report only writes what it is given)."""
 
     def __init__(self, config: pytest.Config, report: Path | None, dump_dir: Path | None,
-                 run_metadata: Callable[[int], dict[str, Any]]) -> None:
+                 run_metadata: Callable[[int], dict[str, Any]],
+                 preflight: Callable[[], list[dict[str, Any]]] = list) -> None:
         self.report, self.dump_dir, self.run_metadata = report, dump_dir, run_metadata
+        self.preflight = preflight
         workerinput = getattr(config, "workerinput", None)
         self.controller = workerinput is None
         self.worker: str | None = None if workerinput is None else workerinput.get("workerid")
@@ -100,7 +102,8 @@ class ResultCollector:
             from .render import write_report
 
             created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            result = build_result(self.run_metadata(exitstatus), list(self.cases.values()), created)
+            result = build_result(self.run_metadata(exitstatus), list(self.cases.values()), created,
+                                  self.preflight())
             write_report(self.report, result)
 
 

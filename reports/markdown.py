@@ -15,10 +15,15 @@ def render_markdown(result: dict[str, Any]) -> str:
     integration = run["integration"]
     backends = sorted({c["backend"] for c in cases})
     name = integration.get("name") or integration["spec"]
-    lines = [f"# Conformance: {name} on {', '.join(backends) or 'no backend'} "
+    preflight = result.get("preflight") or []
+    where = ", ".join(backends) or ("no backend: stopped by the preflight" if preflight else "no backend")
+    lines = [f"# Conformance: {name} on {where} "
              f"(SGLang {run['sglang_profile']}, seed {run['seed']}, {run['nodes']} node(s))", "",
              " · ".join(f"{_CELL[s]} {s} {n}" for s, n in result["summary"].items())
-             + _expected_note(cases)]
+             + "".join(f" · {_CELL['fail']} {p['check']} fail" for p in preflight) + _expected_note(cases)]
+    for p in preflight:
+        lines += ["", f"## Preflight: {p['check']} failed ({p['integration']}, SGLang {p['profile']})", "",
+                  p["message"], "", *(f"- {w}" for w in p["witness"])]
     for backend in backends:
         mine = [c for c in cases if c["backend"] == backend]
         scenarios = sorted({c["scenario"] for c in mine})

@@ -86,13 +86,15 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, int]:
     return {s: sum(c["status"] == s for c in cases) for s in STATUSES}
 
 
-def build_result(run: dict[str, Any], cases: list[dict[str, Any]], created: str) -> dict[str, Any]:
-    """The envelope around ``run`` metadata and ``cases`` (sorted by node id, so runs compare line by line)."""
+def build_result(run: dict[str, Any], cases: list[dict[str, Any]], created: str,
+                 preflight: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The envelope around ``run`` metadata and ``cases`` (sorted by node id, so runs compare line by line), with
+    the ``preflight`` checks that failed (a run they stopped has no case) when there are any."""
     from conformance import __version__
 
     cases = sorted(cases, key=lambda c: c["nodeid"])
     return {"schema_version": SCHEMA_VERSION, "suite_version": __version__, "created": created, "run": run,
-            "summary": summarise(cases), "cases": cases}
+            "summary": summarise(cases), **({"preflight": preflight} if preflight else {}), "cases": cases}
 
 
 def validate(result: dict[str, Any]) -> None:

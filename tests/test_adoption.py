@@ -130,6 +130,33 @@ def test_an_integration_without_weight_update_sessions_is_told_once_before_the_f
     older.assert_outcomes(passed=1)  # no sessions on 0.5.15: nothing to say
 
 
+def test_a_run_the_preflight_stopped_reports_the_failed_check_with_its_witness(pytester: pytest.Pytester,
+                                                                              suite) -> None:
+    """No case ran, yet the result is not "pass 0, fail 0 on no backend": it carries the release check as a failed
+    check, its message and the refused calls (JSON, valid against the schema, and Markdown)."""
+    from reports.result import validate
+
+    pytester.makepyfile(no_sessions=NO_SESSIONS)
+    pytester.syspathinsert()
+    report = pytester.path / "out" / "conformance-result.json"
+    result = suite("--conformance-integration", "no_sessions:integration", "-k", "V1-steady-tensor-retract",
+                   f"--conformance-report={report}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    written = json.loads(report.read_text())
+    validate(written)
+    assert written["cases"] == [] and len(written["preflight"]) == 1
+    finding = written["preflight"][0]
+    assert finding["check"] == "release-check" and finding["status"] == "fail"
+    assert (finding["integration"], finding["profile"]) == ("no-sessions", "0.5.23")
+    assert "never opens a weight-update session" in finding["message"]
+    assert finding["witness"][0] == "no call to /begin_weight_update or /end_weight_update on any engine"
+    assert any(" /update_weights_from_" in w and "answered 400" in w for w in finding["witness"][1:]), finding
+    summary = report.with_suffix(".md").read_text()
+    assert "on no backend: stopped by the preflight" in summary and "❌ release-check fail" in summary
+    assert "## Preflight: release-check failed (no-sessions, SGLang 0.5.23)" in summary
+    assert finding["witness"][1] in summary
+
+
 @pytest.mark.slow
 def test_an_own_update_cycle_with_the_reference_manager_conforms(monkeypatch: pytest.MonkeyPatch) -> None:
     """The documented way for a framework whose rollout manager needs Ray or GPUs: its own cycle as the Updater,

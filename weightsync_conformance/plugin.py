@@ -130,8 +130,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if report or dump:
         from reports.collect import ResultCollector
 
+        state = config.stash[_STATE]
         collector = ResultCollector(config, report and Path(report), dump and Path(dump),
-                                    lambda exitstatus: run_metadata(config, exitstatus))
+                                    lambda exitstatus: run_metadata(config, exitstatus),
+                                    lambda: [finding.to_json() for finding in state.findings])
         config.pluginmanager.register(collector, _COLLECTOR)
 
 
@@ -215,7 +217,9 @@ class ConformanceSession:
         self._keep: dict[int, Any] = {}
         self._gpu: list[Any] = []
         self._sglang: Any = None
-        self._release: dict[int, str | None] = {}
+        self._release: dict[int, Any] = {}
+        self.findings: list[Any] = []
+        """The preflight findings (:class:`conformance.preflight.Finding`) that stopped or failed this run."""
         self.ran: dict[str, None] = {}
         """The integrations whose cases ran (as the controller saw their reports; ordered)."""
 
@@ -320,9 +324,12 @@ class ConformanceSession:
 
             self._release[id(integration)] = release_check(integration, self.backend_factory("fake"),
                                                            conformance_seed(self.config))
-        message = self._release[id(integration)]
-        if message is None:
+        finding = self._release[id(integration)]
+        if finding is None:
             return
+        if finding not in self.findings:
+            self.findings.append(finding)
+        message = finding.message
         if getattr(self.config, "workerinput", None) is not None:
             pytest.fail(f"release check: {message}", pytrace=False)
         pytest.exit(f"weightsync-conformance: {message}", returncode=pytest.ExitCode.USAGE_ERROR)

@@ -6,6 +6,14 @@
 Prints one URL per line once everything listens — the engines first, then the router — and serves until
 SIGINT or SIGTERM, then shuts down cleanly and exits 0.
 
+An engine that crashes (e.g. an `/update_weights_from_disk` whose rollback re-reads a folder that still fails, or a
+`crash` fault) goes the way of a crashed SGLang server, whose launcher kills its process tree (measured on real
+0.5.15/0.5.23 on CPU: the call that killed it gets no answer, later ones are refused; ``python -m gpu.fidelity``),
+not answering 500 "engine crashed" as an in-process `FakeEngine` does. With one engine (`--engines 1`, router
+or not) the process exits 1 at once, dropping its connections, as `python -m fakes.launch_server` does. With
+several, the dead engine's port closes (its listening socket and every connection to it, the killing call's
+unanswered) while the other engines and the router keep serving; one stderr line names its URL and the reason.
+
     python -m fakes --engines 2 --router --profile 0.5.23 --tokens-per-second 200
 """
 
@@ -14,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -91,9 +101,83 @@ async def hello_world_app(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": HELLO_WORLD_BODY, "more_body": False})
 
 
+def exit_on_crash(reason: str) -> NoReturn:
+    """A crashed engine's server exits at once, dropping the connections it holds: what a client of real SGLang
+    sees when its scheduler dies (the launcher kills its process tree; measured on real 0.5.15/0.5.23 on CPU:
+    the call that killed it gets no answer, later ones are refused; ``python -m gpu.fidelity``)."""
+    logging.getLogger(__name__).error("Scheduler hit an exception: %s", reason)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _uvicorn_server(app: Any) -> Any:
+    """The `uvicorn.Server` serving `app` in the running loop (`serving.serve_apps` keeps its servers to itself;
+    each runs as a task of `uvicorn.Server.serve`)."""
+    import uvicorn
+
+    for task in asyncio.all_tasks():
+        frame = getattr(task.get_coro(), "cr_frame", None)
+        server = frame.f_locals.get("self") if frame is not None else None
+        if isinstance(server, uvicorn.Server) and server.config.app is app:
+            return server
+    raise RuntimeError(f"no uvicorn server serves {app!r}")
+
+
+class CrashDoor:
+    """One engine's ASGI app among several: when the engine crashes its port goes dead, as when SGLang's process
+    dies (see `exit_on_crash`): the listening socket closes, every connection to it drops, answers unsent."""
+
+    DROP_TIMEOUT = 5.0
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.server: Any = None  # the uvicorn.Server, once listening (`attach`)
+        self.closed = False
+
+    def attach(self, server: Any) -> None:
+        self.server = server
+        if self.closed:
+            self.close()
+
+    def close(self) -> None:
+        """Stop listening and abort every open connection, the killing call's too (what uvicorn's own shutdown reaches
+        through: `servers`, `server_state.connections`)."""
+        self.closed = True
+        if self.server is None:
+            return
+        for listener in self.server.servers:
+            listener.close()
+        for connection in list(self.server.server_state.connections):
+            connection.transport.abort()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.engine.app(scope, receive, send)
+            return
+        if not self.closed:
+            async def send_while_open(message: dict) -> None:
+                if not self.closed:
+                    await send(message)
+
+            await self.engine.app(scope, receive, send_while_open)
+        if self.closed:
+            await self._dropped(receive)
+
+    async def _dropped(self, receive: Any) -> None:
+        """Return once the server saw the connection go (so it sends nothing in the app's place)."""
+        self.close()
+
+        async def disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        await asyncio.wait_for(disconnect(), self.DROP_TIMEOUT)
+
+
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None,
                 announce: Callable[[list[str]], None] | None = None) -> int:
-    """Run engines (+ router) until `stop` is set (or SIGINT/SIGTERM); `announce(urls)` once all listen."""
+    """Run engines (+ router) until `stop` is set (or SIGINT/SIGTERM); `announce(urls)` once all listen. A crash
+    closes that engine's port, or with one engine exits the process (see the module docstring)."""
     from .engine import FakeEngine
     from .router import FakeRouter
     from .served_model import load_served_model
@@ -116,10 +200,13 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None,
         for i in range(args.engines)
     ]
     sockets = [bind_loopback(args.host, args.port + i if args.port else 0) for i in range(args.engines)]
-    apps: list[Any] = [hello_world_app if args.hello_world else e.app for e in engines]
+    engine_urls = [http_url(args.host, s.getsockname()[1]) for s in sockets]
+    doors = [CrashDoor(e) for e in engines] if args.engines > 1 and not args.hello_world else []
+    for i, (engine, url) in enumerate(zip(engines, engine_urls)):
+        engine.on_crash = _crash_handler(engine, url, doors[i] if doors else None)
+    apps: list[Any] = [hello_world_app] * args.engines if args.hello_world else list(doors or (e.app for e in engines))
     closers = [e.aclose for e in engines]
     if args.router:
-        engine_urls = [http_url(args.host, s.getsockname()[1]) for s in sockets]
         router = FakeRouter(engine_urls, policy=args.policy, flavor=args.router_flavor, seed=args.seed)
         sockets.append(bind_loopback(args.host, args.port + args.engines if args.port else 0))
         apps.append(router.app)
@@ -127,11 +214,28 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None,
     urls = [http_url(args.host, s.getsockname()[1]) for s in sockets]
 
     async def listening() -> None:
+        for door in doors:
+            door.attach(_uvicorn_server(door))
         if announce is not None:
             announce(urls)
 
     await serve_apps(apps, sockets, stop=stop, on_listening=listening, on_close=closers)
     return 0
+
+
+def _crash_handler(engine: Any, url: str, door: CrashDoor | None) -> Callable[[str], None]:
+    """`engine.on_crash`: one stderr line naming the engine, then its door closes (or, alone, the process exits)."""
+
+    def on_crash(reason: str) -> None:
+        then = "exiting" if door is None else "its port is closed, the rest serve on"
+        sys.stderr.write(f"python -m {__package__ or 'fakes'}: engine {engine.engine_id} at {url} crashed ({then}): "
+                         f"{reason}\n")
+        sys.stderr.flush()
+        if door is None:
+            exit_on_crash(reason)
+        door.close()
+
+    return on_crash
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageParser, fault_plan_factory
+from .cli import UsageParser, exit_on_crash, fault_plan_factory
 from .profiles import DEFAULT_PROFILE, PROFILES
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
@@ -264,15 +263,6 @@ async def serve(args: argparse.Namespace, engine: Any, sock: Any) -> int:
 
     await serve_apps([engine.app], [sock], on_listening=warm_up, on_close=[engine.aclose])
     return 0
-
-
-def exit_on_crash(reason: str) -> None:
-    """A crashed engine's server exits at once, dropping the connections it holds: what a client of real SGLang
-    sees when its scheduler dies (the launcher kills its process tree; measured on real 0.5.15/0.5.23 on CPU:
-    the call that killed it gets no answer, later ones are refused; ``python -m gpu.fidelity``)."""
-    logging.getLogger(__name__).error("Scheduler hit an exception: %s", reason)
-    sys.stderr.flush()
-    os._exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import signal
@@ -9,8 +10,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -182,3 +185,64 @@ def test_a_taken_port_is_a_one_line_error(capsys) -> None:
             main(["--port", str(taken.getsockname()[1])])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "cannot serve on 127.0.0.1" in err and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------------------------- an engine crashes
+
+CRASH_FAULT = '[{"endpoint": "/flush_cache", "kind": "crash", "times": 1}]'
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = STOP_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.02)  # the poll interval of a condition wait
+
+
+def _refused(url: str) -> bool:
+    """Whether nothing listens on the URL's port any more (a TCP connect is refused)."""
+    parts = urlsplit(url)
+    with socket.socket() as sock:
+        sock.settimeout(2.0)
+        return sock.connect_ex((parts.hostname, parts.port)) == errno.ECONNREFUSED
+
+
+@pytest.mark.slow
+def test_one_engine_a_killing_disk_load_gets_no_answer_and_the_process_exits(cli_factory, tmp_path: Path) -> None:
+    """SGLang's rollback re-reads the folder that failed: the server dies (measured on real 0.5.10 and 0.5.23)."""
+    from fakes.weights import TensorBlob, save_checkpoint, tiny_model
+
+    weights = dict(tiny_model(0))
+    weights["lm_head.weight"] = TensorBlob.zeros("float32", (6400, 64))  # does not fit the served model
+    save_checkpoint(str(tmp_path), weights)
+    cli = cli_factory("--engines", "1", "--profile", "0.5.23")
+    (url,) = cli.read_urls(1)
+    with pytest.raises(requests.ConnectionError):  # the connection closes: no status line, not a 500
+        requests.post(url + "/update_weights_from_disk", json={"model_path": str(tmp_path)}, timeout=STOP_TIMEOUT)
+    assert cli.proc.wait(STOP_TIMEOUT) == 1
+    _until(lambda: "Scheduler hit an exception" in "".join(cli.stderr), "the crash logged on stderr")
+    stderr = "".join(cli.stderr)
+    assert f"engine e0 at {url} crashed" in stderr and "rollback" in stderr and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.slow
+def test_two_engines_the_dead_one_stops_listening_the_rest_serve_on(cli_factory) -> None:
+    cli = cli_factory("--engines", "2", "--router", "--faults", CRASH_FAULT, "--tokens-per-second", "5000")
+    live, dead, router = cli.read_urls(3)
+    with requests.Session() as pooled:  # a kept-alive connection to the engine about to die
+        assert pooled.get(dead + "/health", timeout=STOP_TIMEOUT).status_code == 200
+        with pytest.raises(requests.ConnectionError):  # the killing call: the connection drops, no 500
+            requests.post(dead + "/flush_cache", timeout=STOP_TIMEOUT)
+        with pytest.raises(requests.ConnectionError):
+            pooled.get(dead + "/health", timeout=STOP_TIMEOUT)
+    assert _refused(dead)
+    assert requests.get(live + "/health", timeout=STOP_TIMEOUT).status_code == 200
+    resp = requests.post(live + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                         timeout=STOP_TIMEOUT)
+    assert resp.status_code == 200, resp.text
+    listed = sorted(w["url"] for w in requests.get(router + "/workers", timeout=STOP_TIMEOUT).json()["workers"])
+    assert listed == sorted([live, dead]) and cli.proc.poll() is None
+    stderr = "".join(cli.stderr)
+    assert f"engine e1 at {dead} crashed" in stderr and "injected crash fault on /flush_cache" in stderr, stderr
+    assert cli.stop() == 0, "".join(cli.stderr)
+    assert "Traceback" not in "".join(cli.stderr)

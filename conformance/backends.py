@@ -45,7 +45,8 @@ class Backend(Protocol):
     def stop(self) -> None: ...
 
     def initial_weights(self) -> Mapping[str, Any]:
-        """The weights the engines start with (``torch.Tensor`` by name): the trainer's step 0."""
+        """The weights the engines start with (``torch.Tensor`` or ``fakes.weights.TensorBlob`` by name): the
+        trainer's step 0."""
 
     def digests(self) -> list[dict[str, str]] | None:
         """Per engine, parameter name → digest of the tensor it holds (``fakes.weights.TensorBlob.digest``, the
@@ -188,7 +189,7 @@ class FakeBackend:
         self._servers.clear()
 
     def initial_weights(self) -> Mapping[str, Any]:
-        return {name: blob.to_torch() for name, blob in self._engines[0].weights.items()}
+        return dict(self._engines[0].weights)  # TensorBlobs: the trainer makes torch tensors of them if it can
 
     def digests(self) -> list[dict[str, str]] | None:
         return [{name: blob.digest() for name, blob in e.weights.items()} for e in self._engines]
@@ -198,7 +199,8 @@ class FakeBackend:
 
 
 def digest_of(weights: Mapping[str, Any]) -> dict[str, str]:
-    """Parameter name → digest of the trainer's tensor, comparable with ``Backend.digests``."""
-    from fakes.weights import TensorBlob
+    """Parameter name → digest of the trainer's tensor (torch or ``TensorBlob``), comparable with
+    ``Backend.digests``."""
+    from fakes.weights import WeightStore
 
-    return {name: TensorBlob.from_torch(t).digest() for name, t in weights.items()}
+    return {name: blob.digest() for name, blob in WeightStore(weights).items()}

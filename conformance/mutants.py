@@ -19,15 +19,13 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import httpx
-import torch
-from safetensors.torch import save_file
 
 from .checks import invariants, known_invariants
 from .interface import BuildEnv, Capabilities, Integration, LoraAdapter, Sample, Turn
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
 from .reference.manager import FinishedGroup, PartialRolloutManager, numeric_label
 from .reference.protocols import WeightSyncClient
-from .reference.transports import (DistributedTransport, LoraTransport, WeightTransport, host_copy,
+from .reference.transports import (DistributedTransport, LoraTransport, Tensor, WeightTransport, safetensors_bytes,
                                    write_checkpoint_atomic)
 from .scenarios import SCENARIOS
 
@@ -162,7 +160,7 @@ class PublishFirstUpdater(ReferenceUpdater):
 class StampEveryBucket(DistributedTransport):
     """Broadcasts in buckets and puts ``weight_version`` in every bucket's call, as miles does."""
 
-    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
                        version: int) -> None:
         names = list(weights)
         for bucket in (names[: len(names) // 2], names[len(names) // 2:]):
@@ -324,23 +322,23 @@ class BucketStampIntegration(ReferenceIntegration):
         return transports
 
 
-def write_checkpoint_in_place(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
+def write_checkpoint_in_place(root: Path, name: str, tensors: Mapping[str, Tensor],
                               config: Mapping[str, Any]) -> Path:
     """Writes straight into the final directory: readers can see it half-written."""
     final = root / name
     final.mkdir(parents=True, exist_ok=True)
-    save_file({n: host_copy(t) for n, t in tensors.items()}, final / "model.safetensors")
+    (final / "model.safetensors").write_bytes(safetensors_bytes(tensors))
     (final / "config.json").write_text(json.dumps(dict(config)))
     return final
 
 
-def write_checkpoint_reused_in_place(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
+def write_checkpoint_reused_in_place(root: Path, name: str, tensors: Mapping[str, Tensor],
                                      config: Mapping[str, Any]) -> Path:
     """One path for every version: the first checkpoint renamed into place, each later one written over it."""
     final = root / "latest"
     if not final.exists():
         return write_checkpoint_atomic(root, "latest", tensors, config)
-    save_file({n: host_copy(t) for n, t in tensors.items()}, final / "model.safetensors")
+    (final / "model.safetensors").write_bytes(safetensors_bytes(tensors))
     (final / "config.json").write_text(json.dumps(dict(config)))
     return final
 

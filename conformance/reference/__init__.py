@@ -3,12 +3,12 @@
 ``integration`` is the suite's default (``--integration conformance.reference:integration``). Modules, bottom
 up: ``concurrency`` (task helpers) → ``client`` (one engine over HTTP) → ``transports`` (disk, tensor,
 distributed, LoRA) and ``manager`` (rollout producer + consumer filters) → ``updater`` (one trainer cell's
-update cycle) → ``integration`` (builds the roles). Nothing here imports ``fakes``.
+update cycle) → ``integration`` (builds the roles). Of ``fakes`` it uses only the release facts and the stdlib
+safetensors encoder (tensors without torch); torch only where the distributed transport runs.
 """
 
-from ..interface import Capabilities
 from .client import EngineError, HttpEngineClient
-from .integration import ReferenceIntegration
+from .integration import ReferenceIntegration, default_capabilities
 from .manager import (NegativeStaleness, PartialRolloutManager, ProtocolError, ReferenceManager, VersionRegression,
                       numeric_label)
 from .transports import (DiskTransport, DistributedTransport, LoraTransport, TensorTransport,
@@ -17,12 +17,12 @@ from .updater import ReferenceUpdater
 
 integration = ReferenceIntegration()
 partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager_cls=PartialRolloutManager,
-                                       capabilities=Capabilities(partial_rollout=True))
+                                       capabilities=default_capabilities(partial_rollout=True))
 """The reference with partial rollout: aborted turns are resumed instead of recycled."""
 
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport",
     "NegativeStaleness", "PartialRolloutManager", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
-    "TensorTransport", "VersionRegression", "encode_pickle_b64", "encode_safetensors_b64", "integration", "partial_rollout",
+    "TensorTransport", "VersionRegression", "default_capabilities", "encode_pickle_b64", "encode_safetensors_b64", "integration", "partial_rollout",
     "numeric_label", "write_checkpoint_atomic",
 ]

@@ -7,6 +7,7 @@ subclass that overrides one of them.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import ssl
 
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from ..interface import KEEPALIVE_EXPIRY_S, BuildEnv, Capabilities, Roles
+from ..interface import ALL_TRANSPORTS, KEEPALIVE_EXPIRY_S, BuildEnv, Capabilities, Roles
 from .client import HttpEngineClient
 from .manager import ReferenceManager
 from .transports import (CheckpointWriter, DiskTransport, DistributedTransport, LoraTransport, TensorEncoder,
@@ -28,6 +29,13 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+def default_capabilities(**overrides: object) -> Capabilities:
+    """What the reference supports here (with ``overrides``): every transport, less ``distributed`` where torch is
+    not installed (its scenarios are then skipped, the transport undeclared; :data:`.transports.TORCH_EXTRA`)."""
+    transports = ALL_TRANSPORTS if importlib.util.find_spec("torch") else ALL_TRANSPORTS - {"distributed"}
+    return Capabilities(**{"transports": transports, **overrides})  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True, eq=False)
 class ReferenceIntegration:
     """The reference :class:`~conformance.interface.Integration`.
@@ -39,7 +47,7 @@ class ReferenceIntegration:
     """
 
     name: str = "reference"
-    capabilities: Capabilities = field(default_factory=Capabilities)
+    capabilities: Capabilities = field(default_factory=default_capabilities)
     client_cls: type[HttpEngineClient] = HttpEngineClient
     updater_cls: type[ReferenceUpdater] = ReferenceUpdater
     manager_cls: type[ReferenceManager] = ReferenceManager

@@ -4,6 +4,9 @@ A transport only moves weights; the updater owns the cycle around it (pause, flu
 continue). No transport stamps ``weight_version`` into its payloads: SGLang would flip the label on the first
 bucket, before the whole update succeeded (rl-frameworks V2 note); the bump is the updater's separate
 ``/update_weight_version`` call.
+
+Only the distributed transport and :func:`encode_pickle_b64` need torch (imported where used); the disk, tensor and
+LoRA transports write safetensors with or without it.
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ import logging
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-import torch
-import torch.distributed as dist
-from safetensors.torch import save, save_file
+from fakes.safetensors_format import encode_safetensors
 
 from ..interface import LoraAdapter
 from .releases import release_of
@@ -31,18 +33,51 @@ from .concurrency import gather_all, gather_or_cancel, run_in_daemon_thread, set
 from .protocols import WeightSyncClient
 
 log = logging.getLogger(__name__)
-_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
-NamedTensors = Sequence[tuple[str, torch.Tensor]]
+TORCH_EXTRA = "pip install 'weightsync-conformance[torch]'"
+"""What installs torch for the transports that need it (the distributed transport, pickled payloads)."""
+
+Tensor = Any
+"""A ``torch.Tensor``; without torch installed, a ``fakes.weights.TensorBlob`` (dtype name, shape, raw bytes), as
+the suite's stand-in trainer then produces (the disk, tensor and LoRA transports take either)."""
+NamedTensors = Sequence[tuple[str, Tensor]]
 TensorEncoder = Callable[[NamedTensors], str]
 """Serializes named tensors into one ``serialized_named_tensors`` entry (a string for the JSON body)."""
-CheckpointWriter = Callable[[Path, str, Mapping[str, torch.Tensor], Mapping[str, Any]], Path]
+CheckpointWriter = Callable[[Path, str, Mapping[str, Tensor], Mapping[str, Any]], Path]
 """``(root, name, tensors, config) -> final directory``: writes one checkpoint under ``root``."""
 
 
-def host_copy(t: torch.Tensor) -> torch.Tensor:
+def is_torch_tensor(t: Any) -> bool:
+    """Whether ``t`` is a ``torch.Tensor`` (never imports torch: nothing is one until torch was imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(t, torch.Tensor)
+
+
+def import_torch_distributed() -> Any:
+    """``torch.distributed``, or ``ModuleNotFoundError`` naming the extra that installs it."""
+    try:
+        import torch.distributed as dist
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"the distributed transport needs torch ({exc}): {TORCH_EXTRA}") from exc
+    return dist
+
+
+def host_copy(t: Tensor) -> Tensor:
     """A contiguous CPU copy that shares storage with nothing (safetensors refuses shared storage)."""
     return t.detach().to("cpu").contiguous().clone()
+
+
+def safetensors_bytes(tensors: Mapping[str, Tensor]) -> bytes:
+    """The safetensors serialization of ``tensors``: ``safetensors.torch.save`` for torch tensors, else the stdlib
+    encoder (the same bytes) for tensors given as ``TensorBlob``."""
+    if any(is_torch_tensor(t) for t in tensors.values()):
+        try:
+            from safetensors.torch import save
+        except ModuleNotFoundError:  # torch without the [torch] extra: the stdlib encoder reads torch tensors too
+            pass
+        else:
+            return save({name: host_copy(t) for name, t in tensors.items()})
+    return encode_safetensors(tensors)
 
 
 def encode_safetensors_b64(named_tensors: NamedTensors) -> str:
@@ -51,7 +86,7 @@ def encode_safetensors_b64(named_tensors: NamedTensors) -> str:
     Real SGLang on GPU expects base64 of its ``MultiprocessingSerializer`` payload instead (CUDA IPC handles);
     pass that encoder to the integration there.
     """
-    return base64.b64encode(save({name: host_copy(t) for name, t in named_tensors})).decode("ascii")
+    return base64.b64encode(safetensors_bytes(dict(named_tensors))).decode("ascii")
 
 
 def encode_pickle_b64(named_tensors: NamedTensors) -> str:
@@ -68,7 +103,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint_atomic(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
+def write_checkpoint_atomic(root: Path, name: str, tensors: Mapping[str, Tensor],
                             config: Mapping[str, Any], *, weights_file: str = "model.safetensors",
                             config_file: str = "config.json") -> Path:
     """Default :data:`CheckpointWriter` (F3; minimind wrote its checkpoints in place): write into a temp dir
@@ -78,7 +113,7 @@ def write_checkpoint_atomic(root: Path, name: str, tensors: Mapping[str, torch.T
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
     try:
-        save_file({n: host_copy(t) for n, t in tensors.items()}, staging / weights_file)
+        (staging / weights_file).write_bytes(safetensors_bytes(tensors))
         (staging / config_file).write_text(json.dumps(dict(config)))
         for path in (staging / weights_file, staging / config_file, staging):
             _fsync(path)
@@ -101,12 +136,12 @@ class WeightTransport(Protocol):
     needs_session: bool
     """Whether the transfer must run inside ``begin_weight_update`` / ``end_weight_update`` (0.5.23)."""
 
-    async def prepare(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+    async def prepare(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
                       version: int) -> None:
         """Work done before the engines are paused, while they still generate (connect a group, write a
         checkpoint, encode a payload)."""
 
-    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
                        version: int) -> None:
         """Push ``weights`` into every engine; raises unless every engine confirmed."""
 
@@ -119,14 +154,14 @@ class _Staging:
 
     _staged: tuple[int, Any] | None = None
 
-    async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> Any:
+    async def _build(self, weights: Mapping[str, Tensor], version: int) -> Any:
         raise NotImplementedError
 
-    async def prepare(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+    async def prepare(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
                       version: int) -> None:
         self._staged = (version, await self._build(weights, version))
 
-    async def _staged_for(self, weights: Mapping[str, torch.Tensor], version: int) -> Any:
+    async def _staged_for(self, weights: Mapping[str, Tensor], version: int) -> Any:
         if self._staged is None or self._staged[0] != version:
             self._staged = (version, await self._build(weights, version))
         return self._staged[1]
@@ -142,10 +177,10 @@ class DiskTransport(_Staging):
                  config: Mapping[str, Any] | None = None) -> None:
         self.root, self.writer, self.config = Path(root), writer, dict(config or {})
 
-    async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> Path:
+    async def _build(self, weights: Mapping[str, Tensor], version: int) -> Path:
         return await asyncio.to_thread(self.writer, self.root, f"v{version}", weights, self.config)
 
-    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
                        version: int) -> None:
         path = await self._staged_for(weights, version)
         await gather_all(*(engine.update_weights_from_disk(path) for engine in engines))
@@ -172,10 +207,10 @@ class TensorTransport(_Staging):
     def __init__(self, encoder: TensorEncoder = encode_safetensors_b64) -> None:
         self.encoder = encoder
 
-    async def _build(self, weights: Mapping[str, torch.Tensor], version: int) -> list[str]:
+    async def _build(self, weights: Mapping[str, Tensor], version: int) -> list[str]:
         return [await asyncio.to_thread(self.encoder, list(weights.items()))]
 
-    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
                        version: int) -> None:
         payload = await self._staged_for(weights, version)
         await gather_all(*(engine.update_weights_from_tensor(payload) for engine in engines))
@@ -193,7 +228,7 @@ class DistributedTransport:
     ``init_custom_process_group`` gives the engines' ranks (see :meth:`_new_group`). The group is created once
     per trainer cell, before the first pause, concurrently with every engine's ``/init_weights_update_group``
     (each side blocks until all ranks joined); the name is unique per cell. After a failed transfer the group
-    is stale (ranks out of step) and is rebuilt on the next cycle.
+    is stale (ranks out of step) and is rebuilt on the next cycle. Needs torch (:data:`TORCH_EXTRA`).
     """
 
     needs_session = True
@@ -212,6 +247,7 @@ class DistributedTransport:
     def _new_group(self, store: Any, name: str, world_size: int) -> Any:
         """Rank 0 of the gloo group, keyed like SGLang's ranks: ``PrefixStore(name)``, then the ``f"{name}/"``
         and ``"cpu/"`` prefixes torch's ``_new_process_group_helper`` adds, then the sequence-number handshake."""
+        dist = import_torch_distributed()
         keyed = dist.PrefixStore("cpu/", dist.PrefixStore(f"{name}/", dist.PrefixStore(name, store)))
         options = dist.ProcessGroupGloo._Options()
         options._timeout = self.timeout
@@ -221,10 +257,11 @@ class DistributedTransport:
         return group
 
     async def prepare(self, engines: Sequence[WeightSyncClient],
-                      weights: Mapping[str, torch.Tensor] | None = None, version: int | None = None) -> None:
+                      weights: Mapping[str, Tensor] | None = None, version: int | None = None) -> None:
         """Connect the group (once per cell, and again after a failed transfer)."""
         if self._group is not None:
             return
+        dist = import_torch_distributed()
         if self._stale_name is not None:  # best effort: the engines may have dropped it already
             await settle_all(e.destroy_weights_update_group(self._stale_name) for e in engines)
             self._stale_name = None
@@ -237,13 +274,17 @@ class DistributedTransport:
                                                self.backend) for i, engine in enumerate(engines)))
         self._store, self._group, self.group_name = store, group, name
 
-    def _broadcast(self, group: Any, tensors: list[torch.Tensor]) -> None:
+    def _broadcast(self, group: Any, tensors: list[Tensor]) -> None:
         """One broadcast from rank 0 per tensor, in the order of the names sent to the engines."""
+        dist = import_torch_distributed()
+        import torch
+
+        float8 = (torch.float8_e4m3fn, torch.float8_e5m2)
         for tensor in tensors:
-            wire = tensor.view(torch.uint8) if tensor.dtype in _FLOAT8 else tensor  # gloo has no float8
+            wire = tensor.view(torch.uint8) if tensor.dtype in float8 else tensor  # gloo has no float8
             group.broadcast([wire], dist.BroadcastOptions()).wait(self.timeout)
 
-    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, torch.Tensor],
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
                        version: int) -> None:
         await self.prepare(engines)
         names = list(weights)

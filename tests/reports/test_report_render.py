@@ -192,7 +192,9 @@ def test_timeline_outcomes_pauses_versions_costs_and_staleness() -> None:
         (1, "abort", "no 'mode' sent: SGLang's default", 1.81, {"integration": 1})]
     old = build_timeline(hand_written_history(profile="0.5.4"))
     assert [(p.mode, p.how) for p in old.pauses] == [("abort", "SGLang 0.5.4's handler takes no 'mode'")] * 2
-    real = build_timeline(hand_written_history(profile="0.5.99rc1"))
+    newer = build_timeline(hand_written_history(profile="0.5.99rc1"))  # read by the newest snapshot not newer
+    assert [(p.mode, p.how) for p in newer.pauses] == [(p.mode, p.how) for p in t.pauses]
+    real = build_timeline(hand_written_history(profile="0.4.9"))  # older than every snapshot: the mode as sent
     assert [(p.mode, p.how) for p in real.pauses] == [("in_place", "sent"), ("abort", "no 'mode' sent")]
     assert [(m.kind, m.label) for m in t.marks] == [("transfer", ""), ("version", "v1")]
     assert t.groups == ["node node-a", "node node-b"]

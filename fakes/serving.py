@@ -18,12 +18,14 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from .facts import SGLANG
+
 ASGIApp = Callable[..., Any]
 T = TypeVar("T")
 
 DEFAULT_STOP_TIMEOUT = 5.0
-KEEP_ALIVE_S = 5
-"""How long an idle connection stays open: SGLang's ``SGLANG_TIMEOUT_KEEP_ALIVE`` (python/sglang/srt/environ.py)."""
+KEEP_ALIVE_S = SGLANG.keep_alive_s
+"""How long an idle connection stays open, as SGLang keeps it (``SGLANG.keep_alive_source``)."""
 
 
 def _has_module(name: str) -> bool:

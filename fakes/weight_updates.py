@@ -14,6 +14,7 @@ import logging
 from typing import Any, Awaitable, Callable, Mapping
 
 from . import weights as W
+from .facts import SGLANG
 from .asgi import JSON_NULL, Reply
 from .failures import EngineClosed, EngineCrashed, _flush_fault, error_reply
 
@@ -25,13 +26,12 @@ FLUSH_OK_TEXT = (
 )
 
 
-FLUSH_AFTER_UPDATE_ASSERT = "AssertionError: Cache flush failed after updating weights"
+FLUSH_AFTER_UPDATE_ASSERT = SGLANG.answer("post_update_flush_crash").text()
+"""Why the scheduler dies when the flush after a weight update fails (fact ``post_update_flush_failure``: crash)."""
 
 
-FLUSH_AFTER_UPDATE_ERROR = (  # 0.5.23, managers/scheduler_components/weight_updater.py
-    "Weights were updated, but the cache was not flushed because requests are still running or queued. "
-    "Retract or finish them, then call /flush_cache."
-)
+FLUSH_AFTER_UPDATE_ERROR = SGLANG.answer("post_update_flush").text()
+"""The 400 message when the flush after a weight update fails (fact ``post_update_flush_failure``: error)."""
 
 
 class WeightUpdatesMixin:
@@ -57,7 +57,7 @@ class WeightUpdatesMixin:
             skip_lock = self.paused and self.profile.paused_updates_skip_lock
             async with contextlib.nullcontext() if skip_lock else self.update_lock.write():
                 if needs_session and not self.session_open:
-                    message = f"{source} must run between begin_weight_update() and end_weight_update()"
+                    message = SGLANG.answer("session_required").text(source=source)
                     return Reply(400, {"success": False, "message": message, **extra})
                 loaded = await load()
                 self._raise_if_dead()
@@ -113,13 +113,11 @@ class WeightUpdatesMixin:
     async def update_weights_from_disk(self, obj: Mapping[str, Any]) -> Reply:
         """``/update_weights_from_disk``: read the checkpoint. A failure before loading (no such folder, no weight
         files) answers 400 and keeps the weights. A failure while the files load (a truncated file, a shape that does
-        not fit) is followed by SGLang's "rollback", which re-reads the same folder: the model runner points
-        ``model_config.model_path`` at the new folder before loading (``model_executor/model_runner.py``
-        ``update_weights_from_disk``, 0.5.10/0.5.15; ``model_runner_components/weight_updater.py``, 0.5.23), and the
-        rollback's load sits outside any ``try``. So when the folder still fails the scheduler dies and the server
-        exits, as measured on real 0.5.10 and 0.5.23 (CPU); when it has meanwhile become readable (a checkpoint
-        still being written), the "rollback" loads it and the answer is the 400 "Rolling back to original weights"
-        with the new weights in place. ``strict_weights`` (opt-in) refuses with the 400 and keeps the weights."""
+        not fit) is followed by SGLang's "rollback", which re-reads the same folder and kills the server when it
+        still fails (``SGLANG.load_failure_kills["disk"]``); when the folder has meanwhile become readable (a
+        checkpoint still being written), the "rollback" loads it and the answer is the 400 ``disk_load`` answer
+        ("Rolling back to original weights") with the new weights in place. ``strict_weights`` (opt-in) refuses with
+        the 400 and keeps the weights."""
 
         missing_shards = "error" if self.profile.missing_shard_fails else "skip"
 
@@ -194,8 +192,7 @@ class WeightUpdatesMixin:
     async def update_weights_from_distributed(self, obj: Mapping[str, Any]) -> Reply:
         """``/update_weights_from_distributed``: receive the broadcast on the named group. An unknown group
         hits an ``assert`` outside the model runner's try (scheduler_update_weights_mixin.py, ≤0.5.16): the fake
-        crashes; 0.5.23's scheduler
-        catches the receive and answers 400 ``Failed to receive weights: ...`` (fact
+        crashes; 0.5.23's scheduler catches the receive and answers 400 (answer ``distributed_receive``, fact
         ``distributed_receive_errors_answered``)."""
 
         async def load() -> W.WeightStore | str:
@@ -205,7 +202,7 @@ class WeightUpdatesMixin:
                 reason = (f"Group {obj['group_name']} not in {list(self._groups)}. "
                           "Please call `init_weights_update_group` first.")
                 if answered:
-                    return f"Failed to receive weights: {reason}"
+                    return SGLANG.answer("distributed_receive").text(error=reason)
                 self.crash(f"AssertionError: {reason}")
                 raise EngineCrashed(self.crash_reason)
             try:
@@ -214,7 +211,7 @@ class WeightUpdatesMixin:
                                       load_format=obj.get("load_format")) for g in groups))
             except Exception as e:  # noqa: BLE001 - 0.5.23 catches the receive apart from the load
                 if answered:
-                    return f"Failed to receive weights: {e}"
+                    return SGLANG.answer("distributed_receive").text(error=e)
                 return _partial_update_message(e)
             try:
                 return self._merged(received[0], "update_weights_from_distributed")
@@ -259,14 +256,14 @@ class WeightUpdatesMixin:
     async def begin_weight_update(self, obj: Mapping[str, Any]) -> Reply:
         """0.5.23 ``/begin_weight_update`` (``scheduler_components/weight_updater.py``)."""
         if self.session_open:
-            message = "a weight-update session is already open; call end_weight_update() first"
+            message = SGLANG.answer("session_already_open").text()
             return Reply(400, {"success": False, "message": message})
         self.session_open = True
         return Reply(200, {"success": True, "message": "Success"})
 
     async def end_weight_update(self, obj: Mapping[str, Any]) -> Reply:
         if not self.session_open:
-            message = "no weight-update session is open; call begin_weight_update() first"
+            message = SGLANG.answer("no_session_open").text()
             return Reply(400, {"success": False, "message": message})
         self.session_open = False
         return Reply(200, {"success": True, "message": "Success"})
@@ -360,16 +357,16 @@ def _silently_skipped(name: str, config: Mapping[str, Any]) -> bool:
     return any(part in name for part in _STACKED)
 
 
+_DISK_ANSWERS = {"loader": "disk_loader", "iterator": "disk_iterator", "load": "disk_load"}
+"""Failing stage of ``model_runner.update_weights_from_disk`` → its answer in ``SGLANG.answers``."""
+
+
 def _disk_failure(e: Exception, stage: str) -> str:
-    """``model_runner.update_weights_from_disk`` messages per failing stage (model_executor/model_runner.py, 0.5.23)."""
-    if stage == "loader":
-        return f"Failed to get model loader: {e}."
-    if stage == "iterator":
-        return f"Failed to get weights iterator: {e}."
-    return f"Failed to update weights: {e}.\nRolling back to original weights."
+    """``model_runner.update_weights_from_disk``'s message for the stage that failed (a stage that is not the
+    loader's or the iterator's is the load's)."""
+    return SGLANG.answer(_DISK_ANSWERS.get(stage, "disk_load")).text(error=e)
 
 
 def _partial_update_message(error: Exception) -> str:
     """The model runner's answer to a distributed update that raised (``update_weights_from_distributed``)."""
-    return (f"Failed to update parameter online: {error}. The full weights of the ModelRunner are partially "
-            "updated. Please discard the whole weights.")
+    return SGLANG.answer("distributed_partial").text(error=error)

@@ -23,13 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from fakes.facts import SGLANG as SGLANG_FACTS
 from fakes.profiles import DEFAULT_PROFILE
 
 from .launch import FAKE, SGLANG, EngineSpec
 
 LORA_ON_CPU = ("real SGLang on CPU cannot serve LoRA: with --enable-lora the engine dies at start "
                "(sglang/srt/lora/layers.py pins host memory, 'pin_memory=True requires a CUDA or other accelerator "
-               "backend'; measured on 0.5.23), so LoRA scenarios run on the fake and on GPUs only")
+               f"backend'; measured on {SGLANG_FACTS.default_release}), so LoRA scenarios run on the fake and on GPUs "
+               "only")
 HEALTH_TIMEOUT_S = 300.0
 """Start to ``/health`` 200 is 15–50 s on 2 busy cores; a deadline well past it, far below SGLang's own 600 s."""
 

@@ -25,13 +25,8 @@ TABLES = ROOT / "fakes" / "facts"
 RELEASE = re.compile(r"0\.5\.\d+")
 
 PENDING: dict[str, str] = {
-    "conformance/checks/protocol.py": "I3's `reads` and C2's witness text: SGLANG.facts['pause_modes'], "
-                                      "SGLANG.facts['post_update_flush_failure'] (.since(...))",
     "conformance/mutants.py": "a mutant's source citation: SGLANG.default_release",
     "fakes/launch_server.py": "--tp-size's help: the release the dest changed in (a fact of SGLANG)",
-    "gpu/scripts/mutant_table.py": "COLUMNS and the usage in its printed docstring: SGLANG.cpu_releases",
-    "gpu/sglang_suite.py": "the LoRA skip reason: SGLANG.default_release",
-    "gpu/fidelity/__main__.py": "the usage line of its printed docstring: --release V (SGLANG.cpu_releases)",
     "weightsync_conformance/plugin.py": "--conformance-sglang-release's help: SGLANG.default_release",
     "weightsync_conformance/cli.py": "the usage in its printed docstring: --sglang-profile V (SGLANG.releases)",
 }
@@ -130,12 +125,22 @@ def _chunks(template: str) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", sorted(SGLANG.answers))
-def test_the_fake_answers_as_the_table_says(kind: str) -> None:
-    """Until the fake's weight updates read ``SGLANG.answers``, each answer's text is also written there: the two
-    must agree."""
-    fake = "\n".join(_strings(ROOT / "fakes" / "weight_updates.py"))
-    missing = [c for c in _chunks(SGLANG.answer(kind).message) if c not in fake]
-    assert missing == []
+def test_the_fake_answers_from_the_table(kind: str) -> None:
+    """The fake's weight updates read each answer from ``SGLANG.answers`` by its kind, and write no copy of it."""
+    strings = _strings(ROOT / "fakes" / "weight_updates.py")
+    assert kind in strings
+    assert [c for c in _chunks(SGLANG.answer(kind).message) if any(c in s for s in strings)] == []
+
+
+def test_the_fake_writes_the_table_s_answers() -> None:
+    from fakes import weight_updates as wu
+
+    error = ValueError("boom")
+    assert [wu._disk_failure(error, stage) for stage in ("loader", "iterator", "load", "other")] == [
+        SGLANG.answer(k).text(error=error) for k in ("disk_loader", "disk_iterator", "disk_load", "disk_load")]
+    assert wu._partial_update_message(error) == SGLANG.answer("distributed_partial").text(error="boom")
+    assert wu.FLUSH_AFTER_UPDATE_ERROR == SGLANG.answer("post_update_flush").message
+    assert wu.FLUSH_AFTER_UPDATE_ASSERT == SGLANG.answer("post_update_flush_crash").message
 
 
 def test_the_fake_keeps_connections_as_the_table_says() -> None:

@@ -3,6 +3,8 @@ sent), C2 (flush contract), P1 (order inside a cycle)."""
 
 from __future__ import annotations
 
+from fakes.facts import SGLANG
+
 from ..anomaly import Anomaly
 from ..history import TRANSFER_PATHS, History, WireCall
 from .effective import effective, sent_as
@@ -97,6 +99,12 @@ def failures_are_fatal(h: History) -> Verdict:
                    metrics={"failures": seen, "recovered_by_retry": retried})
 
 
+_NO_PAUSE_BODY = SGLANG.sorted(r for r in SGLANG.releases if not SGLANG.fact("pause_modes", r))[-1]
+"""The newest release the fake knows whose ``/pause_generation`` takes no body (fact ``pause_modes``)."""
+_FLUSH_REFUSED = SGLANG.facts["post_update_flush_failure"].since("error")
+"""The first release that refuses a flush with requests resident instead of crashing the scheduler."""
+
+
 def _pause_mode(call: WireCall, profile: str) -> str | None:
     mode = effective(call, "mode", profile)
     return mode if isinstance(mode, str) else None
@@ -104,8 +112,8 @@ def _pause_mode(call: WireCall, profile: str) -> str | None:
 
 @check("I3", "pause mode sent",
        holds="every pause takes effect in the mode the integration runs in, never `abort`",
-       reads="the `mode` SGLang reads from each `/pause_generation` body (`{}` → abort; ≤0.5.4 takes no body: "
-             "always abort)",
+       reads="the `mode` SGLang reads from each `/pause_generation` body (`{}` → abort; "
+             f"≤{_NO_PAUSE_BODY} takes no body: always abort)",
        needs_pause=True)
 def pause_mode_sent(h: History) -> Verdict:
     """I3: every pause takes effect in the mode the integration runs in, and never in ``abort``: a fully-async
@@ -159,8 +167,8 @@ def flush_contract(h: History) -> Verdict:
                     failures.append(Anomaly(
                         "flush-while-paused",
                         f"engine {engine}: /flush_cache at t={call.t_start:.3f}s while paused in_place "
-                        f"(answered {call.status}): SGLang refuses it with requests resident (0.5.23) or "
-                        f"crashes the scheduler (<=0.5.16)",
+                        f"(answered {call.status}): SGLang refuses it with requests resident ({_FLUSH_REFUSED}) or "
+                        f"crashes the scheduler (<{_FLUSH_REFUSED})",
                         engine=engine, times=(call.t_start,)))
                 elif call.path in TRANSFER_PATHS and effective(call, "flush_cache", h.profile) is True:
                     failures.append(Anomaly(

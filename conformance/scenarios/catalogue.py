@@ -72,9 +72,9 @@ async def _failover(run: Run) -> None:
 
 async def _failing_transfer(run: Run) -> None:
     """Distributed: weights every engine rejects (the last parameter has the wrong shape: SGLang answers 400).
-    Tensor and disk: SGLang answers a load that raises by killing the server (a tensor load has no ``try``; a disk
-    load's rollback re-reads the same folder), so every engine's transfer is refused at the wire with the 400
-    SGLang's handler gives a load that reports failure."""
+    Tensor and disk: SGLang answers a load that raises by killing the server (``SGLANG.load_failure_kills``), so
+    every engine's transfer is refused at the wire with the 400 SGLang's handler gives a load that reports failure
+    (``run.TRANSFER_FAILURES``)."""
     await run.start()
     await run.drain(1)
     if run.transport in ("tensor", "disk"):
@@ -211,9 +211,9 @@ async def _answers_while_paused(run: Run) -> None:
 _STEADY_CHECKS = ("I1-I2", "I3", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
 _REJECTED = {
     "disk": "a disk update the engines reject (every load refused at the wire with SGLang's 400 and its rollback "
-            "message: a checkpoint that fails to load kills the server, its rollback re-reads it), then a good one",
-    "tensor": "a tensor update the engines reject (every transfer refused at the wire with SGLang's 400: a tensor "
-              "load that raises kills the server), then a good one",
+            "message, as a disk load that raises kills the server: SGLANG.load_failure_kills), then a good one",
+    "tensor": "a tensor update the engines reject (every transfer refused at the wire with SGLang's 400, as a tensor "
+              "load that raises kills the server: SGLANG.load_failure_kills), then a good one",
     "distributed": "a distributed update the engines reject (the last parameter has the wrong shape: SGLang "
                    "answers 400), then a good one",
 }

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Sequence
 
+from fakes.facts import SGLANG
+
 from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
 from ..checks.labels import finish_type
 from ..history import DISTURBING_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
@@ -57,8 +59,7 @@ DEADLINES = Deadlines().scaled(_scale_from_env())
 TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
     "disk": ("/update_weights_from_disk", {
         "success": False, "num_paused_requests": 0,
-        "message": "Failed to update weights: CUDA out of memory (injected by the conformance suite).\n"
-                   "Rolling back to original weights."}),
+        "message": SGLANG.answer("disk_load").text(error="CUDA out of memory (injected by the conformance suite)")}),
     "tensor": ("/update_weights_from_tensor", {
         "success": False, "message": "Failed to update weights: CUDA out of memory (injected by the conformance "
                                      "suite)."}),
@@ -69,9 +70,8 @@ TRANSFER_FAILURES: dict[str, tuple[str, dict[str, Any]]] = {
 """Per transport, the endpoint and the HTTP 400 body SGLang's handler answers when the load reports failure
 (``python/sglang/srt/entrypoints/http_server.py``, 0.5.4–0.5.23: ``{"success": false, "message": …}``; the disk and
 distributed messages are ``model_executor/model_runner.py``'s). Injected at the wire, so the same fault works in
-front of real SGLang. Needed for the tensor and disk transports: SGLang answers a tensor load that raises (a wrong
-shape) by killing the server, not with a 400, and a disk load that raises too (its rollback re-reads the same folder
-and raises again, outside any ``try``)."""
+front of real SGLang. Needed for the tensor and disk transports: SGLang answers a load over them that raises by
+killing the server, not with a 400 (``SGLANG.load_failure_kills``)."""
 LORA_FAILURE: tuple[tuple[str, ...], dict[str, Any]] = (
     ("/load_lora_adapter", "/load_lora_adapter_from_tensors"),
     {"success": False, "error_message": "Failed to load LoRA adapter: CUDA out of memory (injected by the conformance "

@@ -1,4 +1,4 @@
-"""``python -m gpu.fidelity --release 0.5.23``: the fidelity script on the fake and on real SGLang, diffed.
+"""``python -m gpu.fidelity --release V``: the fidelity script on the fake and on real SGLang, diffed.
 
 Both engines are started with the same launch line (:data:`gpu.sglang_cpu.CPU_FLAGS`), the fake as the drop-in
 ``python -m fakes.launch_server`` with ``--fake-profile RELEASE``, real SGLang from the release's CPU environment

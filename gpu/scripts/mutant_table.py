@@ -1,14 +1,15 @@
 """The mutant × backend table: every mutant of the reference on the fake and on real SGLang on CPU, per release.
 
-    python gpu/scripts/mutant_table.py --backend fake --backend 0.5.23 [--record gpu/scripts/mutant-table.json]
-    python gpu/scripts/mutant_table.py --backend 0.5.15 --record gpu/scripts/mutant-table.json   # adds a column
+    python gpu/scripts/mutant_table.py --backend fake --backend RELEASE [--record gpu/scripts/mutant-table.json]
+    python gpu/scripts/mutant_table.py --backend RELEASE --record gpu/scripts/mutant-table.json   # adds a column
     python gpu/scripts/mutant_table.py --record gpu/scripts/mutant-table.json --print            # the table only
 
 Each mutant runs on the scenarios built to expose it (``Mutant.shows_in``), as ``tests/test_mutants.py`` runs it
 (:func:`gpu.mutation.run_mutant`): a cell names the checks that killed it, ``SURVIVED`` (a defect), ``skipped``
 with the reason (a scenario real SGLang on CPU cannot run) or ``broke`` with the error. A real release's mutants
 share one pair of engines, reset between scenarios (:mod:`gpu.pool`), from the release's environment
-(``python -m gpu.sglang_cpu install --release V``). With ``--reference`` the reference runs every scenario first
+(``python -m gpu.sglang_cpu install --release V``); RELEASE is one of ``fakes.facts.SGLANG.cpu_releases``
+(``--help`` lists them). With ``--reference`` the reference runs every scenario first
 (its cases must all pass). The record keeps every column measured so far, with when and how long it took.
 """
 
@@ -25,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from conformance.cases import fake_backend_factory, run_one  # noqa: E402
 from conformance.mutants import MUTANTS  # noqa: E402
+from fakes.facts import SGLANG  # noqa: E402
 from conformance.scenarios import DEADLINES, SCENARIOS  # noqa: E402
 from gpu.mutation import run_mutant  # noqa: E402
 
-COLUMNS = ("fake", "0.5.10", "0.5.15", "0.5.23")
+COLUMNS = ("fake", *SGLANG.cpu_releases)
 
 
 def measure(backend: str, names: list[str], reference: bool, seed: int) -> dict[str, Any]:

@@ -57,7 +57,7 @@ HONOURED: dict[str, str] = {
     "enable_weights_cpu_backup": "resumed weights are the released ones (else zeros: push weights again)",
     "context_length": "max_model_len of /v1/models (default: config.json max_position_embeddings)",
     "tp_size": "TP ranks: each joins a weight-update group as rank_offset + tp_rank, one tensor payload item each",
-    "tensor_parallel_size": "as --tp-size (the dest before 0.5.15)",
+    "tensor_parallel_size": "as --tp-size (its dest in older SGLang releases)",
     "api_key": "every route but /health*, /ready and /metrics needs Authorization: Bearer <key> (401 otherwise)",
 }
 
@@ -67,14 +67,14 @@ HONOURED: dict[str, str] = {
 
 def server_args_snapshot(profile: str) -> dict[str, Any]:
     """The committed `ServerArgs` snapshot of a profile (the newest not newer than it)."""
-    from .structs import _version_key
+    from .facts import newest_not_newer, parse_version
 
     labels = sorted((p.name[len("server_args-"):-len(".json")] for p in SNAPSHOT_DIR.glob("server_args-*.json")),
-                    key=_version_key)
-    older = [v for v in labels if _version_key(v) <= _version_key(profile)]
-    if not older:
+                    key=parse_version)
+    chosen = newest_not_newer(labels, profile)
+    if chosen is None:
         raise FileNotFoundError(f"no server_args snapshot for SGLang {profile}; have {labels}")
-    return json.loads((SNAPSHOT_DIR / f"server_args-{older[-1]}.json").read_text())
+    return json.loads((SNAPSHOT_DIR / f"server_args-{chosen}.json").read_text())
 
 
 class _Deprecated(argparse.Action):

@@ -46,7 +46,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .facts import parse_version
+from .facts import newest_not_newer, parse_version
 
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 VALIDATION_ERROR_TYPE = "Bad Request"
@@ -75,10 +75,6 @@ _snapshots: dict[str, dict[str, Any]] = {}
 _compiled: dict[tuple[str, str], Any] = {}
 
 
-_version_key = parse_version
-"""``parse_version`` under the name ``fakes.launch_server`` imports (until it imports ``fakes.facts``)."""
-
-
 def available_versions() -> list[str]:
     """The sglang versions with a committed snapshot, oldest first."""
     names = [p.name[len("io_struct-") : -len(".json")] for p in SNAPSHOT_DIR.glob("io_struct-*.json")]
@@ -94,12 +90,9 @@ def snapshot(profile_version: str) -> dict[str, Any]:
     versions = available_versions()
     if not versions:
         raise FileNotFoundError(f"no io_struct-*.json snapshots in {SNAPSHOT_DIR}")
-    chosen = profile_version if profile_version in versions else None
+    chosen = newest_not_newer(versions, profile_version)
     if chosen is None:
-        older = [v for v in versions if parse_version(v) <= parse_version(profile_version)]
-        if not older:
-            raise KeyError(f"no snapshot for sglang {profile_version}; have {versions}")
-        chosen = older[-1]
+        raise KeyError(f"no snapshot for sglang {profile_version}; have {versions}")
     data = json.loads((SNAPSHOT_DIR / f"io_struct-{chosen}.json").read_text())
     with _lock:
         _snapshots[profile_version] = data

@@ -26,7 +26,6 @@ RELEASE = re.compile(r"0\.5\.\d+")
 
 PENDING: dict[str, str] = {
     "conformance/mutants.py": "a mutant's source citation: SGLANG.default_release",
-    "fakes/launch_server.py": "--tp-size's help: the release the dest changed in (a fact of SGLANG)",
     "weightsync_conformance/plugin.py": "--conformance-sglang-release's help: SGLANG.default_release",
     "weightsync_conformance/cli.py": "the usage in its printed docstring: --sglang-profile V (SGLANG.releases)",
 }

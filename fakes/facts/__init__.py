@@ -5,10 +5,10 @@ the same types (``family``), added to :data:`FAMILIES`. Plain data, no I/O: impo
 
 from __future__ import annotations
 
-from .family import Answer, EngineFamily, Fact, Release, parse_version
+from .family import Answer, EngineFamily, Fact, Release, newest_not_newer, parse_version
 from .sglang import SGLANG
 
 FAMILIES: dict[str, EngineFamily] = {f.name: f for f in (SGLANG,)}
 """Family name → its table."""
 
-__all__ = ["FAMILIES", "SGLANG", "Answer", "EngineFamily", "Fact", "Release", "parse_version"]
+__all__ = ["FAMILIES", "SGLANG", "Answer", "EngineFamily", "Fact", "Release", "newest_not_newer", "parse_version"]

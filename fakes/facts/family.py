@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 _LEADING_DIGITS = re.compile(r"\d+")
 
@@ -26,6 +26,16 @@ def parse_version(text: Any) -> tuple[int, ...]:
         if digits.end() < len(part):  # "10rc1": the suffix ends the release number
             break
     return tuple(parts)
+
+
+def newest_not_newer(labels: Iterable[str], version: str) -> str | None:
+    """The newest of ``labels`` not newer than ``version`` (``version`` itself when listed); None when every one is
+    newer: how a snapshot taken at some releases answers for any release."""
+    labels = list(labels)
+    if version in labels:
+        return version
+    older = sorted((v for v in labels if parse_version(v) <= parse_version(version)), key=parse_version)
+    return older[-1] if older else None
 
 
 @dataclass(frozen=True)

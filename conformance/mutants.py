@@ -108,6 +108,24 @@ class RetryThenIgnoreClient(HttpEngineClient):
                 log.warning("disk update attempt %d failed: %s", attempt, exc)
 
 
+
+class BareBumpAfterRefusalClient(HttpEngineClient):
+    """Once this engine refused a transfer, the version bumps of the updates that follow post only ``new_version``
+    (the retry path builds its own payload), so SGLang aborts every request the engine holds."""
+
+    _refused = False
+
+    def check_response(self, endpoint: str, response: httpx.Response) -> Any:
+        try:
+            return super().check_response(endpoint, response)
+        except EngineError:
+            if endpoint.startswith(("/update_weights_from", "/load_lora_adapter")):
+                self._refused = True
+            raise
+
+    def version_payload(self, version: str) -> dict[str, Any]:
+        return {"new_version": version} if self._refused else super().version_payload(version)
+
 # -- updater -------------------------------------------------------------------------------------------------
 
 class LoraUnstampedUpdater(ReferenceUpdater):
@@ -442,6 +460,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "TokenizerManager.generate_request parks new requests while paused", ("S2",),
             shows_in=("answers-while-paused",), manager_cls=SendsIntoPauseGateManager,
             capabilities=Capabilities(stamps_engines=False)),
+    _mutant("bare_bump_after_refusal", "after an engine refused a transfer, the next updates' version bumps post "
+            "only new_version, so SGLang aborts every request it holds", "rl-frameworks I1/I2 (miles #2589) on a "
+            "retry path", ("I1", "I2"),
+            shows_in=("one-engine-rejects",), client_cls=BareBumpAfterRefusalClient),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",),
             shows_in=("steady-tensor-retract",), updater_cls=PublishFirstUpdater),

@@ -233,19 +233,21 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=3, max_new_tokens=64,
                              max_in_flight_groups=2, buffer_capacity=2)),
     Scenario("failover", "two updates, failover to a fresh trainer cell, two more",
-             _failover, ("V4-S1", "V1", "I1-I2", "I3"), needs=Needs(failover=True)),
-    *(Scenario(f"failing-transfer-{t}", _REJECTED[t], _failing_transfer, ("V2", "P5", "I6", "V1"), transport=(t,))
+             _failover, ("V4-S1", "V1", "I1-I2", "I3", "S2"), needs=Needs(failover=True)),
+    *(Scenario(f"failing-transfer-{t}", _REJECTED[t], _failing_transfer, ("V2", "P5", "I6", "V1", "I1-I2", "I3"),
+               transport=(t,))
       for t in ("disk", "tensor", "distributed")),
     Scenario("one-engine-rejects", "the last engine answers every transfer call with SGLang's failure (400, success: "
              "false; injected at the wire) while the others load the weights, then a good update",
-             _one_engine_rejects, ("P5", "V2", "I6", "V1", "P6"), transport=("disk",)),
+             _one_engine_rejects, ("P5", "V2", "I6", "V1", "P6", "I1-I2", "I3"), transport=("disk",)),
     Scenario("lora", "two LoRA updates while rollouts run",
              _lora, ("V1", "V2", "I1-I2", "I3", "I6", "P7"), needs=Needs(lora=True), full_updates=False),
     Scenario("lora-refused", "a LoRA update every engine refuses to load (SGLang's 400, injected at the wire), then a "
-             "good one", _lora_refused_everywhere, ("V2", "P5", "I6", "V1"), needs=Needs(lora=True),
+             "good one", _lora_refused_everywhere, ("V2", "P5", "I6", "V1", "I1-I2", "I3"), needs=Needs(lora=True),
              full_updates=False),
     Scenario("lora-refused-by-one", "a LoRA update the last engine refuses to load while the others load it, then a "
-             "good one", _lora_refused_by_one, ("V2", "P5", "I6", "V1"), needs=Needs(lora=True), full_updates=False),
+             "good one", _lora_refused_by_one, ("V2", "P5", "I6", "V1", "I1-I2", "I3"), needs=Needs(lora=True),
+             full_updates=False),
     Scenario("partial-rollout", "requests aborted under version 1 (by the suite, engines frozen) are resumed by the "
              "integration under version 2; groups made of them are consumed with the staleness bound at 1",
              _partial_rollout, ("S2", "S3", "I4"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),

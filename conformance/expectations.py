@@ -5,7 +5,7 @@
     case = "I3-steady-*"                  # a case id (python -m conformance --list-cases), or a glob over them
     reason = "our pause is abort-mode; tracked in #123"
     link = "https://github.com/org/framework/issues/123"     # optional
-    backend = "gpu"                       # optional: only on this backend (fake | gpu | sglang); default every backend
+    backend = "gpu"                       # optional: only on this backend (a name in conformance.backend_table)
 
 Each listed case runs as a strict expected failure: it must still fail, on its own invariant, with ``fail``. A
 verdict of ``unknown`` (the scenario never built the situation the invariant needs) or a run that broke (an error,
@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
+from .backend_table import BACKENDS, REFERENCE_BACKEND, backend_names
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-BACKENDS = ("fake", "gpu", "sglang")
 _KEYS = {"case", "reason", "link", "backend"}
 
 
@@ -153,7 +154,7 @@ def _entry(path: Path, n: int, item: Any, known: list[str]) -> Expectation:
     if link is not None and not isinstance(link, str):
         raise ExpectationsError(f"{where} ({pattern!r}): 'link' must be a string")
     if backend is not None and backend not in BACKENDS:
-        raise ExpectationsError(f"{where} ({pattern!r}): 'backend' must be one of {list(BACKENDS)}, got {backend!r}")
+        raise ExpectationsError(f"{where} ({pattern!r}): 'backend' must be one of {backend_names()}, got {backend!r}")
     entry = Expectation(pattern, reason.strip(), link, backend)
     if not any(entry.matches(case_id) for case_id in known):
         raise ExpectationsError(f"{where}: {pattern!r} matches no case of the suite{closest(pattern, known)}")
@@ -176,9 +177,9 @@ def render_expectations(failing: Iterable[tuple[str, str | None]], header: str =
              *([f"# {header}"] if header else []), ""]
     backends: dict[str, set[str]] = {}
     for case_id, backend in failing:
-        backends.setdefault(case_id, set()).add(backend or "fake")
+        backends.setdefault(case_id, set()).add(backend or REFERENCE_BACKEND)
     for case_id, on in sorted(backends.items()):
-        only = next(iter(on)) if len(on) == 1 and "fake" not in on else None  # failing on fake: every backend
+        only = next(iter(on)) if len(on) == 1 and REFERENCE_BACKEND not in on else None  # failing there: everywhere
         lines += ["[[xfail]]", f"case = {_toml_str(case_id)}", 'reason = "TODO"',
                   *([f"backend = {_toml_str(only)}"] if only else []), ""]
     return "\n".join(lines)

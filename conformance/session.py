@@ -1,8 +1,224 @@
-"""Running the conformance cases of one pytest session: each scenario once per integration and backend."""
+"""Running the conformance cases of one pytest session: the integration loaded once, each backend set up once (from
+its row of :mod:`conformance.backend_table`), each scenario run once per integration and backend.
+
+The pytest plugin (``weightsync_conformance.plugin``) turns its options into :class:`SessionOptions` and hands the
+:class:`ConformanceSession` to the suite (``conformance.suite``) as the ``conformance_session`` fixture; nothing here
+reads pytest's configuration. A backend that cannot run here skips its cases (``pytest.skip``) with its reason.
+"""
 
 from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+import pytest
+
+from .backend_table import BackendRow, row
+from .cases import (CASES, BackendFactory, IntegrationError, ScenarioResult, load_integration, run_isolated,
+                    run_one)
+from .expectations import Expectations, load_expectations
+from .interface import Integration
+from .preflight import Finding, release_check
+from .scenarios import DEADLINES, Deadlines
 
 
 class ScenarioRunError(Exception):
     """A scenario's run raised before any verdict existed (an engine lost, never healthy): every case of it fails
     with this message."""
+
+
+class BackendSetup(Protocol):
+    """What a backend row's factory builds, once per session. Optional, with these defaults when absent:
+    ``deadlines() -> DEADLINES``, ``why_not(scenario) -> None`` (a scenario it cannot run: its cases skip with the
+    reason), ``summary() -> []`` (lines for the terminal summary)."""
+
+    def skip_reason(self) -> str | None:
+        """Why this backend's cases cannot run here (one line), or None."""
+
+    def backend_factory(self) -> BackendFactory:
+        """A zero-argument factory of the engines of one scenario (``conformance.backends.Backend``)."""
+
+    def close(self) -> None:
+        """Release what the session held (engines, clusters, built models)."""
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """The session's choices, as the plugin read them from its options (``--conformance-*``)."""
+
+    integration: str
+    """``module:attribute`` of the session's integration."""
+    integration_options: Mapping[str, Any] = field(default_factory=dict)
+    expectations: Path | None = None
+    profile: str = ""
+    """The SGLang release the fake engines behave as."""
+    seed: int = 0
+    isolate: bool = False
+    nodes: int = 1
+    ray_address: str | None = None
+    model_path: str | None = None
+    release: str = ""
+    """Real SGLang on CPU: the release whose environment the engines run from."""
+    venv: str | None = None
+    ray: bool = False
+    stops_session: bool = True
+    """A failed preflight ends the pytest session (False in an xdist worker: it fails each case instead)."""
+
+
+def import_object(spec: str) -> Any:
+    """The object ``module:attribute`` names."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _ask(setup: Any, method: str, default: Any, *args: Any) -> Any:
+    """``setup.method(*args)``, or ``default`` where the set-up does without it (see :class:`BackendSetup`)."""
+    found = getattr(setup, method, None)
+    return default if found is None else found(*args)
+
+
+class ConformanceSession:
+    """What one pytest session knows about the conformance run: the integration under test (loaded once), the
+    expectations file, each backend's set-up, and each scenario's result (run once per integration, scenario and
+    backend)."""
+
+    def __init__(self, options: SessionOptions) -> None:
+        self.options = options
+        self._integration: Integration | None = None
+        self._expectations: Expectations | None = None
+        self._cache: dict[tuple[int, str, str], ScenarioResult | Exception] = {}
+        self._keep: dict[Any, Any] = {}
+        self._setups: dict[str, Any] = {}
+        self._release: dict[int, Finding | None] = {}
+        self.findings: list[Finding] = []
+        """The preflight findings that stopped or failed this run."""
+
+    # -- what is under test ----------------------------------------------------------------------------------------
+
+    def integration(self) -> Integration:
+        """The session's integration (``--conformance-integration``), loaded once."""
+        if self._integration is None:
+            self._integration = load_integration(self.options.integration, self.options.integration_options)
+        return self._integration
+
+    def expectations(self) -> Expectations | None:
+        """The loaded expectations file, or None when none is configured."""
+        if self.options.expectations is not None and self._expectations is None:
+            self._expectations = load_expectations(self.options.expectations, [c.id for c in CASES])
+        return self._expectations
+
+    def resolve(self, integration: Any) -> Integration:
+        """An adopter's class attribute (an Integration, a factory, or ``"module:attr"``) → the Integration."""
+        key = integration if isinstance(integration, str) else id(integration)
+        if key not in self._keep:
+            if isinstance(integration, str):
+                built = load_integration(integration)
+            elif callable(integration) and not hasattr(integration, "build"):
+                try:
+                    built = integration()
+                except Exception as exc:
+                    raise IntegrationError(f"integration factory {getattr(integration, '__qualname__', integration)} "
+                                           f"raised {type(exc).__name__}: {exc}") from None
+            else:
+                built = integration
+            self._keep[key] = built
+        return self._keep[key]
+
+    # -- backends --------------------------------------------------------------------------------------------------
+
+    def setup(self, backend: str) -> Any:
+        """``backend``'s set-up (built at its first case from its table row); skips with its reason where it cannot
+        run here."""
+        entry = self._row(backend)
+        if backend not in self._setups:
+            factory: Callable[..., Any] = import_object(entry.setup)
+            self._setups[backend] = factory(**{name: getattr(self.options, name) for name in entry.options})
+        reason = self._setups[backend].skip_reason()
+        if reason:
+            pytest.skip(reason)
+        return self._setups[backend]
+
+    def backend_factory(self, backend: str) -> BackendFactory:
+        """The engines of ``backend``, one set per scenario."""
+        return self.setup(backend).backend_factory()
+
+    def _row(self, backend: str) -> BackendRow:
+        try:
+            return row(backend)
+        except KeyError as exc:
+            raise pytest.UsageError(f"weightsync-conformance: {exc.args[0]}") from None
+
+    # -- running ---------------------------------------------------------------------------------------------------
+
+    def run(self, integration: Integration, scenario: str, backend: str) -> ScenarioResult:
+        """``scenario`` against ``integration`` on ``backend`` → its ScenarioResult (each run once per session).
+        Raises :class:`ScenarioRunError` when the run broke before any verdict."""
+        entry = self._row(backend)
+        key = (id(integration), scenario, backend)
+        self._keep.setdefault(id(integration), integration)
+        if entry.preflight:
+            self.check_release(integration, backend)
+        if key not in self._cache:
+            try:
+                self._cache[key] = self._run(integration, scenario, entry)
+            except (pytest.UsageError, pytest.skip.Exception):
+                raise
+            except Exception as exc:  # the backend broke (an engine lost, never healthy): every case of it fails
+                self._cache[key] = exc
+        found = self._cache[key]
+        if isinstance(found, Exception):
+            raise ScenarioRunError(f"{scenario} on the {backend} backend: {found}")
+        return found
+
+    def _run(self, integration: Integration, scenario: str, entry: BackendRow) -> ScenarioResult:
+        o = self.options
+        if entry.isolates and o.isolate:
+            if integration is not self._integration:
+                raise pytest.UsageError("--conformance-isolate-scenarios runs the integration named by "
+                                        "--conformance-integration (a class attribute cannot be re-imported in a "
+                                        "fresh process)")
+            return run_isolated(scenario, o.integration, o.integration_options, o.profile, o.seed)
+        setup = self.setup(entry.name)
+        why = _ask(setup, "why_not", None, scenario)
+        if why:
+            return ScenarioResult(skipped=why)
+        adapted = import_object(entry.adapt)(integration) if entry.adapt else integration
+        factory = setup.backend_factory()
+        deadlines: Deadlines = _ask(setup, "deadlines", DEADLINES)
+        return run_one(scenario, adapted, factory, o.seed, deadlines)
+
+    def check_release(self, integration: Integration, backend: str) -> None:
+        """Before the integration's first scenario on ``backend``: the release check (:mod:`conformance.preflight`).
+        Its message stops the run, once; where the session cannot be stopped (an xdist worker) it fails each of the
+        integration's cases instead. Either way the finding is kept for the report (:attr:`findings`)."""
+        if id(integration) not in self._release:
+            self._release[id(integration)] = release_check(integration, self.backend_factory(backend),
+                                                           self.options.seed)
+        finding = self._release[id(integration)]
+        if finding is None:
+            return
+        if finding not in self.findings:
+            self.findings.append(finding)
+        if not self.options.stops_session:
+            pytest.fail(f"release check: {finding.message}", pytrace=False)
+        pytest.exit(f"weightsync-conformance: {finding.message}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+    # -- the end ---------------------------------------------------------------------------------------------------
+
+    def summary(self) -> list[str]:
+        """What the backends cost (engines started, resets), for the terminal summary."""
+        return [line for setup in self._setups.values() for line in _ask(setup, "summary", [])]
+
+    def close(self) -> None:
+        """Close every backend's set-up, the last built first."""
+        setups, self._setups = list(self._setups.values()), {}
+        errors = []
+        for setup in reversed(setups):
+            try:
+                setup.close()
+            except Exception as exc:  # the others still close
+                errors.append(exc)
+        if errors:
+            raise errors[0]

@@ -1,13 +1,20 @@
-"""The fake backend's stepped clock: held, it decodes nothing; stepped, exactly the steps asked for."""
+"""Backends: one is added with a module and a row of the backend table; the fake backend's stepped clock (held, it
+decodes nothing; stepped, exactly the steps asked for)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
 
+import conformance.reference  # noqa: F401  imported here, so the in-process session below shares it
+import conformance.suite  # noqa: F401
+from conformance.backend_table import BACKENDS, BackendRow
 from conformance.backends import FakeBackend, FakeBackendConfig
+from conformance.cases import CASES
+from conformance.expectations import load_expectations
 from conformance.scenarios.errors import ScenarioTimeout, wait_for_condition
 
 pytestmark = pytest.mark.cpu
@@ -48,3 +55,56 @@ def test_a_real_time_backend_cannot_be_held() -> None:
 
     with pytest.raises(RuntimeError, match="stepped=True"):
         asyncio.run(hold())
+
+
+TRIVIAL_BACKEND = '''
+"""A trivial backend: one fake engine per scenario."""
+from conformance.backends import FakeBackend, FakeBackendConfig
+
+
+class OneEngine(FakeBackend):
+    name = "one-engine"
+
+
+class OneEngineSetup:
+    def __init__(self, seed):
+        self.seed = seed
+
+    def skip_reason(self):
+        return None
+
+    def backend_factory(self):
+        return lambda: OneEngine(FakeBackendConfig(engines=1, seed=self.seed))
+
+    def close(self):
+        pass
+'''
+ADOPTER = '''
+from conformance.suite import ConformanceSuite
+
+
+class TestOnOneEngine(ConformanceSuite):
+    backends = ("one-engine",)
+    scenarios = ("first-drain",)
+    invariants = ("V3",)
+'''
+
+
+def test_a_backend_is_one_module_and_one_table_row(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """A row pointing at a module written here: its marker is registered, its case is collected and runs (and
+    passes) on it, and an expectations entry may name it."""
+    (tmp_path / "one_engine_backend.py").write_text(TRIVIAL_BACKEND)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.setitem(BACKENDS, "one-engine", BackendRow(
+        "one-engine", "one_engine", "one fake engine (a test's backend)", "one_engine_backend:OneEngineSetup",
+        options=("seed",)))
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makepyfile(test_one_engine=ADOPTER)
+    args = ("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark", "--strict-markers", "-v")
+    result = pytester.runpytest_inprocess(*args, "-m", "one_engine")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*TestOnOneEngine::test_case?V3-first-drain-one-engine? PASSED*"])
+    entry = tmp_path / "expectations.toml"
+    entry.write_text('[[xfail]]\ncase = "V3-first-drain"\nreason = "r"\nbackend = "one-engine"\n')
+    assert load_expectations(entry, [c.id for c in CASES]).lookup("V3-first-drain", "one-engine") is not None

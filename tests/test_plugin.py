@@ -67,32 +67,33 @@ def test_an_adapter_with_process_global_state_runs_with_isolated_scenarios(run_s
     first, second = (run_one(name, shared, fake_backend_factory()) for name in ("first-drain", "aborted-groups"))
     assert not any(v.run_broke for v in first.verdicts.values())
     assert "already initialised in this process" in second.verdicts["I4"].witness[1]
-    result = run_suite("-m", "cpu", "--integration", "examples.process_global_adapter:integration",
-                       "--isolate-scenarios", "-k", "V3-first-drain or I4-aborted-groups")
+    result = run_suite("-m", "cpu", "--conformance-integration", "examples.process_global_adapter:integration",
+                       "--conformance-isolate-scenarios", "-k", "V3-first-drain or I4-aborted-groups")
     result.assert_outcomes(passed=2)
 
 
 def test_a_broken_integration_is_a_usage_error(run_suite) -> None:
-    result = run_suite("-m", "cpu", "--integration", "no_such_module_xyz:integration")
+    result = run_suite("-m", "cpu", "--conformance-integration", "no_such_module_xyz:integration")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*weightsync-conformance: cannot import integration module 'no_such_module_xyz'*"])
 
 
 def test_an_unknown_profile_is_a_usage_error(run_suite) -> None:
-    result = run_suite("-m", "cpu", "--sglang-profile", "9.9")
+    result = run_suite("-m", "cpu", "--conformance-sglang-profile", "9.9")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--conformance-sglang-profile '9.9' is not known*"])
 
 
 def test_a_mutant_fails_through_pytest_with_its_witness(run_suite) -> None:
-    result = run_suite("-m", "cpu", "--integration", "conformance.mutants:lora_unstamped", "-k", "V1-lora-fake",
-                       "--conformance-seed", "7")
+    result = run_suite("-m", "cpu", "--conformance-integration", "conformance.mutants:lora_unstamped",
+                       "-k", "V1-lora-fake", "--conformance-seed", "7")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*seed=7*", "*?V1 versions agree? FAIL*", "*engines were never stamped*(LoRA)*"])
 
 
 def test_missing_capabilities_skip_with_the_reason(run_suite) -> None:
-    result = run_suite("-m", "cpu", "--integration", "examples.requests_adapter:integration", "-k", "lora-fake", "-rs")
+    result = run_suite("-m", "cpu", "--conformance-integration", "examples.requests_adapter:integration",
+                       "-k", "lora-fake", "-rs")
     result.assert_outcomes(skipped=len(SCENARIOS["lora"].checks))
     result.stdout.fnmatch_lines(["*integration does not declare capability 'lora'*"])
 

@@ -1,13 +1,15 @@
-"""The pytest plugin (``pytest11`` entry point ``weightsync_conformance``): options, markers, fixtures, report.
+"""The pytest plugin (``pytest11`` entry point ``weightsync_conformance``): options, markers, collection, the report.
 
-The top floor: it loads the integration once per session and hands its name and capabilities to the report
-(``reports.collect``), runs scenarios on the fake backend or on real SGLang (``gpu.suite``).
+Hooks only: it reads its options into a :class:`conformance.session.SessionOptions` and hands the session that runs
+the cases (:class:`conformance.session.ConformanceSession`: the integration, the backends' set-up from
+:mod:`conformance.backend_table`, each scenario run once) to the suite as the ``conformance_session`` fixture; it
+registers the backends' markers, checks the options once a case was collected, writes the header line and the
+report (``reports.collect``).
 
 It stays out of the way of every pytest run that collects no conformance case: it registers its options (all
-``--conformance-*``; the old spellings are aliases, registered only where no initial conftest or plugin already
-defines that name, so they never clash), its ini keys and markers, and nothing else — no header line, no xdist
-change, no import of the suite's machinery. Under ``-n N --dist load`` the cases of one scenario go to one worker
-(each scenario runs once); everything else is scheduled exactly as xdist's ``load`` does.
+``--conformance-*``), its ini keys and markers, and nothing else — no header line, no xdist change, no import of the
+suite's machinery. Under ``-n N --dist load`` the cases of one scenario go to one worker (each scenario runs once);
+everything else is scheduled exactly as xdist's ``load`` does.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import os
 import platform
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import pytest
 
 from conformance import DEFAULT_INTEGRATION, __version__
 
-_STATE = pytest.StashKey["ConformanceSession"]()
+_STATE = pytest.StashKey["_PluginState"]()
 _COLLECTOR = "weightsync-conformance-result"
 _CASE_PROPERTY = "weightsync_conformance_integration"
 """A user property on every conformance case's report: the spec of the integration it ran (the controller, also
@@ -76,64 +78,35 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-ALIASES = {"--integration": "--conformance-integration", "--integration-option": "--conformance-integration-option",
-           "--isolate-scenarios": "--conformance-isolate-scenarios",
-           "--sglang-profile": "--conformance-sglang-profile", "--dump-history": "--conformance-dump-history",
-           "--nodes": "--conformance-nodes", "--ray-address": "--conformance-ray-address",
-           "--max-aborted-rate": "--conformance-max-aborted-rate",
-           "--sglang-release": "--conformance-sglang-release", "--sglang-venv": "--conformance-sglang-venv",
-           "--sglang-ray": "--conformance-sglang-ray"}
-"""Old spellings, each registered only when free. ``--model-path`` has none: too generic to ever take."""
-
-
-def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("weightsync-conformance")
     for name, kwargs in _options():
         group.addoption(name, **kwargs)
     parser.addini("conformance_integration", "integration under test (MODULE:ATTR)", default=None)
     parser.addini("conformance_expectations", "known failures of the integration (TOML file)", default=None)
-    if getattr(pluginmanager, "_confcutdir", None) is not None:
-        _add_aliases(parser)  # registered by a conftest: the initial conftests are (being) loaded already
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
-                                  args: list[str]) -> Iterator[None]:
-    """After the initial conftests defined their options: the aliases whose names are still free."""
-    result = yield
-    _add_aliases(parser)
-    return result
-
-
-def _add_aliases(parser: pytest.Parser) -> None:
-    taken = {n for g in [parser._anonymous, *parser._groups] for o in g.options for n in o.names()}
-    group = parser.getgroup("weightsync-conformance")
-    kwargs = dict(_options())
-    for alias, canonical in ALIASES.items():
-        if alias not in taken:
-            spec = dict(kwargs[canonical], dest=canonical[2:].replace("-", "_"), help=f"alias of {canonical}")
-            group.addoption(alias, **spec)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for marker in ("cpu: runs on CPU only (fake engines); every CI",
-                   "gpu: needs real SGLang engines on GPUs (Ray cluster)",
-                   "sglang: real SGLang on CPU from a release's environment (python -m gpu.sglang_cpu install)",
-                   "xdist_group(name): under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"):
-        config.addinivalue_line("markers", marker)
-    config.stash[_STATE] = ConformanceSession(config)
-    config.pluginmanager.register(config.stash[_STATE], "weightsync-conformance-session")
+    from conformance.backend_table import BACKENDS  # light: plain data
+
+    markers: dict[str, str] = {}
+    for row in BACKENDS.values():  # a marker shared by rows: the first row's help
+        markers.setdefault(row.marker, row.about)
+    markers["xdist_group(name)"] = "under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"
+    for marker, about in markers.items():
+        config.addinivalue_line("markers", f"{marker}: {about}")
+    config.stash[_STATE] = _PluginState()
+    config.pluginmanager.register(config.stash[_STATE], "weightsync-conformance-state")
     if getattr(config.option, "numprocesses", None) and getattr(config, "workerinput", None) is None and (
             expectations_path(config) or integration_spec(config) != DEFAULT_INTEGRATION):
-        config.stash[_STATE].activate()  # the xdist controller collects nothing: what was asked for, checked once
+        activate(config)  # the xdist controller collects nothing: what was asked for, checked once
     report, dump = config.getoption("conformance_report"), config.getoption("conformance_dump_history")
     if report or dump:
         from reports.collect import ResultCollector
 
-        state = config.stash[_STATE]
         collector = ResultCollector(config, report and Path(report), dump and Path(dump),
                                     lambda exitstatus: run_metadata(config, exitstatus),
-                                    lambda: [finding.to_json() for finding in state.findings])
+                                    lambda: [f.to_json() for f in _findings(config)])
         config.pluginmanager.register(collector, _COLLECTOR)
 
 
@@ -204,210 +177,74 @@ def sglang_release(config: pytest.Config) -> str:
     return release or DEFAULT_PROFILE
 
 
-class ConformanceSession:
-    """What a pytest session knows about the conformance run: the integration under test (loaded once), the
-    expectations file, and each scenario's result (run once per integration, scenario and backend)."""
+def session_options(config: pytest.Config) -> Any:
+    """The session's choices (:class:`conformance.session.SessionOptions`) from the options."""
+    from conformance.session import SessionOptions
 
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.active = False
-        self._integration: Any = None
-        self._expectations: Any = None
-        self._cache: dict[tuple[int, str, str], Any] = {}
-        self._keep: dict[int, Any] = {}
-        self._gpu: list[Any] = []
-        self._sglang: Any = None
-        self._release: dict[int, Any] = {}
-        self.findings: list[Any] = []
-        """The preflight findings (:class:`conformance.preflight.Finding`) that stopped or failed this run."""
+    cfg = config.getoption
+    return SessionOptions(
+        integration=integration_spec(config), integration_options=integration_options(config),
+        expectations=expectations_path(config), profile=sglang_profile(config), seed=conformance_seed(config),
+        isolate=cfg("conformance_isolate_scenarios"), nodes=cfg("conformance_nodes"),
+        ray_address=cfg("conformance_ray_address"), model_path=cfg("conformance_model_path"),
+        release=sglang_release(config), venv=sglang_venv(config), ray=cfg("conformance_sglang_ray"),
+        stops_session=getattr(config, "workerinput", None) is None)
+
+
+class _PluginState:
+    """The plugin's per-run state (registered as a plugin object): the conformance session (built at the first
+    case) and the integrations whose cases ran (as the controller saw their reports; ordered)."""
+
+    def __init__(self) -> None:
+        self.session: Any = None
         self.ran: dict[str, None] = {}
-        """The integrations whose cases ran (as the controller saw their reports; ordered)."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             if key == _CASE_PROPERTY:
                 self.ran.setdefault(value, None)
 
-    def activate(self) -> None:
-        """A conformance case was collected: check the options, load the integration and the expectations file,
-        each error once, as a usage error that says what to fix."""
-        if self.active:
-            return
-        from conformance.cases import IntegrationError
-        from conformance.expectations import ExpectationsError
 
-        _validate(self.config)
-        try:
-            self.integration()
-            self.expectations()
-        except (IntegrationError, ExpectationsError) as exc:
-            raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
-        self.active = True
+def activate(config: pytest.Config) -> Any:
+    """A conformance case was collected: check the options, build the session, load the integration and the
+    expectations file, each error once, as a usage error that says what to fix. The session (built once)."""
+    state = config.stash[_STATE]
+    if state.session is not None:
+        return state.session
+    from conformance.cases import IntegrationError
+    from conformance.expectations import ExpectationsError
+    from conformance.session import ConformanceSession
 
-    def integration(self) -> Any:
-        """The session's integration (``--conformance-integration``), loaded once."""
-        if self._integration is None:
-            from conformance.cases import load_integration
-
-            self._integration = load_integration(integration_spec(self.config), integration_options(self.config))
-        return self._integration
-
-    def expectations(self) -> Any:
-        """The loaded expectations file, or None when none is configured."""
-        path = expectations_path(self.config)
-        if path is not None and self._expectations is None:
-            from conformance.cases import CASES
-            from conformance.expectations import load_expectations
-
-            self._expectations = load_expectations(path, [c.id for c in CASES])
-        return self._expectations
-
-    def resolve(self, integration: Any) -> Any:
-        """An adopter's class attribute (an Integration, a factory, or ``"module:attr"``) → the Integration."""
-        from conformance.cases import IntegrationError, load_integration
-
-        key = integration if isinstance(integration, str) else id(integration)
-        if key not in self._keep:
-            if isinstance(integration, str):
-                built = load_integration(integration)
-            elif callable(integration) and not hasattr(integration, "build"):
-                try:
-                    built = integration()
-                except Exception as exc:
-                    raise IntegrationError(f"integration factory {getattr(integration, '__qualname__', integration)} "
-                                           f"raised {type(exc).__name__}: {exc}") from None
-            else:
-                built = integration
-            self._keep[key] = built
-        return self._keep[key]
-
-    def run(self, integration: Any, scenario: str, backend: str) -> Any:
-        """``scenario`` against ``integration`` on ``backend`` → its ScenarioResult (each run once per session)."""
-        from conformance.cases import run_isolated, run_one
-
-        key = (id(integration), scenario, backend)
-        self._keep.setdefault(id(integration), integration)
-        if backend == "fake":
-            self.check_release(integration)
-        if key not in self._cache:
-            seed = conformance_seed(self.config)
-            try:
-                if backend == "fake" and self.config.getoption("conformance_isolate_scenarios"):
-                    if integration is not self._integration:
-                        raise pytest.UsageError("--conformance-isolate-scenarios runs the integration named by "
-                                                "--conformance-integration (a class attribute cannot be re-imported "
-                                                "in a fresh process)")
-                    self._cache[key] = run_isolated(scenario, integration_spec(self.config),
-                                                    integration_options(self.config), sglang_profile(self.config),
-                                                    seed)
-                elif backend == "sglang":
-                    self._cache[key] = self.run_sglang(integration, scenario, seed)
-                else:
-                    self._cache[key] = run_one(scenario, integration, self.backend_factory(backend), seed)
-            except (pytest.UsageError, pytest.skip.Exception):
-                raise
-            except Exception as exc:  # the backend broke (an engine lost, never healthy): every case of it fails
-                self._cache[key] = exc
-        found = self._cache[key]
-        if isinstance(found, Exception):
-            from conformance.session import ScenarioRunError
-
-            raise ScenarioRunError(f"{scenario} on the {backend} backend: {found}")
-        return found
-
-    def check_release(self, integration: Any) -> None:
-        """Before the integration's first scenario on the fake engines: the release check
-        (:mod:`conformance.preflight`). Its message stops the run, once; under xdist (where a worker cannot stop
-        the session) it fails each of the integration's cases instead."""
-        if id(integration) not in self._release:
-            from conformance.preflight import release_check
-
-            self._release[id(integration)] = release_check(integration, self.backend_factory("fake"),
-                                                           conformance_seed(self.config))
-        finding = self._release[id(integration)]
-        if finding is None:
-            return
-        if finding not in self.findings:
-            self.findings.append(finding)
-        message = finding.message
-        if getattr(self.config, "workerinput", None) is not None:
-            pytest.fail(f"release check: {message}", pytrace=False)
-        pytest.exit(f"weightsync-conformance: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
-
-    def backend_factory(self, backend: str) -> Callable[[], Any]:
-        """The engines of ``backend``: ``fake`` (in process) or ``gpu`` (real SGLang on Ray, set up at the first gpu
-        case; skips with its reason where it cannot run)."""
-        if backend == "fake":
-            from conformance.cases import fake_backend_factory
-
-            return fake_backend_factory(sglang_profile(self.config), conformance_seed(self.config))
-        if backend == "gpu":
-            if not self._gpu:
-                from gpu.suite import GpuSuite
-
-                cfg = self.config
-                self._gpu.append(GpuSuite(nodes=cfg.getoption("conformance_nodes"), profile=sglang_profile(cfg),
-                                          seed=conformance_seed(cfg),
-                                          ray_address=cfg.getoption("conformance_ray_address"),
-                                          model_path=cfg.getoption("conformance_model_path")))
-                cfg.add_cleanup(self._gpu[0].close)
-            reason = self._gpu[0].skip_reason()
-            if reason:
-                pytest.skip(reason)
-            return self._gpu[0].backend_factory()
-        if backend == "sglang":
-            return self.sglang().backend_factory()
-        raise pytest.UsageError(f"weightsync-conformance: unknown backend {backend!r}")
-
-    # -- real SGLang on CPU (-m sglang) --------------------------------------------------------------------------
-
-    def sglang(self) -> Any:
-        """The session's real-SGLang-on-CPU suite (``gpu.sglang_suite``): skips, with the install command, where
-        the release's environment is missing; engines shared by every scenario of the session."""
-        if self._sglang is None:
-            from gpu.sglang_suite import SglangSuite
-
-            cfg = self.config
-            self._sglang = SglangSuite(release=sglang_release(cfg), venv=sglang_venv(cfg),
-                                       ray=cfg.getoption("conformance_sglang_ray"), seed=conformance_seed(cfg))
-            cfg.add_cleanup(self._sglang.close)
-        reason = self._sglang.skip_reason()
-        if reason:
-            pytest.skip(reason)
-        return self._sglang
-
-    def run_sglang(self, integration: Any, scenario: str, seed: int) -> Any:
-        """``scenario`` on the shared real engines, its deadlines scaled by their measured speed; the suite's
-        reference (and its mutants) send their tensors in the encoding real SGLang reads
-        (``gpu.trainer.for_real_sglang``)."""
-        from conformance.cases import ScenarioResult, run_one
-        from gpu.trainer import for_real_sglang
-
-        suite = self.sglang()
-        if suite.why_not(scenario):
-            return ScenarioResult(skipped=suite.why_not(scenario))
-        return run_one(scenario, for_real_sglang(integration), suite.backend_factory(), seed, suite.deadlines())
-
-    def summary(self) -> list[str]:
-        return self._sglang.summary() if self._sglang is not None else []
-
-    def record(self, request: pytest.FixtureRequest, case: Any, backend: str, result: Any,
-               expected: dict[str, Any] | None = None) -> None:
-        """Keep this case's verdict, and its scenario's history, for the report (``reports.collect``; works
-        under xdist). Does nothing when no report or history dump was asked for."""
-        request.node.user_properties.append((_CASE_PROPERTY, _class_spec(request.node)))
-        collector = self.config.pluginmanager.get_plugin(_COLLECTOR)
-        if collector is not None:
-            from reports.collect import case_entry
-
-            entry = case_entry(case, backend, result)
-            if expected is not None:
-                entry["expected"] = expected
-            collector.record(request.node.nodeid, entry, result.history)
+    _validate(config)
+    session = ConformanceSession(session_options(config))
+    try:
+        session.integration()
+        session.expectations()
+    except (IntegrationError, ExpectationsError) as exc:
+        raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
+    config.add_cleanup(session.close)
+    state.session = session
+    return session
 
 
-def conformance_state(config: pytest.Config) -> ConformanceSession:
-    return config.stash[_STATE]
+def _findings(config: pytest.Config) -> list[Any]:
+    session = config.stash[_STATE].session
+    return session.findings if session is not None else []
+
+
+def record(request: pytest.FixtureRequest, case: Any, backend: str, result: Any,
+           expected: dict[str, Any] | None = None) -> None:
+    """Keep this case's verdict, and its scenario's history, for the report (``reports.collect``; works under
+    xdist). Does nothing when no report or history dump was asked for."""
+    request.node.user_properties.append((_CASE_PROPERTY, _class_spec(request.node)))
+    collector = request.config.pluginmanager.get_plugin(_COLLECTOR)
+    if collector is not None:
+        from reports.collect import case_entry
+
+        entry = case_entry(case, backend, result)
+        if expected is not None:
+            entry["expected"] = expected
+        collector.record(request.node.nodeid, entry, result.history)
 
 
 def _class_spec(item: pytest.Item) -> str:
@@ -427,8 +264,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     cases = [item for item in items if _is_case(item)]
     if not cases:
         return
-    state = conformance_state(config)
-    state.activate()
+    session = activate(config)
     if getattr(config, "workerinput", None) is None:  # a test class's own integration: its error once, up front
         from conformance.cases import IntegrationError
 
@@ -436,7 +272,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                            if c is not None}
         for chosen in chosen_by_class.values():
             try:
-                state.resolve(chosen)
+                session.resolve(chosen)
             except IntegrationError as exc:
                 raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
     if getattr(config, "workerinput", None) is not None and config.getoption("dist", "no") == "load":
@@ -459,9 +295,10 @@ def header_line(config: pytest.Config, integrations: Sequence[str] | None = None
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Under xdist (the controller collects nothing): the header line at the end, once a case ran. What the real
     SGLang engines cost (-m sglang), when they ran."""
-    for line in conformance_state(config).summary():
+    state = config.stash[_STATE]
+    for line in state.session.summary() if state.session is not None else []:
         terminalreporter.write_line(line)
-    ran = list(conformance_state(config).ran)
+    ran = list(state.ran)
     if getattr(config.option, "numprocesses", None) and ran:
         terminalreporter.write_line(header_line(config, ran))
 
@@ -535,49 +372,44 @@ _ScenarioScheduling.__name__ = _ScenarioScheduling.__qualname__ = "LoadSchedulin
 # -- fixtures ----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def conformance_session(pytestconfig: pytest.Config) -> ConformanceSession:
-    """The session's conformance state: ``integration()``, ``expectations()``, ``run(integration, scenario,
-    backend)``, ``record(...)``."""
-    state = conformance_state(pytestconfig)
-    state.activate()
-    return state
+def conformance_session(pytestconfig: pytest.Config) -> Any:
+    """The session's :class:`conformance.session.ConformanceSession`: ``integration()``, ``expectations()``,
+    ``run(integration, scenario, backend)``, ``setup(backend)``."""
+    return activate(pytestconfig)
 
 
 @pytest.fixture(scope="session")
-def conformance_integration(conformance_session: ConformanceSession) -> Any:
+def conformance_integration(conformance_session: Any) -> Any:
     """The Integration under test (``--conformance-integration``)."""
     return conformance_session.integration()
 
 
 @pytest.fixture(scope="session")
-def conformance_run(conformance_session: ConformanceSession, conformance_integration: Any) \
-        -> Callable[[str, str], Any]:
+def conformance_run(conformance_session: Any, conformance_integration: Any) -> Callable[[str, str], Any]:
     """``run(scenario, backend)`` → ScenarioResult of the session's integration, each scenario run once."""
     return lambda scenario, backend: conformance_session.run(conformance_integration, scenario, backend)
 
 
 @pytest.fixture
-def conformance_record(request: pytest.FixtureRequest, conformance_session: ConformanceSession) \
-        -> Callable[..., None]:
+def conformance_record(request: pytest.FixtureRequest) -> Callable[..., None]:
     """``record(case, backend, result, expected=None)``: keep this case's verdict for the report."""
-    return lambda case, backend, result, expected=None: conformance_session.record(request, case, backend, result,
-                                                                                   expected)
+    return lambda case, backend, result, expected=None: record(request, case, backend, result, expected)
 
 
 # -- the result's metadata -----------------------------------------------------------------------------------------
 
 def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
     """What was run, where, and with which versions (the result's ``run``)."""
-    state = conformance_state(config)
     spec, pairs = integration_spec(config), config.getoption("conformance_integration_option") or []
-    ran = list(state.ran)
+    ran = list(config.stash[_STATE].ran)
     if ran and ran != [spec]:  # an adopter's test class: its own integration (several: named together)
         spec, pairs = ",".join(ran), []
     options: dict[str, Any] = {"raw": pairs}
     name = caps = None
     try:  # best effort: the run's metadata must never cost the result (the cases said what broke)
         options = integration_options(config) if pairs else {}
-        integration = state.integration() if spec == integration_spec(config) else state.resolve(spec)
+        session = activate(config)
+        integration = session.integration() if spec == integration_spec(config) else session.resolve(spec)
         name, caps = integration.name, {k: sorted(v) if isinstance(v, frozenset) else v
                                         for k, v in asdict(integration.capabilities).items()}
     except Exception:

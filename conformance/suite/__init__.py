@@ -24,12 +24,9 @@ from typing import Any, ClassVar, Collection, Mapping
 
 import pytest
 
+from ..backend_table import BACKENDS
 from ..cases import CASES, Case
 from ..session import ScenarioRunError
-
-BACKENDS: dict[str, str] = {"fake": "cpu", "gpu": "gpu", "sglang": "sglang"}
-"""Each backend a case runs on → the marker its items carry (``-m cpu``: the fake SGLang; ``-m gpu``: real SGLang
-on Ray; ``-m sglang``: real SGLang on CPU, from a release's environment)."""
 
 
 class ConformanceSuite:
@@ -39,8 +36,9 @@ class ConformanceSuite:
     integration: ClassVar[Any] = None
     """The integration under test: an Integration, a factory called with no arguments, or ``"module:attr"``.
     None: the session's (``--conformance-integration``, ini ``conformance_integration``, the reference)."""
-    backends: ClassVar[Collection[str]] = ("fake", "gpu", "sglang")
-    """Backends to run the cases on (``-m cpu`` / ``-m gpu`` / ``-m sglang`` select among them)."""
+    backends: ClassVar[Collection[str] | None] = None
+    """Backends to run the cases on (None: every one of :data:`conformance.backend_table.BACKENDS`; each case
+    carries its backend's marker: ``-m cpu`` / ``-m gpu`` / ``-m sglang`` select among them)."""
     scenarios: ClassVar[Collection[str] | None] = None
     """Only these scenarios (None: every one)."""
     invariants: ClassVar[Collection[str] | None] = None
@@ -65,8 +63,8 @@ class ConformanceSuite:
                  and (cls.invariants is None or c.check in cls.invariants)]
         metafunc.parametrize("case", [pytest.param(c, marks=[pytest.mark.xdist_group(c.scenario), *self._marks(c)],
                                                    id=c.id) for c in cases])
-        metafunc.parametrize("backend", [pytest.param(b, marks=getattr(pytest.mark, BACKENDS[b]))
-                                         for b in cls.backends])
+        metafunc.parametrize("backend", [pytest.param(b, marks=getattr(pytest.mark, BACKENDS[b].marker))
+                                         for b in (BACKENDS if cls.backends is None else cls.backends)])
 
     def _marks(self, case: Case) -> list[Any]:
         found: list[Any] = []
@@ -103,7 +101,7 @@ class ConformanceSuite:
             pytest.fail(judgement.message + ("" if verdict.passed else "\n" + verdict.explain()), pytrace=False)
         if not verdict.passed:
             pytest.fail(verdict.explain(), pytrace=False)
-        if backend in ("gpu", "sglang") and case.check == "I1-I2":  # real engines: aborted-sample rate near 0
+        if BACKENDS[backend].bounds_aborted_rate and case.check == "I1-I2":  # real engines: aborted rate near 0
             rate, bound = verdict.metrics.get("aborted_sample_rate"), \
                 request.config.getoption("conformance_max_aborted_rate")
             if rate is None or rate > bound:
@@ -111,4 +109,4 @@ class ConformanceSuite:
                             f"{bound}", pytrace=False)
 
 
-__all__ = ["BACKENDS", "ConformanceSuite"]
+__all__ = ["ConformanceSuite"]

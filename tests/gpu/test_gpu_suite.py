@@ -47,7 +47,7 @@ def run_suite(pytester: pytest.Pytester):
 @pytest.mark.slow
 def test_without_gpus_every_gpu_case_skips_with_one_reason_in_seconds(run_suite) -> None:
     t0 = time.monotonic()
-    result = run_suite("-m", "gpu", "--nodes", "2", "-rs")
+    result = run_suite("-m", "gpu", "--conformance-nodes", "2", "-rs")
     assert time.monotonic() - t0 < 60
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped", 0) >= 70 and set(outcomes) <= {"skipped", "deselected"}, outcomes
@@ -61,14 +61,14 @@ def test_the_aborted_sample_rate_gates_each_scenario(run_suite, pytester: pytest
     pytester.makepyfile(gpu_as_fake=GPU_AS_FAKE)
     result = run_suite("-p", "gpu_as_fake", "-m", "gpu",
                        "-k", "I1-I2 and (steady-disk-retract or steady-disk-in_place)",
-                       "--max-aborted-rate", "0.3")
+                       "--conformance-max-aborted-rate", "0.3")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*aborted_sample_rate 0.5 on steady-disk-retract exceeds --conformance-max-aborted-rate 0.3*"])
 
 
 @pytest.mark.slow
 def test_a_bad_rate_is_a_usage_error(run_suite) -> None:
-    result = run_suite("-m", "gpu", "--max-aborted-rate", "1.5")
+    result = run_suite("-m", "gpu", "--conformance-max-aborted-rate", "1.5")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--conformance-max-aborted-rate must be between 0 and 1*"])
 

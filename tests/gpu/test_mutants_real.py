@@ -1,7 +1,7 @@
 """Every mutant of the reference killed on real SGLang on CPU by the checker that kills it on the fake (``-m sglang``).
 
 The mutants run on the session's real engines (the same pair the conformance cases use, reset between scenarios:
-``conformance_session.sglang()``), on the scenarios built to expose them, through :func:`gpu.mutation.run_mutant`
+``conformance_session.setup("sglang")``), on the scenarios built to expose them, through :func:`gpu.mutation.run_mutant`
 as ``tests/test_mutants.py`` runs them on the fake. A mutant whose scenarios real SGLang on CPU cannot run is
 skipped with that reason, never passed. ``gpu/scripts/mutant_table.py`` prints the whole table per release.
 """
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_is_killed_on_real_sglang_as_on_the_fake(name: str, conformance_session) -> None:
-    suite = conformance_session.sglang()  # skips with the install command where the environment is missing
+    suite = conformance_session.setup("sglang")  # skips with the install command where the environment is missing
     mutant = MUTANTS[name]
     real = run_mutant(mutant, suite.backend_factory(), adapt=for_real_sglang, why_not=suite.why_not,
                       deadlines=suite.deadlines())

@@ -1,0 +1,66 @@
+"""The backend table: every backend a conformance case can run on, one row each (plain data, imports nothing).
+
+A row names its backend, the pytest marker its cases carry, and — by import path, so that choosing a backend imports
+only its own code (the fake's path imports nothing from ``gpu/``) — the factory of its session set-up and how an
+integration is adapted to it. The set-up (:class:`conformance.session.BackendSetup`) answers the rest once per
+session: why its cases skip here, the deadlines its scenarios run under, which scenarios it cannot run, the engines
+for each scenario. The plugin registers the markers, the suite parametrises its cases and the expectations file
+checks its ``backend =`` keys from this table; adding a backend is one module with its set-up plus one row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BackendRow:
+    """One backend."""
+
+    name: str
+    """What cases, reports and the expectations file call it (``…-<name>`` in a case's node id)."""
+    marker: str
+    """The pytest marker its cases carry (``-m <marker>`` selects them)."""
+    about: str
+    """The marker's help line."""
+    setup: str
+    """``module:attribute`` of the set-up's factory, called once per session with :attr:`options` as keywords."""
+    options: tuple[str, ...] = ()
+    """The session options the factory takes (fields of :class:`conformance.session.SessionOptions`)."""
+    adapt: str | None = None
+    """``module:attribute`` of ``Integration -> Integration``: how an integration is made to speak to these
+    engines (None: as it is)."""
+    preflight: bool = False
+    """The release check (:mod:`conformance.preflight`) runs before an integration's first scenario here."""
+    isolates: bool = False
+    """``--conformance-isolate-scenarios`` runs each of its scenarios in a fresh process."""
+    bounds_aborted_rate: bool = False
+    """Real engines: a scenario's aborted-sample rate must stay under ``--conformance-max-aborted-rate``."""
+
+
+BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
+    BackendRow("fake", "cpu", "runs on CPU only (fake engines); every CI", "conformance.fake_setup:FakeSetup",
+               options=("profile", "seed"), preflight=True, isolates=True),
+    BackendRow("gpu", "gpu", "needs real SGLang engines on GPUs (Ray cluster)", "gpu.suite:GpuSuite",
+               options=("nodes", "ray_address", "model_path", "profile", "seed"), bounds_aborted_rate=True),
+    BackendRow("sglang", "sglang",
+               "real SGLang on CPU from a release's environment (python -m gpu.sglang_cpu install)",
+               "gpu.sglang_suite:SglangSuite", options=("release", "venv", "ray", "seed"),
+               adapt="gpu.trainer:for_real_sglang", bounds_aborted_rate=True),
+)}
+"""The table: name → row, in the order a case's backends are parametrised in."""
+REFERENCE_BACKEND = "fake"
+"""The backend every CI runs (the fake); a failure there is a failure on every backend."""
+
+
+def backend_names() -> list[str]:
+    """The names of the table's backends, in order."""
+    return list(BACKENDS)
+
+
+def row(name: str) -> BackendRow:
+    """The row of ``name``; KeyError naming the known backends."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"unknown backend {name!r}; the backend table has {backend_names()}") from None

@@ -1,11 +1,7 @@
-"""``python -m conformance``: the command line of the top floor (``weightsync_conformance.cli``).
-
-An entry point only (nothing imports it), so it may reach the floor that wires the suite, the reports and the GPU
-backend together.
-"""
+"""``python -m conformance``: the main job's command line (:mod:`conformance.cli`)."""
 
 import sys
 
-from weightsync_conformance.cli import main
+from .cli import main
 
 sys.exit(main())

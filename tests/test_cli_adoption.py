@@ -11,7 +11,7 @@ import pytest
 from conformance.cases import CASES, fake_backend_factory, load_integration, run_cases
 from conformance.interface import Capabilities
 from conformance.scenarios import SCENARIOS
-from weightsync_conformance.cli import main
+from conformance.cli import main
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[1]

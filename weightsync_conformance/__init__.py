@@ -1,4 +1,4 @@
-"""The top floor: the pytest plugin (``weightsync_conformance.plugin``, the ``pytest11`` entry point) and the command
-line (``python -m conformance``, ``weightsync_conformance.cli``), which wire the conformance core, the reports and the
-GPU backend together. Nothing below imports this package.
+"""The top floor: the pytest plugin (``weightsync_conformance.plugin``, the ``pytest11`` entry point), which wires
+the conformance core, the reports and the GPU backend into pytest, and ``python -m weightsync_conformance`` (the main
+job's command line, :mod:`conformance.cli`). Nothing below imports this package.
 """

@@ -1,0 +1,224 @@
+"""``python -m conformance`` (also ``python -m weightsync_conformance``): run the conformance suite (fake backend by
+default) and write the report (JSON result, Markdown summary, self-contained HTML).
+
+    python -m conformance [--integration MODULE:ATTR [--integration-option KEY=VALUE ...]] [--out results/]
+                          [--sglang-profile V | --profiles all|V1,V2] [--expectations FILE]
+                          [--write-expectations FILE] [-- PYTEST ARGS]
+    python -m conformance --list-cases                       the case ids (<invariant>-<scenario>), one a line
+    python -m conformance new-adapter PATH [--sync|--async]  a commented adapter that fails every case with
+                                                             "implement <method>: ..." until it is filled in
+
+With ``--profiles`` the suite runs once per SGLang profile (results in ``OUT/<profile>/``) and prints the
+integration × profile matrix (also written to ``OUT/profiles.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+PROG = "python -m conformance"
+PLUGIN = "weightsync_conformance.plugin"
+"""The plugin's module (the ``pytest11`` entry point ``weightsync_conformance``)."""
+
+
+def plugin_installed() -> bool:
+    """True when the ``pytest11`` entry point is installed (``pip install -e .``): pytest then loads it itself."""
+    return any(ep.value == PLUGIN for ep in importlib.metadata.entry_points(group="pytest11"))
+
+
+class UsageError(Exception):
+    """Bad input: one line on stderr, exit 2, nothing written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from fakes.profiles import DEFAULT_PROFILE, PROFILES
+
+    parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--integration", default=None, help="MODULE:ATTR of the integration under test "
+                                                             "(default: the reference integration)")
+    parser.add_argument("--integration-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="keyword argument for an integration factory (repeatable)")
+    parser.add_argument("--isolate-scenarios", action="store_true", help="each scenario in its own process")
+    parser.add_argument("--out", default="results", help="report folder (default: results/)")
+    parser.add_argument("--sglang-profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES),
+                        help=f"fake SGLang version (default {DEFAULT_PROFILE})")
+    parser.add_argument("--profiles", default=None, metavar="all|V1,V2",
+                        help="run once per SGLang profile and print the integration x profile matrix")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("-m", dest="marker", default="cpu", help="pytest marker expression (default: cpu)")
+    parser.add_argument("--expectations", default=None, metavar="FILE",
+                        help="known failures (TOML): each listed case runs as a strict expected failure")
+    parser.add_argument("--write-expectations", default=None, metavar="FILE",
+                        help="after the run, write FILE listing every failing case (reason TODO), to adopt in one step")
+    parser.add_argument("--list-cases", action="store_true", help="print every case id and exit")
+    return parser
+
+
+def _adapter_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"{PROG} new-adapter", description="write a commented adapter that runs at once and "
+                     "fails every case with 'implement <method>: ...' until it is filled in")
+    parser.add_argument("path", type=Path, help="the adapter module to write (a new .py file)")
+    style = parser.add_mutually_exclusive_group()
+    style.add_argument("--sync", dest="sync", action="store_true",
+                       help="your engine wrapper is blocking (requests): the adapter runs it in threads")
+    style.add_argument("--async", dest="sync", action="store_false", help="your client is async (default)")
+    return parser
+
+
+def _new_adapter(argv: list[str]) -> int:
+    from conformance.scaffold import write_adapter
+
+    try:
+        args = _adapter_parser().parse_args(argv)
+        path = write_adapter(args.path, args.sync)
+    except (UsageError, ValueError) as exc:
+        print(f"{PROG} new-adapter: error: {exc}", file=sys.stderr)
+        return 2
+    module = path.stem
+    print(f"wrote {path}; run it (every case fails with what to implement first):\n"
+          f"  cd {path.parent} && pytest -m cpu --pyargs conformance.suite "
+          f"--conformance-integration {module}:integration")
+    return 0
+
+
+def _list_cases() -> str:
+    from conformance.cases import CASES
+
+    width = max(len(c.id) for c in CASES)
+    return "\n".join(f"{c.id:<{width}}  scenario={c.scenario} invariant={c.check}" for c in CASES)
+
+
+def _write_expectations(path: Path, report: Path | None, spec: str) -> None:
+    """Every failing case of the run's result into an expectations file (reason TODO)."""
+    from conformance.expectations import render_expectations
+
+    if report is None:
+        raise UsageError(f"--write-expectations: the run wrote no result, so {path} was not written")
+    cases = json.loads(report.read_text())["cases"]
+    failing = [(c["case"], c["backend"]) for c in cases if c["status"] in ("fail", "unknown", "error")]
+    path.write_text(render_expectations(failing, f"written from a run of {spec}"))
+    print(f"expectations: {len(failing)} failing case(s) written to {path} (reason TODO; then burn the list down)")
+
+
+def _profiles(value: str | None, default: str) -> list[str]:
+    from fakes.facts import parse_version
+    from fakes.profiles import PROFILES
+
+    if value is None:
+        return [default]
+    known = sorted(PROFILES, key=parse_version)
+    chosen = known if value == "all" else [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in PROFILES]
+    if unknown or not chosen:
+        raise UsageError(f"--profiles: unknown profile(s) {unknown or [value]}; known: {', '.join(known)} or all")
+    return chosen
+
+
+def _check_integration(args: argparse.Namespace) -> str:
+    from conformance import DEFAULT_INTEGRATION
+    from conformance.cases import IntegrationError, load_integration, parse_options
+
+    spec = args.integration or DEFAULT_INTEGRATION
+    try:
+        load_integration(spec, parse_options(args.integration_option))
+    except IntegrationError as exc:
+        raise UsageError(str(exc)) from None
+    return spec
+
+
+def _run(args: argparse.Namespace, extra: list[str], spec: str, profile: str, out: Path) -> tuple[int, Path | None]:
+    """One pytest run of the suite; its exit code and the result it wrote (None when it wrote none)."""
+    report = out / "conformance-result.json"
+    plugin = [] if plugin_installed() else ["-p", PLUGIN, "--noconftest"]
+    pytest_args = ["--pyargs", "conformance.suite", "-m", args.marker, *plugin,
+                   "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                   f"--conformance-sglang-profile={profile}", f"--conformance-seed={args.seed}",
+                   f"--conformance-report={report}", f"--conformance-integration={spec}",
+                   *(f"--conformance-integration-option={o}" for o in args.integration_option),
+                   *(["--conformance-isolate-scenarios"] if args.isolate_scenarios else []),
+                   *([f"--conformance-expectations={Path(args.expectations).resolve()}"] if args.expectations else []),
+                   *extra]  # joined forms: pytest must not take them for paths
+    started = time.time()
+    code = int(pytest.main(pytest_args))
+    written = report.exists() and report.stat().st_mtime >= started
+    return code, report if written else None
+
+
+def _matrix(spec: str, rows: list[tuple[str, int, Path | None]]) -> str:
+    """The integration x profile matrix as Markdown."""
+    lines = [f"# {spec}: conformance per SGLang profile", "",
+             "| profile | passed | failed | skipped | failing invariants |", "|---|---|---|---|---|"]
+    for profile, code, report in rows:
+        if report is None:
+            lines.append(f"| {profile} | – | – | – | no result (pytest exit {code}) |")
+            continue
+        cases = json.loads(report.read_text()).get("cases", [])
+        count = {s: sum(c.get("status") == s for c in cases) for s in ("pass", "fail", "unknown", "skipped")}
+        failing = sorted({c["invariant"] for c in cases if c.get("status") in ("fail", "unknown", "error")})
+        lines.append(f"| {profile} | {count['pass']} | {count['fail'] + count['unknown']} | {count['skipped']} | "
+                     f"{', '.join(failing) or '–'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _writable_dir(path: Path) -> Path:
+    """``path`` created (with its parents), or UsageError saying why it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot create the report folder ({exc.strerror or exc}); choose a "
+                         f"writable path") from None
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["new-adapter"]:
+        return _new_adapter(argv[1:])
+    try:
+        args, extra = _parser().parse_known_args(argv)
+        if args.list_cases:
+            print(_list_cases())
+            return 0
+        extra = extra[1:] if extra[:1] == ["--"] else extra  # "-- PYTEST ARGS": pytest's own, not paths
+        profiles = _profiles(args.profiles, args.sglang_profile)
+        spec = _check_integration(args)
+        out = _writable_dir(Path(args.out))
+        if args.write_expectations and len(profiles) > 1:
+            raise UsageError("--write-expectations takes one profile (the file lists one run's failures)")
+        if args.expectations and not Path(args.expectations).is_file():
+            raise UsageError(f"--expectations {args.expectations}: no such file (write one with "
+                             f"--write-expectations {args.expectations})")
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if len(profiles) == 1:
+        code, report = _run(args, extra, spec, profiles[0], out)
+        if report is not None:
+            print(f"\nconformance result: {report} (summary {report.with_suffix('.md')})\n"
+                  f"HTML report: {report.with_suffix('.html')}")
+        if args.write_expectations:
+            try:
+                _write_expectations(Path(args.write_expectations), report, spec)
+            except (UsageError, OSError) as exc:
+                print(f"{PROG}: error: {exc}", file=sys.stderr)
+                return 2
+        return code
+    rows = [(profile, *_run(args, extra, spec, profile, out / profile)) for profile in profiles]
+    matrix = _matrix(spec, rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profiles.md").write_text(matrix)
+    print("\n" + matrix + f"\nper-profile results under {out}/<profile>/; this matrix in {out / 'profiles.md'}")
+    return max(code for _, code, _ in rows)

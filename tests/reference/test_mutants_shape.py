@@ -47,6 +47,7 @@ INTENDED = {
     "aborts_own_requests": ({"updater_cls", "manager_cls"}, {"pause_all", "request_payload", "turn_record"}),
     "drops_requests_on_update": ({"manager_cls"}, {"_run_group", "set_weight_version"}),
     "checkpoint_rewritten_in_place": ({"disk_writer"}, set()),
+    "bare_bump_after_refusal": ({"client_cls"}, {"check_response", "version_payload"}),
 }
 BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration, LoraTransport)
 

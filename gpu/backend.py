@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from conformance.wire import WireLog
 from fakes.profiles import DEFAULT_PROFILE
 
+from .engine import EngineActor, SupervisedEngine
 from .launch import FAKE, SGLANG, EngineSpec
 from .weights import parameter_specs, read_all_digests, served_weights
 
@@ -91,20 +92,6 @@ def checkpoint(model_path: str) -> tuple[dict[str, Any], dict[str, tuple[str, tu
     return _checkpoint(model_path, os.stat(model_path).st_mtime_ns)
 
 
-@dataclass
-class _Engine:
-    index: int
-    actor: Any
-    info: dict[str, Any] = field(default_factory=dict)
-    proxy: Any = None
-    last_status: dict[str, Any] = field(default_factory=dict)
-    last_status_t: float | None = None
-    unanswered: int = 0
-    failure: str | None = None
-    unreachable: str | None = None
-    """When the proxy first could not reach the engine, and what the integration was doing then."""
-
-
 class RayBackend:
     """Engines as processes in Ray actors over distinct nodes, each behind a recording proxy in the driver.
 
@@ -119,7 +106,8 @@ class RayBackend:
         self.wire = WireLog()
         self.urls: list[str] = []
         self.placement: Any = None
-        self._engines: list[_Engine] = []
+        self.engines: list[SupervisedEngine] = []
+        """Every engine started, in index order."""
         self._t0 = time.monotonic()
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -133,10 +121,10 @@ class RayBackend:
         self._t0 = time.monotonic()
         try:
             self._launch()
-            for e in self._engines:
+            for e in self.engines:
                 e.proxy = RecordingProxy(e.info["url"], e.index, self.wire,
                                          on_unreachable=functools.partial(self._unreachable, e)).start()
-            self.urls = [e.proxy.url for e in self._engines]
+            self.urls = [e.proxy.url for e in self.engines]
         except BaseException:
             self._teardown()
             raise
@@ -150,26 +138,25 @@ class RayBackend:
 
         with self._lock:
             self.wire = WireLog()
-        for e in self._engines:
+        for e in self.engines:
             if e.proxy is not None:
                 e.proxy.stop()
             e.unreachable = None
             e.proxy = RecordingProxy(e.info["url"], e.index, self.wire,
                                      on_unreachable=functools.partial(self._unreachable, e)).start()
-        self.urls = [e.proxy.url for e in self._engines]
+        self.urls = [e.proxy.url for e in self.engines]
 
     def engine_urls(self) -> list[str]:
         """The engines' own addresses (not the proxies'): for the suite's calls that bypass the wire."""
-        return [e.info["url"] for e in self._engines]
+        return [e.url for e in self.engines]
 
     # -- how engines are launched, asked and stopped (Ray actors here; local processes in gpu.local) ------------
 
     def _launch(self) -> None:
-        """Start every engine (``self._engines`` filled first, so a failure tears down what started); raise
+        """Start every engine (``self.engines`` filled first, so a failure tears down what started); raise
         :class:`EngineFailure` naming each engine that did not become healthy."""
         import ray
 
-        from .engine import EngineActor
         from .placement import place_engines
 
         c = self.config
@@ -182,10 +169,10 @@ class RayBackend:
                                       scheduling_strategy=self.placement.strategy(i), max_restarts=0,
                                       ).remote(c.spec, c.program, dict(c.env), f"engine-{i}", c.engine_host, files,
                                                c.python)
-            self._engines.append(_Engine(i, actor))
-        starts = [e.actor.start.remote(c.health_timeout_s) for e in self._engines]
+            self.engines.append(SupervisedEngine(i, actor))
+        starts = [e.handle.start.remote(c.health_timeout_s) for e in self.engines]
         errors = []
-        for engine, ref in zip(self._engines, starts):
+        for engine, ref in zip(self.engines, starts):
             try:
                 engine.info = ray.get(ref, timeout=c.health_timeout_s + 60.0)
                 engine.last_status, engine.last_status_t = {"log_tail": engine.info["log_tail"]}, self._since()
@@ -194,11 +181,11 @@ class RayBackend:
         if errors:
             raise EngineFailure("\n".join(errors))
 
-    def _statuses(self, live: list[_Engine]) -> dict[int, dict[str, Any] | str | None]:
+    def _statuses(self, live: list[SupervisedEngine]) -> dict[int, dict[str, Any] | str | None]:
         """Each engine's status; a string says why it is lost, None that it did not answer in time."""
         import ray
 
-        refs = {e.index: e.actor.status.remote() for e in live}
+        refs = {e.index: e.handle.status.remote() for e in live}
         out: dict[int, dict[str, Any] | str | None] = {}
         for e in live:
             try:
@@ -213,14 +200,14 @@ class RayBackend:
     def _stop_engines(self) -> None:
         import ray
 
-        stops = [(e, e.actor.stop.remote()) for e in self._engines if e.failure is None]
+        stops = [(e, e.handle.stop.remote()) for e in self.engines if e.failure is None]
         for e, ref in stops:
             try:
                 ray.get(ref, timeout=30.0)
             except Exception:  # already gone: killing the actor below ends its process (death signal)
                 pass
-        for e in self._engines:
-            ray.kill(e.actor, no_restart=True)
+        for e in self.engines:
+            ray.kill(e.handle, no_restart=True)
         if self.placement is not None:
             self.placement.remove()
             self.placement = None
@@ -228,7 +215,7 @@ class RayBackend:
     def stop(self) -> None:
         """Tear everything down; then raise :class:`EngineFailure` if an engine failed while the backend ran."""
         self._teardown()
-        failures = [e.failure for e in self._engines if e.failure]
+        failures = [e.failure for e in self.engines if e.failure]
         if failures:
             raise EngineFailure("\n\n".join(failures))
 
@@ -237,7 +224,7 @@ class RayBackend:
 
     def digests(self) -> list[dict[str, str]] | None:
         params = checkpoint(self.config.spec.model_path)[1]
-        return read_all_digests([e.info["url"] for e in self._engines], params, self.config.digest_timeout_s)
+        return read_all_digests([e.info["url"] for e in self.engines], params, self.config.digest_timeout_s)
 
     def truth(self) -> dict[str, Any]:
         """Where each engine ran (the report draws one lane group per node)."""
@@ -247,10 +234,10 @@ class RayBackend:
 
     def engine_nodes(self) -> list[str]:
         """Each engine's node id as its actor reported it from Ray's runtime context."""
-        return [e.info["node_id"] for e in self._engines]
+        return [e.info["node_id"] for e in self.engines]
 
     def engine_info(self) -> list[dict[str, Any]]:
-        return [dict(e.info) for e in self._engines]
+        return [dict(e.info) for e in self.engines]
 
     def failures(self) -> list[str]:
         """Every engine failure recorded so far, after asking each engine once more (an engine that died a moment
@@ -258,7 +245,7 @@ class RayBackend:
         if not self._stopping.is_set():
             self._poll(patience=UNRESPONSIVE_POLLS)
         with self._lock:
-            return [e.failure for e in self._engines if e.failure]
+            return [e.failure for e in self.engines if e.failure]
 
     # -- supervision ----------------------------------------------------------------------------------------
 
@@ -269,7 +256,7 @@ class RayBackend:
     def _poll(self, patience: int) -> None:
         """Ask every engine not yet failed for its status; record a failure for an actor that died, one that
         answered no status call ``patience`` times in a row, and an engine process that exited."""
-        live = [e for e in self._engines if e.failure is None]
+        live = [e for e in self.engines if e.failure is None]
         statuses = self._statuses(live)
         for e in live:
             status = statuses[e.index]
@@ -289,13 +276,13 @@ class RayBackend:
         """Seconds since the backend started."""
         return time.monotonic() - self._t0
 
-    def _unreachable(self, e: _Engine, error: str) -> None:
+    def _unreachable(self, e: SupervisedEngine, error: str) -> None:
         with self._lock:
             if e.unreachable is None:
                 e.unreachable = (f"It stopped answering at t={self._since():.2f}s ({error}), while the "
                                  f"integration was doing: {self._activity(e.index)}\n")
 
-    def _fail(self, e: _Engine, what: str) -> None:
+    def _fail(self, e: SupervisedEngine, what: str) -> None:
         with self._lock:
             if e.failure is not None:
                 return
@@ -329,10 +316,10 @@ class RayBackend:
             self._monitor.join()
             self._monitor = None
             self._poll(patience=1)  # what happened since the last poll counts too (nothing is stopped yet)
-            for e in self._engines:
+            for e in self.engines:
                 if e.failure is None and e.unreachable is not None:  # Ray may not know yet; the integration did
                     self._fail(e, "the proxy could not reach it while the backend ran")
-        for e in self._engines:
+        for e in self.engines:
             if e.proxy is not None:
                 e.proxy.stop()
         self._stop_engines()

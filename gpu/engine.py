@@ -5,6 +5,8 @@ output in a log file, waits for ``GET /health`` to answer 200 within a deadline 
 tail, when the process exits first), and always tears the whole process group down. The process also dies with
 its parent (``PR_SET_PDEATHSIG``, Linux): when the Ray actor holding it dies, or its node's processes are killed,
 no engine is left behind. :class:`EngineActor` is the same object as a Ray actor (``ray.remote(EngineActor)``).
+:class:`SupervisedEngine` is one engine as a backend supervises it, however it runs (:mod:`gpu.backend`,
+:mod:`gpu.local`; :mod:`gpu.pool` resets it between scenarios).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +31,30 @@ from .launch import SGLANG, EngineSpec, launch_command
 
 LOG_TAIL_BYTES = 4000
 STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class SupervisedEngine:
+    """One engine of a backend: how it runs (``handle``: an :class:`EngineProcess` here, or the Ray actor of an
+    :class:`EngineActor`), where it serves, what the backend last heard from it and why it failed."""
+
+    index: int
+    handle: Any
+    info: dict[str, Any] = field(default_factory=dict)
+    """What its start answered: ``url``, ``node_id``, ``node_ip``, ``pid``, ``log``, ``log_tail``."""
+    proxy: Any = None
+    """The recording proxy (:class:`gpu.proxy.RecordingProxy`) the integration talks to."""
+    last_status: dict[str, Any] = field(default_factory=dict)
+    last_status_t: float | None = None
+    unanswered: int = 0
+    failure: str | None = None
+    unreachable: str | None = None
+    """When the proxy first could not reach the engine, and what the integration was doing then."""
+
+    @property
+    def url(self) -> str:
+        """The engine's own address (not its proxy's)."""
+        return self.info["url"]
 
 
 class EngineStartError(RuntimeError):

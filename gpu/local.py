@@ -13,56 +13,51 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .backend import EngineFailure, RayBackend, RayBackendConfig, _Engine
-from .engine import EngineProcess, EngineStartError
+from .backend import EngineFailure, RayBackend
+from .engine import EngineProcess, EngineStartError, SupervisedEngine
 
 LOCAL_NODE = "local"
 
 
 class LocalBackend(RayBackend):
-    """Engines as local processes, each behind a recording proxy (``config.nodes`` and resources are ignored)."""
+    """Engines as local processes, each behind a recording proxy (``config.nodes`` and resources are ignored); each
+    engine's ``handle`` is its :class:`~gpu.engine.EngineProcess`."""
 
     name = "local"
-
-    def __init__(self, config: RayBackendConfig) -> None:
-        super().__init__(config)
-        self._processes: dict[int, EngineProcess] = {}
 
     def _launch(self) -> None:
         c = self.config
         for i in range(c.engines):
-            self._processes[i] = EngineProcess(c.spec, c.program, host=c.engine_host or "127.0.0.1", env=dict(c.env),
-                                               name=f"engine-{i}", python=c.python)
-            self._engines.append(_Engine(i, actor=None))
+            process = EngineProcess(c.spec, c.program, host=c.engine_host or "127.0.0.1", env=dict(c.env),
+                                    name=f"engine-{i}", python=c.python)
+            self.engines.append(SupervisedEngine(i, process))
 
-        for process in self._processes.values():  # from this thread: an engine dies with the thread that forked it
-            process.launch()
+        for e in self.engines:  # from this thread: an engine dies with the thread that forked it
+            e.handle.launch()
 
-        def start(i: int) -> str | None:
-            process = self._processes[i]
+        def start(e: SupervisedEngine) -> str | None:
+            process: EngineProcess = e.handle
             try:
                 process.wait_healthy(c.health_timeout_s)
             except EngineStartError as exc:
-                return f"engine {i} did not start: {exc}"
-            self._engines[i].info = {"url": process.url, "node_id": LOCAL_NODE, "node_ip": process.host,
-                                     "pid": process.process.pid, "log": str(process.log_path),
-                                     "log_tail": process.log_tail()}
-            self._engines[i].last_status, self._engines[i].last_status_t = \
-                {"log_tail": self._engines[i].info["log_tail"]}, self._since()
+                return f"engine {e.index} did not start: {exc}"
+            e.info = {"url": process.url, "node_id": LOCAL_NODE, "node_ip": process.host, "pid": process.process.pid,
+                      "log": str(process.log_path), "log_tail": process.log_tail()}
+            e.last_status, e.last_status_t = {"log_tail": e.info["log_tail"]}, self._since()
             return None
 
         with ThreadPoolExecutor(max_workers=max(1, c.engines), thread_name_prefix="engine-start") as pool:
-            errors = [e for e in pool.map(start, range(c.engines)) if e]
+            errors = [e for e in pool.map(start, self.engines) if e]
         if errors:
             raise EngineFailure("\n".join(errors))
 
-    def _statuses(self, live: list[_Engine]) -> dict[int, dict[str, Any] | str | None]:
-        return {e.index: self._processes[e.index].status() for e in live}
+    def _statuses(self, live: list[SupervisedEngine]) -> dict[int, dict[str, Any] | str | None]:
+        return {e.index: e.handle.status() for e in live}
 
     def _stop_engines(self) -> None:
-        with ThreadPoolExecutor(max_workers=max(1, len(self._processes)), thread_name_prefix="engine-stop") as pool:
-            list(pool.map(lambda p: p.stop(), self._processes.values()))
+        with ThreadPoolExecutor(max_workers=max(1, len(self.engines)), thread_name_prefix="engine-stop") as pool:
+            list(pool.map(lambda e: e.handle.stop(), self.engines))
 
     def engine_pids(self) -> list[int]:
         """The launcher process of each engine (its process group holds what it spawned)."""
-        return [p.process.pid for p in self._processes.values() if p.process is not None]
+        return [e.handle.process.pid for e in self.engines if e.handle.process is not None]

@@ -158,9 +158,8 @@ class EnginePool:
 
     async def _reset_all(self, backend: RayBackend, wire: list[Any]) -> None:
         assert self.initial is not None
-        urls = backend.engine_urls()
-        await asyncio.gather(*(reset_engine(i, url, self.initial, [c for c in wire if c.engine == i])
-                               for i, url in enumerate(urls)))
+        await asyncio.gather(*(reset_engine(e.index, e.url, self.initial, [c for c in wire if c.engine == e.index])
+                               for e in backend.engines))
 
     def _discard(self, why: str) -> None:
         self.stats.discarded.append(why)

@@ -73,6 +73,14 @@ class Capabilities:
     the client side (a turn is as old as the version published when its ``/generate`` was sent); S2/S3 then judge
     the Manager's records against that truth, computed from the cycle timeline, and V1 still fails, plainly, on
     engines that were never stamped."""
+    absent_because: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+    """Why a transport or capability is not declared (name → reason, e.g. the extra to install): said in the
+    reason of every case skipped for it."""
+
+    def because(self, name: str) -> str:
+        """``": <reason>"`` when :attr:`absent_because` names ``name``, else ``""``."""
+        reason = self.absent_because.get(name)
+        return f": {reason}" if reason else ""
 
     def __post_init__(self) -> None:
         unknown = (set(self.transports) - ALL_TRANSPORTS) | (set(self.pause_modes) - ALL_PAUSE_MODES)
@@ -85,13 +93,14 @@ class Capabilities:
                 partial_rollout: bool = False) -> str | None:
         """The reason a test needing these cannot run, or None when everything is supported."""
         if transport is not None and transport not in self.transports:
-            return f"integration does not support transport {transport!r} (declares {sorted(self.transports)})"
+            return (f"integration does not support transport {transport!r} (declares {sorted(self.transports)})"
+                    f"{self.because(transport)}")
         if pause_mode is not None and pause_mode not in self.pause_modes:
             return f"integration does not support pause mode {pause_mode!r} (declares {sorted(self.pause_modes)})"
         for name, needed in (("lora", lora), ("failover", failover), ("multi_turn", multi_turn),
                              ("staleness_filter", staleness_filter), ("partial_rollout", partial_rollout)):
             if needed and not getattr(self, name):
-                return f"integration does not declare capability {name!r}"
+                return f"integration does not declare capability {name!r}{self.because(name)}"
         return None
 
 

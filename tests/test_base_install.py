@@ -56,6 +56,7 @@ def test_reference_passes_on_the_fake_without_extras() -> None:
     results = json.loads(_python(_WITHOUT_EXTRAS))
     distributed = results.pop("steady-distributed-retract")
     assert isinstance(distributed, str) and "'distributed'" in distributed
+    assert "needs torch, which is not installed (pip install 'weightsync-conformance[torch]')" in distributed
     for scenario, verdicts in results.items():
         assert isinstance(verdicts, dict) and verdicts, (scenario, verdicts)
         assert set(verdicts.values()) == {"pass"}, (scenario, verdicts)

@@ -19,7 +19,8 @@ from ..interface import ALL_TRANSPORTS, KEEPALIVE_EXPIRY_S, BuildEnv, Capabiliti
 from .client import HttpEngineClient
 from .manager import ReferenceManager
 from .transports import (CheckpointWriter, DiskTransport, DistributedTransport, LoraTransport, TensorEncoder,
-                         TensorTransport, WeightTransport, encode_safetensors_b64, write_checkpoint_atomic)
+                         TORCH_EXTRA, TensorTransport, WeightTransport, encode_safetensors_b64,
+                         write_checkpoint_atomic)
 from .updater import ReferenceUpdater
 
 
@@ -32,8 +33,11 @@ def _ssl_context() -> ssl.SSLContext:
 def default_capabilities(**overrides: object) -> Capabilities:
     """What the reference supports here (with ``overrides``): every transport, less ``distributed`` where torch is
     not installed (its scenarios are then skipped, the transport undeclared; :data:`.transports.TORCH_EXTRA`)."""
-    transports = ALL_TRANSPORTS if importlib.util.find_spec("torch") else ALL_TRANSPORTS - {"distributed"}
-    return Capabilities(**{"transports": transports, **overrides})  # type: ignore[arg-type]
+    if importlib.util.find_spec("torch"):
+        return Capabilities(**overrides)  # type: ignore[arg-type]
+    absent = {"distributed": f"it needs torch, which is not installed ({TORCH_EXTRA})"}
+    return Capabilities(**{"transports": ALL_TRANSPORTS - {"distributed"}, "absent_because": absent,
+                           **overrides})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, eq=False)

@@ -56,7 +56,8 @@ class Scenario:
         caps = integration.capabilities
         if self.full_updates and self.transport_for(integration) is None:
             raise Unsupported(f"integration supports none of the transports this scenario needs "
-                              f"{list(self.transport)} (declares {sorted(caps.transports)})")
+                              f"{list(self.transport)} (declares {sorted(caps.transports)})"
+                              + "".join(caps.because(t) for t in self.transport))
         mode = pause_mode_for(self.pause_mode, caps)
         reason = self.needs.missing(caps)
         if reason:

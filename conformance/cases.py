@@ -25,6 +25,7 @@ from .history import Breakage, History
 from .interface import Integration
 from .loop import run_abandonable
 from .scenarios import DEADLINES, SCENARIOS, Deadlines, Unsupported, open_calls, run_scenario
+from .scenarios.capabilities import skips_shown
 
 TEARDOWN_MARGIN_S = 60.0
 """Beyond the scenario script's own deadline: building the roles and tearing down are bounded too, so past this
@@ -154,6 +155,8 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
                 raise
             history.breaks.append(Breakage("error", f"the backend failed when the scenario ended: {exc}",
                                            max((c.t_end or c.t_start for c in history.wire), default=0.0)))
+    if not history.breaks:  # a broken run fails every case; otherwise what the wire shows can rule a check out
+        skipped_checks.update(skips_shown([c for c in s.checks if c not in skipped_checks], history))
     return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks
                                              if check not in skipped_checks}, skipped_checks=skipped_checks)
 

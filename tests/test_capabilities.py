@@ -156,3 +156,16 @@ def test_a_situation_another_failure_prevents_is_unknown_for_the_check_that_need
     s2 = result.verdicts["S2"]
     assert s2.status == "unknown" and any("no group generated under more than one version" in w for w in s2.witness)
     assert result.verdicts["I3"].status == "fail" and result.verdicts["I1-I2"].status == "fail"
+
+
+def test_pauses_the_wire_shows_in_abort_mode_skip_c2_with_the_reason_and_fail_i3() -> None:
+    """An integration that declares in_place but pauses with an empty body (SGLang: abort): C2 has nothing resident
+    to judge, so it is skipped with what the wire showed (never unknown); I3 fails on the mode."""
+    from conformance.mutants import MUTANTS
+
+    result = run_one("steady-tensor-in_place", MUTANTS["pause_abort"].integration, fake_backend_factory())
+    assert "C2" not in result.verdicts
+    assert "took effect in abort mode" in (result.skip_reason("C2") or "")
+    assert result.verdicts["I3"].status == "fail"
+    reference = run_one("steady-tensor-in_place", ReferenceIntegration(), fake_backend_factory())
+    assert reference.verdicts["C2"].status == "pass" and reference.skip_reason("C2") is None

@@ -16,7 +16,7 @@ from typing import Any
 
 from fakes.facts import SGLANG
 
-from ..history import WireCall
+from ..history import History, WireCall
 
 IMPLICIT: dict[tuple[str, str], Any] = {
     ("/pause_generation", "mode"): "abort",
@@ -76,3 +76,13 @@ def sent_as(call: WireCall, field: str, profile: str) -> str:
     value = payload[field]
     coerced = "" if body is None or body.get(field) == value else f", which SGLang reads as {body.get(field)!r}"
     return f"{field}: {value!r} sent{coerced}"
+
+
+def pause_modes_shown(h: History) -> set[str | None]:
+    """The mode SGLang read off each pause the integration's engines accepted (None where it rejected the body)."""
+    modes: set[str | None] = set()
+    for engine in sorted({w.engine for w in h.integration_calls()}):
+        for pause, _ in h.pause_windows(engine):
+            mode = effective(pause, "mode", h.profile)
+            modes.add(mode if isinstance(mode, str) else None)
+    return modes

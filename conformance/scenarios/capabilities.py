@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
 from ..checks import REGISTRY
-from ..checks.effective import pause_takes_mode
+from ..checks.effective import pause_modes_shown, pause_takes_mode
+from ..history import History
 from ..interface import Capabilities
 from .errors import Unsupported
 
@@ -60,8 +61,22 @@ def skip_reasons(checks: Iterable[str], caps: Capabilities, profile: str) -> dic
         reason = (f"SGLang {profile} has no pause modes (every pause aborts), so a fully-async integration does "
                   f"not pause there; I1-I2 judges what its cycles do to the requests in flight")
     elif caps.pause_modes == {"abort"}:
-        return {c: "the integration's pauses take effect in abort mode, so no request is resident across them "
-                   "(I3 reports the mode)" for c in checks if REGISTRY[c].needs_residency}
+        return _no_residency(checks, "the integration's pauses take effect in abort mode")
     else:
         return {}
     return {c: reason for c in checks if REGISTRY[c].needs_pause}
+
+
+def skips_shown(checks: Iterable[str], h: History) -> dict[str, str]:
+    """Checks among ``checks`` that the run's wire shows cannot apply, with the reason: those about requests resident
+    across a pause (``needs_residency``) when every pause the engines accepted took effect in abort mode, whatever
+    the integration declared."""
+    if pause_modes_shown(h) == {"abort"}:
+        return _no_residency(checks, "every pause the engines accepted took effect in abort mode (as SGLang read "
+                                     "its body off the wire)")
+    return {}
+
+
+def _no_residency(checks: Iterable[str], why: str) -> dict[str, str]:
+    return {c: f"{why}, so no request is resident across them (I3 reports the mode)" for c in checks
+            if REGISTRY[c].needs_residency}

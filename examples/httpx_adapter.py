@@ -3,7 +3,7 @@
 An async client (AReaL, SkyRL, prime-rl style) maps directly, no threads needed. The updater is written out
 (disk and tensor transports) to show the cycle an updater must get right; the manager is the reference one.
 
-    pytest -m cpu --integration examples.httpx_adapter:integration
+    pytest -m cpu --conformance-integration examples.httpx_adapter:integration
 """
 
 from __future__ import annotations

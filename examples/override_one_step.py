@@ -6,8 +6,8 @@ the version bump, while the engines are still paused, and keeps every other step
 sessions, transfer, bump, continue, publish, the failure paths). It is also a factory, so the choice can be made
 from the command line:
 
-    pytest -m cpu --integration examples.override_one_step:integration
-    pytest -m cpu --integration examples.override_one_step:integration --integration-option flush=before_load
+    pytest -m cpu --conformance-integration examples.override_one_step:integration
+    pytest -m cpu --conformance-integration examples.override_one_step:integration --conformance-integration-option flush=before_load
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Most frameworks (miles, slime, minimind) drive SGLang through a small blocking w
 a thread (:class:`ThreadedEngineClient`), then build the roles. This example reuses the
 reference updater (disk transport only) and the reference rollout manager; only the engine wrapper is "yours".
 
-    pytest -m cpu --integration examples.requests_adapter:integration
+    pytest -m cpu --conformance-integration examples.requests_adapter:integration
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Real SGLang on a CPU-only machine: one virtual environment per release, built from the package registries.
 
 ``python -m gpu.sglang_cpu install --release V [--venv DIR]`` builds (once; a second run prints "up to date")
-the environment ``../shared/docs/sglang-on-cpu.md`` measured: ``sglang==V`` without its CUDA dependencies, the
+the environment measured in ``docs/backends.md``: ``sglang==V`` without its CUDA dependencies, the
 local CPU ``torch==2.13.0`` (pinned by a constraints file, so nothing pulls a CUDA build), the pure-Python packages
 that release imports (at the release's own pins), ``triton``/``xgrammar``/``compressed-tensors``/``apache-tvm-ffi``
 without their dependencies, ``torchvision`` with its CUDA-linked extensions removed, and

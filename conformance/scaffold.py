@@ -133,6 +133,7 @@ CAPABILITIES = Capabilities(
     staleness_filter=True,              # the Manager enforces env.rollout.max_staleness at consumption
     partial_rollout=False,              # the Manager resumes an aborted call (Turn.continues) instead of recycling
     stamps_engines=True,                # the engines carry your versions (False: Turn.policy_version holds them)
+    absent_because={{}},                # why something above is not declared (name -> reason; said in its skips)
 )
 """Declare only what you support: a case needing more is skipped with the reason, never passed."""
 

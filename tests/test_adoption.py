@@ -4,6 +4,7 @@ pytest run alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -13,12 +14,17 @@ import conformance.mutants  # noqa: F401  imported here, so the in-process sessi
 import conformance.reference  # noqa: F401  import of torch and its kin in one process fails)
 import conformance.suite  # noqa: F401
 import reports.render  # noqa: F401
+
+with contextlib.suppress(ImportError):  # lazily imported by the scenarios; a second import in one process fails
+    import torch  # noqa: F401
 from conformance.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = str(ROOT / "conformance" / "suite")
 QUIET = ("-p", "no:cacheprovider", "-p", "no:benchmark")
+QUIET_ASYNCIO_INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+"""A project's ini that sets pytest-asyncio's loop scope (unset, its deprecation warning is an error here)."""
 
 BROKEN = '''
 from conformance.reference import ReferenceIntegration, ReferenceUpdater
@@ -80,8 +86,7 @@ def test_an_unknown_case_id_is_a_usage_error_with_the_closest_ids(pytester: pyte
 
 def test_the_ini_option_finds_the_file(pytester: pytest.Pytester, suite) -> None:
     expectations(pytester, ("Z9-nothing", "typo"))
-    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n"
-                      "conformance_expectations = conformance-expectations.toml\n")
+    pytester.makeini(QUIET_ASYNCIO_INI + "conformance_expectations = conformance-expectations.toml\n")
     result = suite("-c", str(pytester.path / "tox.ini"), "-k", "V3-first-drain")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*'Z9-nothing' matches no case of the suite*"])
@@ -233,6 +238,7 @@ def test_our_own_unit_test():
 
 @pytest.mark.slow
 def test_an_adopter_subclasses_the_suite_selects_marks_and_parametrises(pytester: pytest.Pytester) -> None:
+    pytester.makeini(QUIET_ASYNCIO_INI)
     pytester.makepyfile(test_weight_sync=ADOPTER_TESTS)
     result = pytester.runpytest_inprocess(*QUIET, "-p", "no:xdist", "-v", "-k", "V1 or I3 or first-drain or own")
     result.assert_outcomes(xfailed=1, passed=6)
@@ -281,6 +287,7 @@ def test_nothing_of_the_suite_was_imported():
 def test_a_project_without_conformance_cases_runs_unchanged(pytester: pytest.Pytester) -> None:
     """Its conftest defines --model-path and --integration, it runs -n 2 --dist load: the same outcome and output
     with the plugin as without it (no header line, xdist's own load scheduling, nothing of the suite imported)."""
+    pytester.makeini(QUIET_ASYNCIO_INI)
     pytester.makeconftest(ADOPTER_CONFTEST)
     pytester.makepyfile(test_own=ADOPTER_OWN_TESTS)
     args = ("-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "load", "--model-path", "/models/llama",

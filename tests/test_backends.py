@@ -3,6 +3,7 @@ decodes nothing; stepped, exactly the steps asked for)."""
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import pytest
 
 import conformance.reference  # noqa: F401  imported here, so the in-process session below shares it
 import conformance.suite  # noqa: F401
+
+with contextlib.suppress(ImportError):  # lazily imported by the scenarios; a second import in one process fails
+    import torch  # noqa: F401
 from conformance.backend_table import BACKENDS, BackendRow
 from conformance.backends import FakeBackend, FakeBackendConfig
 from conformance.cases import CASES

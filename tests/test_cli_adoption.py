@@ -3,15 +3,19 @@ and one-line errors for bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
 import pytest
 
 from conformance.cases import CASES, fake_backend_factory, load_integration, run_cases
+from conformance.cli import main
 from conformance.interface import Capabilities
 from conformance.scenarios import SCENARIOS
-from conformance.cli import main
+
+with contextlib.suppress(ImportError):  # lazily imported by the scenarios; a second import in one process fails
+    import torch  # noqa: F401
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,6 +3,7 @@ with their reason, and a mutant failing through the real pytest path."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -12,6 +13,9 @@ import pytest
 from conformance.cases import (IntegrationError, fake_backend_factory, load_integration, parse_options, run_cases,
                                run_one)
 from conformance.scenarios import SCENARIOS
+
+with contextlib.suppress(ImportError):  # lazily imported by the scenarios; a second import in one process fails
+    import torch  # noqa: F401
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[1]

@@ -216,8 +216,8 @@ def activate(config: pytest.Config) -> Any:
     from conformance.session import ConformanceSession
 
     _validate(config)
-    session = ConformanceSession(session_options(config))
     try:
+        session = ConformanceSession(session_options(config))
         session.integration()
         session.expectations()
     except (IntegrationError, ExpectationsError) as exc:

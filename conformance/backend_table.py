@@ -36,11 +36,14 @@ class BackendRow:
     """``--conformance-isolate-scenarios`` runs each of its scenarios in a fresh process."""
     bounds_aborted_rate: bool = False
     """Real engines: a scenario's aborted-sample rate must stay under ``--conformance-max-aborted-rate``."""
+    run_ahead: int = 0
+    """Scenarios of one integration run at once here, started ahead of the cases that read them (each scenario has
+    engines of its own); 0: one at a time, when its first case asks (engines shared between scenarios)."""
 
 
 BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
     BackendRow("fake", "cpu", "runs on CPU only (fake engines); every CI", "conformance.fake_setup:FakeSetup",
-               options=("profile", "seed"), preflight=True, isolates=True),
+               options=("profile", "seed"), preflight=True, isolates=True, run_ahead=8),
     BackendRow("gpu", "gpu", "needs real SGLang engines on GPUs (Ray cluster)", "gpu.suite:GpuSuite",
                options=("nodes", "ray_address", "model_path", "profile", "seed"), bounds_aborted_rate=True),
     BackendRow("sglang", "sglang",

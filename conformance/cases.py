@@ -32,6 +32,11 @@ TEARDOWN_MARGIN_S = 60.0
 last-resort bound the backend is stopped and the scenario reported as hung."""
 
 
+def scenario_bound_s(deadlines: Deadlines = DEADLINES) -> float:
+    """The last-resort bound on one scenario's run: its script's deadline plus :data:`TEARDOWN_MARGIN_S`."""
+    return deadlines.script_s + TEARDOWN_MARGIN_S
+
+
 @dataclass(frozen=True)
 class Case:
     """One conformance test: an invariant checked on a scenario's history."""
@@ -133,7 +138,7 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
     backend = backend_factory()
     skipped_checks = s.skipped_checks(integration, backend.profile)
     backend.start()
-    bound = deadlines.script_s + TEARDOWN_MARGIN_S
+    bound = scenario_bound_s(deadlines)
     history: History | None = None
     try:
         outcome = run_abandonable(run_scenario(s, integration, backend, seed, deadlines), bound, f"scenario {s.name}")

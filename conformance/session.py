@@ -8,16 +8,17 @@ reads pytest's configuration. A backend that cannot run here skips its cases (``
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import pytest
 
 from .backend_table import BackendRow, row
-from .cases import (CASES, BackendFactory, IntegrationError, ScenarioResult, load_integration, run_isolated,
-                    run_one)
+from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, load_integration,
+                    run_isolated, run_one)
 from .expectations import Expectations, load_expectations
 from .interface import Integration
 from .preflight import Finding, release_check
@@ -92,6 +93,7 @@ class ConformanceSession:
         self._keep: dict[Any, Any] = {}
         self._setups: dict[str, Any] = {}
         self._release: dict[int, Finding | None] = {}
+        self._ahead: RunAhead | None = None
         self.findings: list[Finding] = []
         """The preflight findings that stopped or failed this run."""
 
@@ -152,8 +154,11 @@ class ConformanceSession:
 
     # -- running ---------------------------------------------------------------------------------------------------
 
-    def run(self, integration: Integration, scenario: str, backend: str) -> ScenarioResult:
+    def run(self, integration: Integration, scenario: str, backend: str,
+            ahead: Sequence[str] = ()) -> ScenarioResult:
         """``scenario`` against ``integration`` on ``backend`` → its ScenarioResult (each run once per session).
+        On a backend whose row allows it, the scenarios ``ahead`` (those of the cases collected with this one) are
+        started too, up to ``run_ahead`` at once, in a session that runs every case itself (not an xdist worker).
         Raises :class:`ScenarioRunError` when the run broke before any verdict."""
         entry = self._row(backend)
         key = (id(integration), scenario, backend)
@@ -161,8 +166,19 @@ class ConformanceSession:
         if entry.preflight:
             self.check_release(integration, backend)
         if key not in self._cache:
+            self.setup(backend)  # its skip is raised here, never in a scenario's thread
+            if self._ahead is None and entry.run_ahead and self.options.stops_session \
+                    and not (entry.isolates and self.options.isolate):
+                self._ahead = RunAhead(entry.run_ahead)
             try:
-                self._cache[key] = self._run(integration, scenario, entry)
+                if self._ahead is None:
+                    self._cache[key] = self._run(integration, scenario, entry)
+                else:
+                    for name in (scenario, *ahead):
+                        self._ahead.submit((id(integration), name, backend),
+                                           functools.partial(self._run, integration, name, entry))
+                    self._cache[key] = self._ahead.result(key, functools.partial(self._run, integration, scenario,
+                                                                                 entry))
             except (pytest.UsageError, pytest.skip.Exception):
                 raise
             except Exception as exc:  # the backend broke (an engine lost, never healthy): every case of it fails
@@ -212,7 +228,11 @@ class ConformanceSession:
         return [line for setup in self._setups.values() for line in _ask(setup, "summary", [])]
 
     def close(self) -> None:
-        """Close every backend's set-up, the last built first."""
+        """Stop running ahead (runs not started are dropped), then close every backend's set-up, the last built
+        first."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         setups, self._setups = list(self._setups.values()), {}
         errors = []
         for setup in reversed(setups):

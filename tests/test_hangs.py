@@ -127,10 +127,26 @@ def test_a_session_goes_on_after_a_scenario_that_hangs_for_good(pytester: pytest
     monkeypatch.setenv("WEIGHTSYNC_DEADLINE_SCALE", "0.2")
     monkeypatch.setenv("PYTHONPATH", str(root))
     result = pytester.runpytest_subprocess(
-        str(root / "conformance" / "suite"), "-p", "no:cacheprovider", "-m", "cpu", "--integration",
+        str(root / "conformance" / "suite"), "-p", "no:cacheprovider", "-m", "cpu", "--conformance-integration",
         "tests.hanging_adapter:integration", "-k", "S3-staleness or V1-failover",
         "--conformance-report", str(pytester.path / "result.json"), *workers, timeout=120)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*hang: Manager.start() did not return within 2s*"])
     assert "did not stop when cancelled" in result.stdout.str()
     assert (pytester.path / "result.json").exists()
+
+
+def test_pytest_timeout_never_pre_empts_the_suites_own_bound_on_a_scenario(request: pytest.FixtureRequest) -> None:
+    """This project's ini sets pytest-timeout at 120 s, no more than the suite's bound on a scenario: each case
+    carries a timeout a minute beyond that bound, so a hung scenario is judged once by the suite (its cases get the
+    hang witness), never killed by pytest-timeout; a larger --timeout stands."""
+    from conformance.cases import scenario_bound_s
+    from conformance.suite import case_timeout_s
+
+    assert float(request.config.getini("timeout")) <= scenario_bound_s()
+    assert case_timeout_s(request.config) == scenario_bound_s() + 60.0
+    before, request.config.option.timeout = request.config.option.timeout, 10_000.0
+    try:
+        assert case_timeout_s(request.config) == 10_000.0
+    finally:
+        request.config.option.timeout = before

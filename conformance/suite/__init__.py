@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Collection, Mapping
 import pytest
 
 from ..backend_table import BACKENDS
-from ..cases import CASES, Case
+from ..cases import CASES, Case, scenario_bound_s
 from ..session import ScenarioRunError
 
 
@@ -61,8 +61,9 @@ class ConformanceSuite:
         cls = metafunc.cls
         cases = [c for c in CASES if (cls.scenarios is None or c.scenario in cls.scenarios)
                  and (cls.invariants is None or c.check in cls.invariants)]
-        metafunc.parametrize("case", [pytest.param(c, marks=[pytest.mark.xdist_group(c.scenario), *self._marks(c)],
-                                                   id=c.id) for c in cases])
+        bound = pytest.mark.timeout(case_timeout_s(metafunc.config))
+        metafunc.parametrize("case", [pytest.param(c, marks=[pytest.mark.xdist_group(c.scenario), bound,
+                                                             *self._marks(c)], id=c.id) for c in cases])
         metafunc.parametrize("backend", [pytest.param(b, marks=getattr(pytest.mark, BACKENDS[b].marker))
                                          for b in (BACKENDS if cls.backends is None else cls.backends)])
 
@@ -80,7 +81,8 @@ class ConformanceSuite:
         expectations = conformance_session.expectations()
         entry = expectations.lookup(case.id, backend) if expectations is not None else None
         try:
-            result = conformance_session.run(conformance_integration, case.scenario, backend)
+            result = conformance_session.run(conformance_integration, case.scenario, backend,
+                                             ahead=_scenarios_collected(request, backend))
         except ScenarioRunError as exc:  # no verdict at all: never the listed failure
             listed = entry and expectations.judge(entry, case.id, "error", witness=[str(exc)])
             pytest.fail(f"{listed.message}\n{exc}" if listed else str(exc), pytrace=False)
@@ -109,4 +111,28 @@ class ConformanceSuite:
                             f"{bound}", pytrace=False)
 
 
-__all__ = ["ConformanceSuite"]
+def case_timeout_s(config: pytest.Config) -> float:
+    """pytest-timeout's bound on one case: never under the suite's own bound on a scenario (its script's deadline
+    plus the teardown margin, :func:`conformance.cases.scenario_bound_s`) plus a minute, so a hung scenario gets its
+    verdict from the suite, once, and every case of it the hang witness; a larger ``--timeout`` (or ini
+    ``timeout``) stands."""
+    try:
+        configured = config.getoption("timeout", None)
+        configured = float(config.getini("timeout") if configured is None else configured)
+    except (ValueError, TypeError):
+        configured = 0.0
+    return max(configured, scenario_bound_s() + 60.0)
+
+
+def _scenarios_collected(request: pytest.FixtureRequest, backend: str) -> list[str]:
+    """The scenarios of the cases collected in this case's class on ``backend``, in collection order (what the
+    session may run ahead)."""
+    cls, found = request.node.cls, {}
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(item, "cls", None) is cls and params.get("backend") == backend and "case" in params:
+            found.setdefault(params["case"].scenario, None)
+    return list(found)
+
+
+__all__ = ["ConformanceSuite", "case_timeout_s"]

@@ -1,4 +1,4 @@
-"""The GPU backend: real SGLang servers supervised by Ray actors across ``--nodes`` nodes (README "Real SGLang on
+"""The GPU backend: real SGLang servers supervised by Ray actors across ``--conformance-nodes`` nodes (README "Real SGLang on
 a GPU cluster").
 
 * :mod:`gpu.launch` — one launch line (``EngineSpec`` → SGLang's flags) for ``sglang.launch_server`` and the fake;

@@ -73,10 +73,3 @@ def local_cluster(nodes: int, cpus_per_node: int = 1, gpus_per_node: int = 0) ->
             from ray._private.utils import reset_ray_address
 
             reset_ray_address()
-
-
-def add_worker_node(cluster: Any, cpus: int = 1, gpus: int = 0) -> Any:
-    """Add one more simulated worker node and wait until Ray sees it alive."""
-    node = cluster.add_node(num_cpus=cpus, num_gpus=gpus, object_store_memory=OBJECT_STORE_BYTES)
-    cluster.wait_for_nodes()
-    return node

@@ -36,7 +36,7 @@ class Placement:
 def bundles_for(engines: int, nodes: int, per_engine: Mapping[str, float]) -> tuple[list[dict[str, float]], list[int]]:
     """The bundles (one per node) and each engine's bundle index."""
     if nodes < 1:
-        raise PlacementError(f"--nodes must be >= 1 (got {nodes})")
+        raise PlacementError(f"--conformance-nodes must be >= 1 (got {nodes})")
     if engines < nodes:
         raise PlacementError(f"{engines} engine(s) cannot cover {nodes} distinct nodes: use at least as many "
                              f"engines as nodes")
@@ -68,7 +68,7 @@ def place_engines(engines: int, nodes: int, per_engine: Mapping[str, float], tim
     bundles, bundle_of_engine = bundles_for(engines, nodes, per_engine)
     fit = nodes_that_fit(per_engine)
     if len(fit) < nodes:
-        raise PlacementError(f"--nodes {nodes}: the cluster has {len(fit)} live node(s) with room for an engine "
+        raise PlacementError(f"--conformance-nodes {nodes}: the cluster has {len(fit)} live node(s) with room for an engine "
                              f"({dict(per_engine)}); nodes: {describe_nodes()}")
     group = placement_group(bundles, strategy="STRICT_SPREAD")
     if not group.wait(timeout_s):

@@ -1,7 +1,7 @@
-"""``-m gpu``: the conformance cases on real SGLang engines spread by Ray over ``--nodes`` nodes.
+"""``-m gpu``: the conformance cases on real SGLang engines spread by Ray over ``--conformance-nodes`` nodes.
 
 :class:`GpuSuite` is what the plugin's ``gpu`` backend uses, once per pytest session: it says in one line why the
-cases cannot run here (no ``ray``, no ``sglang``, no GPU), else connects to the cluster (``--ray-address``, else
+cases cannot run here (no ``ray``, no ``sglang``, no GPU), else connects to the cluster (``--conformance-ray-address``, else
 ``RAY_ADDRESS``, else a Ray started on this machine), picks the served model (``--model-path``, else the tiny model
 built locally and shipped to every engine's node) and makes one :class:`gpu.backend.RayBackend` per scenario.
 """
@@ -71,7 +71,7 @@ class GpuSuite:
         address = self.ray_address or os.environ.get("RAY_ADDRESS")
         problems = missing_software()
         if address is None and visible_gpus() == 0:
-            problems.append("no GPU is visible here and no Ray cluster was given (--ray-address or RAY_ADDRESS)")
+            problems.append("no GPU is visible here and no Ray cluster was given (--conformance-ray-address or RAY_ADDRESS)")
         if problems:
             return f"-m gpu needs real SGLang on GPUs: {'; '.join(problems)} ({INSTALL_HINT})"
         from .cluster import connect

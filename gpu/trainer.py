@@ -15,7 +15,7 @@ configuration only, never the cycle:
 * **disk**: checkpoints are written under the scenario's temporary directory, so ``TMPDIR`` must be a filesystem
   every node mounts at the same path.
 
-    pytest -m gpu --nodes 2 --integration gpu.trainer:integration          # or gpu.trainer:nccl_integration
+    pytest -m gpu --conformance-nodes 2 --conformance-integration gpu.trainer:integration         # or gpu.trainer:nccl_integration
 """
 
 from __future__ import annotations

@@ -124,10 +124,6 @@ class Timeline:
         return list(dict.fromkeys(self.group_of(e) for e in range(self.engines)))
 
 
-def wire_calls(history: dict[str, Any]) -> list[WireCall]:
-    return History.from_json({"wire": history.get("wire") or []}).wire
-
-
 def build_timeline(history: dict[str, Any]) -> Timeline:
     """The timeline of one history (its JSON)."""
     h = History.from_json(history)

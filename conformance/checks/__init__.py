@@ -8,12 +8,12 @@ from .protocol import cycle_order, failures_are_fatal, flush_contract, pause_mod
 from .registry import REGISTRY, Check, invariants, known_invariants
 from .requests import aborted_never_trained, no_aborts_on_update
 from .staleness import oldest_version, staleness_bound
-from .verdict import Verdict, verdict, worst
+from .verdict import Verdict, verdict
 from .versions import (never_backwards, nothing_before_first_update, published_only_after_success,
                        versions_agree, weights_match)
 
 CHECKS = {c.id: c.run for c in REGISTRY.values()}
 """Invariant id → checker."""
 
-__all__ = ["CHECKS", "REGISTRY", "Check", "Verdict", "invariants", "known_invariants", "verdict", "worst",
+__all__ = ["CHECKS", "REGISTRY", "Check", "Verdict", "invariants", "known_invariants", "verdict",
            *(f.__name__ for f in CHECKS.values())]

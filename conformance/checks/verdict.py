@@ -8,7 +8,6 @@ from typing import Any, Literal, Sequence
 from ..anomaly import Anomaly, note
 
 Status = Literal["pass", "fail", "unknown"]
-_RANK = {"pass": 0, "unknown": 1, "fail": 2}
 
 
 @dataclass
@@ -60,8 +59,3 @@ def verdict(failures: Sequence[Anomaly | str], *, vacuous: str | None = None,
     if vacuous:
         return Verdict("", "unknown", metrics=metrics or {}, anomalies=[note(vacuous)])
     return Verdict("", "pass", [], metrics or {})
-
-
-def worst(verdicts: list[Verdict]) -> Status:
-    """Jepsen's composition: the worst status wins."""
-    return max((v.status for v in verdicts), key=_RANK.__getitem__, default="unknown")

@@ -79,7 +79,7 @@ def test_the_skip_reason_names_everything_missing(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     reason = GpuSuite(nodes=2).skip_reason()
     assert reason == ("-m gpu needs real SGLang on GPUs: ray is not installed; sglang is not installed; no GPU is "
-                      "visible here and no Ray cluster was given (--ray-address or RAY_ADDRESS) "
+                      "visible here and no Ray cluster was given (--conformance-ray-address or RAY_ADDRESS) "
                       f"({gpu_suite.INSTALL_HINT})")
 
 

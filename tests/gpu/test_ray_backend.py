@@ -89,7 +89,7 @@ def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> Non
                     backend.stop()
 
         with subtests.test("a cluster with fewer nodes than asked is a clear error"):
-            with pytest.raises(PlacementError, match=r"--nodes 3: the cluster has 2 live node\(s\) with room"):
+            with pytest.raises(PlacementError, match=r"--conformance-nodes 3: the cluster has 2 live node\(s\) with room"):
                 RayBackend(fake_config(model, engines=3, nodes=3)).start()
 
         with subtests.test(f"conformance cases of {', '.join(SCENARIOS)} pass through the proxies"):

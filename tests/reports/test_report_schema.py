@@ -88,7 +88,7 @@ def test_the_main_job_under_xdist_writes_a_complete_valid_result(tmp_path: Path)
     ``--dump-history`` writes each scenario run as JSON; the HTML's path is printed."""
     out, dump = tmp_path / "results", tmp_path / "dump"
     done = run_python("-m", "conformance", "--out", str(out), "-n", "2", "-m", "cpu or gpu", "-k", SCENARIO,
-                      f"--dump-history={dump}", "-rA", cwd=tmp_path)
+                      f"--conformance-dump-history={dump}", "-rA", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"HTML report: {out / 'conformance-result.html'}" in done.stdout
     passed = {line.split("::", 1)[1].strip() for line in done.stdout.splitlines() if line.startswith("PASSED ")}
@@ -150,8 +150,8 @@ def test_without_xdist_real_cases_and_a_broken_case_reach_the_result(pytester: p
     plugin = [] if plugin_installed() else ["-p", PLUGIN]
     run = pytester.runpytest(SUITE, "test_broken.py", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark",
                              *plugin, "-m", "cpu", "-k", SCENARIO, f"--conformance-report={result_path}",
-                             "--integration=my_adapter:make", "--integration-option=flavour=mild",
-                             "--integration-option=retries=2")
+                             "--conformance-integration=my_adapter:make", "--conformance-integration-option=flavour=mild",
+                             "--conformance-integration-option=retries=2")
     run.assert_outcomes(passed=2, errors=1)
     result = json.loads(result_path.read_text())
     validate(result)

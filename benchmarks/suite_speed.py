@@ -5,7 +5,7 @@
 Times, each as a fresh subprocess from the repository root:
 
 - the main job, ``python -m conformance --out <tmp>`` (the conformance suite on the fake backend, report written);
-- the README's test command, ``pytest -m "cpu and not slow" -n 3`` (``--quick``: the suite's own check tests only;
+- the README's test command, ``pytest -m "cpu and not slow" -n 6 --dist loadgroup`` (``--quick``: the suite's own check tests only;
   ``--skip-tests``: not at all);
 - a baseline in the same run: every scenario of the main job back to back in one process (``run_one``, no pytest),
   the floor set by the scenarios' own waits.
@@ -27,7 +27,8 @@ from _bench import REPO, machine, parser
 RELEASE_0_1_0 = {"main job": 24.0, "README test command": 86.0}
 """Seconds, weightsync-conformance 0.1.0 on the 2-core CI machine (main job: 108 cases; tests: 1,015 with -n 3)."""
 
-TEST_COMMAND = ["-m", "pytest", "-m", "cpu and not slow", "-n", "3", "-q", "-p", "no:cacheprovider"]
+TEST_COMMAND = ["-m", "pytest", "-m", "cpu and not slow", "-n", "6", "--dist", "loadgroup", "-q",
+                "-p", "no:cacheprovider"]
 QUICK_TESTS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_check_registry.py"]
 DEADLINE_S = 600.0
 

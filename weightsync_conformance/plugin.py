@@ -35,7 +35,8 @@ GROUP_SUFFIX = "@weightsync-conformance:"
 
 
 def _options() -> list[tuple[str, dict[str, Any]]]:
-    from fakes.profiles import DEFAULT_PROFILE, PROFILES  # light: plain data
+    from fakes.facts import SGLANG  # light: plain data
+    from fakes.profiles import DEFAULT_PROFILE, PROFILES
 
     return [
         ("--conformance-integration", dict(default=None, metavar="MODULE:ATTR", help=(
@@ -68,7 +69,8 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
         # real SGLang on CPU (-m sglang; gpu.sglang_suite)
         ("--conformance-sglang-release", dict(default=None, metavar="VERSION", help=(
             "real SGLang on CPU (-m sglang): the release whose environment the engines run from (default: the "
-            "--conformance-sglang-venv's, else 0.5.23; install: python -m gpu.sglang_cpu install --release V)"))),
+            f"--conformance-sglang-venv's, else {SGLANG.default_release}; install: python -m gpu.sglang_cpu "
+            "install --release V)"))),
         ("--conformance-sglang-venv", dict(default=None, metavar="DIR", help=(
             "real SGLang on CPU (-m sglang): the release's environment (default: env WEIGHTSYNC_SGLANG_VENV, else "
             "where gpu.sglang_cpu install puts it)"))),

@@ -225,9 +225,10 @@ class RunAhead:
         if key not in self._futures:
             self._futures[key] = self._pool.submit(run)
 
-    def result(self, key: Any, run: Callable[[], Any]) -> Any:
-        """``run()``'s result for ``key`` (started now unless already submitted); its exception is raised."""
-        self.submit(key, run)
+    def result(self, key: Any, run: Callable[[], Any] | None = None) -> Any:
+        """The result of ``key``'s run (``run`` started now unless one was submitted); its exception is raised."""
+        if run is not None:
+            self.submit(key, run)
         return self._futures[key].result()
 
     def close(self) -> None:
@@ -245,6 +246,6 @@ def run_cases(integration: Integration, backend_factory: BackendFactory, seed: i
     try:
         for name in names:
             ahead.submit(name, functools.partial(run_one, name, integration, backend_factory, seed, deadlines))
-        return {name: ahead.result(name, lambda: None) for name in names}
+        return {name: ahead.result(name) for name in names}
     finally:
         ahead.close()

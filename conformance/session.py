@@ -177,8 +177,7 @@ class ConformanceSession:
                     for name in (scenario, *ahead):
                         self._ahead.submit((id(integration), name, backend),
                                            functools.partial(self._run, integration, name, entry))
-                    self._cache[key] = self._ahead.result(key, functools.partial(self._run, integration, scenario,
-                                                                                 entry))
+                    self._cache[key] = self._ahead.result(key)
             except (pytest.UsageError, pytest.skip.Exception):
                 raise
             except Exception as exc:  # the backend broke (an engine lost, never healthy): every case of it fails

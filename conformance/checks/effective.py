@@ -78,11 +78,13 @@ def sent_as(call: WireCall, field: str, profile: str) -> str:
     return f"{field}: {value!r} sent{coerced}"
 
 
+def pause_mode(call: WireCall, profile: str) -> str | None:
+    """The mode SGLang ``profile`` pauses in for the ``/pause_generation`` ``call`` (None where it rejects the body)."""
+    mode = effective(call, "mode", profile)
+    return mode if isinstance(mode, str) else None
+
+
 def pause_modes_shown(h: History) -> set[str | None]:
-    """The mode SGLang read off each pause the integration's engines accepted (None where it rejected the body)."""
-    modes: set[str | None] = set()
-    for engine in sorted({w.engine for w in h.integration_calls()}):
-        for pause, _ in h.pause_windows(engine):
-            mode = effective(pause, "mode", h.profile)
-            modes.add(mode if isinstance(mode, str) else None)
-    return modes
+    """The mode SGLang read off each pause the integration's engines accepted."""
+    return {pause_mode(pause, h.profile) for engine in {w.engine for w in h.integration_calls()}
+            for pause, _ in h.pause_windows(engine)}

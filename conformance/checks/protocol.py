@@ -7,7 +7,7 @@ from fakes.facts import SGLANG
 
 from ..anomaly import Anomaly
 from ..history import TRANSFER_PATHS, History, WireCall
-from .effective import effective, sent_as
+from .effective import effective, pause_mode, sent_as
 from .registry import check
 from .verdict import Verdict, verdict
 
@@ -105,11 +105,6 @@ _FLUSH_REFUSED = SGLANG.facts["post_update_flush_failure"].since("error")
 """The first release that refuses a flush with requests resident instead of crashing the scheduler."""
 
 
-def _pause_mode(call: WireCall, profile: str) -> str | None:
-    mode = effective(call, "mode", profile)
-    return mode if isinstance(mode, str) else None
-
-
 @check("I3", "pause mode sent",
        holds="every pause takes effect in the mode the integration runs in, never `abort`",
        reads="the `mode` SGLang reads from each `/pause_generation` body (`{}` → abort; "
@@ -122,7 +117,7 @@ def pause_mode_sent(h: History) -> Verdict:
     failures: list[Anomaly] = []
     pauses = list(h.integration_calls("/pause_generation"))
     for call in pauses:
-        mode = _pause_mode(call, h.profile)
+        mode = pause_mode(call, h.profile)
         if mode is None:
             continue  # SGLang rejected the body: nothing was paused (P5 judges the refusal)
         sent = sent_as(call, "mode", h.profile)
@@ -157,7 +152,7 @@ def flush_contract(h: History) -> Verdict:
     engines = sorted({w.engine for w in h.integration_calls()})
     for engine in engines:
         windows = [(pause, end) for pause, end in h.pause_windows(engine)
-                   if _pause_mode(pause, h.profile) == "in_place"]
+                   if pause_mode(pause, h.profile) == "in_place"]
         in_place += len(windows)
         for pause, end in windows:
             for call in h.integration_calls(engine=engine):

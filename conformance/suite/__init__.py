@@ -124,15 +124,20 @@ def case_timeout_s(config: pytest.Config) -> float:
     return max(configured, scenario_bound_s() + 60.0)
 
 
+_COLLECTED = pytest.StashKey[dict[tuple[Any, str], list[str]]]()
+
+
 def _scenarios_collected(request: pytest.FixtureRequest, backend: str) -> list[str]:
     """The scenarios of the cases collected in this case's class on ``backend``, in collection order (what the
-    session may run ahead)."""
-    cls, found = request.node.cls, {}
-    for item in request.session.items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if getattr(item, "cls", None) is cls and params.get("backend") == backend and "case" in params:
-            found.setdefault(params["case"].scenario, None)
-    return list(found)
+    session may run ahead); read off the session's items once per session."""
+    if _COLLECTED not in request.session.stash:
+        found: dict[tuple[Any, str], dict[str, None]] = {}
+        for item in request.session.items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if "case" in params and "backend" in params:
+                found.setdefault((getattr(item, "cls", None), params["backend"]), {})[params["case"].scenario] = None
+        request.session.stash[_COLLECTED] = {key: list(names) for key, names in found.items()}
+    return request.session.stash[_COLLECTED].get((request.node.cls, backend), [])
 
 
 __all__ = ["ConformanceSuite", "case_timeout_s"]

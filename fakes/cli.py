@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 
@@ -110,19 +110,6 @@ def exit_on_crash(reason: str) -> NoReturn:
     os._exit(1)
 
 
-def _uvicorn_server(app: Any) -> Any:
-    """The `uvicorn.Server` serving `app` in the running loop (`serving.serve_apps` keeps its servers to itself;
-    each runs as a task of `uvicorn.Server.serve`)."""
-    import uvicorn
-
-    for task in asyncio.all_tasks():
-        frame = getattr(task.get_coro(), "cr_frame", None)
-        server = frame.f_locals.get("self") if frame is not None else None
-        if isinstance(server, uvicorn.Server) and server.config.app is app:
-            return server
-    raise RuntimeError(f"no uvicorn server serves {app!r}")
-
-
 class CrashDoor:
     """One engine's ASGI app among several: when the engine crashes its port goes dead, as when SGLang's process
     dies (see `exit_on_crash`): the listening socket closes, every connection to it drops, answers unsent."""
@@ -131,7 +118,7 @@ class CrashDoor:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.server: Any = None  # the uvicorn.Server, once listening (`attach`)
+        self.server: Any = None  # the uvicorn.Server serving it (`attach`)
         self.closed = False
 
     def attach(self, server: Any) -> None:
@@ -145,7 +132,7 @@ class CrashDoor:
         self.closed = True
         if self.server is None:
             return
-        for listener in self.server.servers:
+        for listener in getattr(self.server, "servers", ()):  # set once it listens
             listener.close()
         for connection in list(self.server.server_state.connections):
             connection.transport.abort()
@@ -213,13 +200,15 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None,
         closers.append(router.aclose)
     urls = [http_url(args.host, s.getsockname()[1]) for s in sockets]
 
+    def attach(servers: Sequence[Any]) -> None:
+        for door, server in zip(doors, servers):  # the engines' servers come first
+            door.attach(server)
+
     async def listening() -> None:
-        for door in doors:
-            door.attach(_uvicorn_server(door))
         if announce is not None:
             announce(urls)
 
-    await serve_apps(apps, sockets, stop=stop, on_listening=listening, on_close=closers)
+    await serve_apps(apps, sockets, stop=stop, on_listening=listening, on_close=closers, on_servers=attach)
     return 0
 
 

@@ -160,10 +160,12 @@ async def serve_apps(
     stop: asyncio.Event | None = None,
     on_listening: Callable[[], Awaitable[None]] | None = None,
     on_close: Sequence[Callable[[], Awaitable[None]]] = (),
+    on_servers: Callable[[Sequence[Any]], None] | None = None,
     graceful_timeout: float = 3.0,
 ) -> None:
     """Serve each app on its bound socket until `stop` is set, SIGINT/SIGTERM arrives or a server ends.
 
+    `on_servers(servers)` gets the `uvicorn.Server` of each app (in order) before they start;
     `await on_listening()` runs once every server listens (print URLs, warm up); `on_close` hooks run after
     the servers stopped (engine and router shutdown); the sockets are closed last. A server that fails to start
     raises RuntimeError."""
@@ -188,6 +190,8 @@ async def serve_apps(
         host, port = sock.getsockname()[:2]
         servers.append(make_uvicorn_server(uvicorn_config(app, host, port, graceful_timeout=graceful_timeout),
                                            on_started=on_started))
+    if on_servers is not None:
+        on_servers(servers)
     tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
     stopper = asyncio.ensure_future(stop.wait())
     try:

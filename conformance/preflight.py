@@ -3,7 +3,7 @@ integration that never opens a weight-update session hears it once, up front, in
 
 SGLang 0.5.23 runs ``/update_weights_from_tensor`` and ``/update_weights_from_distributed`` only between
 ``/begin_weight_update`` and ``/end_weight_update`` (``python/sglang/srt/managers/scheduler_components/
-weight_updater.py``, 0.5.23); earlier releases have no sessions (``fakes.releases``: ``weight_update_sessions``).
+weight_updater.py``, 0.5.23); earlier releases have no sessions (``fakes.facts``: ``weight_update_sessions``).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ class Finding:
 
 
 def needs_sessions(profile: str) -> bool:
-    from fakes.releases import fact
+    from fakes.facts import SGLANG
 
-    return bool(fact("weight_update_sessions", profile))
+    return bool(SGLANG.fact("weight_update_sessions", profile))
 
 
 def release_check(integration: Integration, backend_factory: BackendFactory, seed: int = 0,

@@ -1,6 +1,6 @@
 """What the reference cycle does differently per SGLang release, read off the engine's ``/get_server_info``
 ``version`` (real SGLang reports its ``__version__`` there; so does the fake, per profile). The facts themselves,
-with where each lives in SGLang, are the table in ``fakes.releases`` that the fake's profiles read too.
+with where each lives in SGLang, are the table in ``fakes.facts`` (``SGLANG``) that the fake's profiles read too.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fakes.releases import fact, parse_version
+from fakes.facts import SGLANG, parse_version
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Release:
         """Fact ``pause_modes``: ``/pause_generation`` takes a mode (≥0.5.6). Before, the handler takes no body and
         every pause aborts, so a fully-async cycle does not pause there: the update itself waits for the requests in
         flight."""
-        return bool(fact("pause_modes", self.version))
+        return bool(SGLANG.fact("pause_modes", self.version))
 
     @property
     def flush_while_retracted(self) -> bool:
@@ -35,14 +35,14 @@ class Release:
         ``flush_ignores_waiting_while_paused``): 0.5.10–0.5.22 count the waiting queue, which the retract filled, as
         busy, so the flush fails until the engine continues (0.5.23 ignores the waiting queue while paused). There
         the reference does not flush."""
-        return not fact("flush_checks_waiting", self.version) or \
-            bool(fact("flush_ignores_waiting_while_paused", self.version))
+        return not SGLANG.fact("flush_checks_waiting", self.version) or \
+            bool(SGLANG.fact("flush_ignores_waiting_while_paused", self.version))
 
     @property
     def lora_tensor_field(self) -> str | None:
         """Fact ``lora_from_tensors_field``: ``/load_lora_adapter_from_tensors``'s tensor field, None before the
         route (0.5.10; the adapter goes through disk, ``/load_lora_adapter``)."""
-        return fact("lora_from_tensors_field", self.version)
+        return SGLANG.fact("lora_from_tensors_field", self.version)
 
 
 async def release_of(engine: Any) -> Release:

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for pkg in ("fakes", "conformance", "gpu", "reports", "weightsync_conformance")
            for p in sorted((ROOT / pkg).rglob("*.py"))]
-TABLES = ("fakes/profiles.py", "fakes/releases.py")
+TABLES = ("fakes/profiles.py",)
 """The table's own modules (besides ``fakes/facts/``): a fact named there is not yet read."""
 SNAPSHOT_TEST = ROOT / "tests" / "fakes" / "test_structs.py"
 """Where the facts the fake takes from its io_struct/http_server snapshots instead (routes, struct fields) are held
@@ -106,15 +106,6 @@ def test_the_default_release_is_spelt_once() -> None:
                       if isinstance(d, ast.Constant) and d.value == DEFAULT_PROFILE]
     assert spelt == []
     assert DEFAULT_PROFILE == RELEASES[-1] == SGLANG.default_release
-
-
-def test_the_alias_module_is_the_table() -> None:
-    """``fakes.releases`` (the names the table had before ``fakes.facts``) reads the same table."""
-    from fakes import releases
-
-    assert releases.FACTS is SGLANG.facts and releases.RELEASES == SGLANG.releases
-    assert releases.fact("pause_modes", "0.5.4") is SGLANG.fact("pause_modes", "0.5.4") is False
-    assert releases.parse_version is parse_version
 
 
 @pytest.mark.parametrize("text, parsed", [("0.5.15.post1", (0, 5, 15)), ("0.5.23", (0, 5, 23)), ("", ()),

@@ -175,9 +175,12 @@ def test_an_own_update_cycle_with_the_reference_manager_conforms(monkeypatch: py
     bad = [v.explain() for r in ran.values() for v in r.verdicts.values() if not v.passed]
     assert not bad, "\n".join(bad)
     # its cycle pauses engine after engine, after writing the checkpoint: still, every engine holds the manager's
-    # requests when the cycle first reaches it
+    # requests when the cycle first reaches it — in the scenarios whose every update is held until requests are
+    # resident (after a refused update, the good one that follows is not: an engine may be idle when it lands)
+    after_refusal = {"failing-transfer-disk", "failing-transfer-tensor", "failing-transfer-distributed",
+                     "one-engine-rejects", "lora-refused", "lora-refused-by-one"}
     overlap = {name: r.verdicts["I1-I2"].metrics["integration_overlap_at_pause"] for name, r in ran.items()
-               if "I1-I2" in r.verdicts}
+               if "I1-I2" in r.verdicts and name not in after_refusal}
     assert len(overlap) >= 4 and set(overlap.values()) == {1.0}, overlap
 
 

@@ -25,7 +25,7 @@ from .history import Breakage, History
 from .interface import Integration
 from .loop import run_abandonable
 from .scenarios import DEADLINES, SCENARIOS, Deadlines, Unsupported, open_calls, run_scenario
-from .scenarios.capabilities import skips_shown
+from .scenarios.capabilities import skips_shown, undeclared_shown
 
 TEARDOWN_MARGIN_S = 60.0
 """Beyond the scenario script's own deadline: building the roles and tearing down are bounded too, so past this
@@ -121,6 +121,9 @@ class ScenarioResult:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     skipped_checks: dict[str, str] = field(default_factory=dict)
     """Checks of the scenario that cannot apply to the integration, with the reason (skipped, never passed)."""
+    undeclared: list[dict[str, Any]] = field(default_factory=list)
+    """Capabilities the history shows that the integration does not declare: ``capability``, ``evidence`` and the
+    scenarios declaring it would run (``unlocks``)."""
 
     def skip_reason(self, check: str) -> str | None:
         """Why the case (this scenario, ``check``) is skipped, or None when it ran."""
@@ -163,7 +166,15 @@ def run_one(scenario: str, integration: Integration, backend_factory: BackendFac
     if not history.breaks:  # a broken run fails every case; otherwise what the wire shows can rule a check out
         skipped_checks.update(skips_shown([c for c in s.checks if c not in skipped_checks], history))
     return ScenarioResult(history, verdicts={check: evaluate(check, history) for check in s.checks
-                                             if check not in skipped_checks}, skipped_checks=skipped_checks)
+                                             if check not in skipped_checks}, skipped_checks=skipped_checks,
+                          undeclared=undeclared(history, integration))
+
+
+def undeclared(history: History, integration: Integration) -> list[dict[str, Any]]:
+    """What ``history`` shows that ``integration`` does not declare (``ScenarioResult.undeclared``)."""
+    return [{"capability": u.capability, "evidence": u.evidence,
+             "unlocks": [s.name for s in SCENARIOS.values() if getattr(s.needs, u.capability, False)]}
+            for u in undeclared_shown(history, integration.capabilities)]
 
 
 def _hung(scenario: str, integration: Integration, backend: Backend, seed: int, message: str) -> History:
@@ -236,6 +247,11 @@ class RunAhead:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+def longest_first(names: Sequence[str]) -> list[str]:
+    """``names`` with the scenarios marked ``long`` first (otherwise in order): the order to start them in."""
+    return sorted(names, key=lambda n: not SCENARIOS[n].long)
+
+
 def run_cases(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
               scenarios: list[str] | None = None, parallel: int = 4,
               deadlines: Deadlines = DEADLINES) -> dict[str, ScenarioResult]:
@@ -244,7 +260,7 @@ def run_cases(integration: Integration, backend_factory: BackendFactory, seed: i
     names = list(scenarios or SCENARIOS)
     ahead = RunAhead(parallel)
     try:
-        for name in names:
+        for name in longest_first(names):
             ahead.submit(name, functools.partial(run_one, name, integration, backend_factory, seed, deadlines))
         return {name: ahead.result(name) for name in names}
     finally:

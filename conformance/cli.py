@@ -139,11 +139,17 @@ def _check_integration(args: argparse.Namespace) -> str:
     return spec
 
 
+UNUSED_PLUGINS = ("-p", "no:respx", "-p", "no:anyio", "-p", "no:benchmark", "-p", "no:hypothesispytest")
+"""Installed pytest plugins the packaged suite does not use (they are the suite's own tests' dependencies), kept out
+of the main job's start-up; like the working directory's ``conftest.py`` files (``--noconftest``), which belong to
+that directory's own tests."""
+
+
 def _run(args: argparse.Namespace, extra: list[str], spec: str, profile: str, out: Path) -> tuple[int, Path | None]:
     """One pytest run of the suite; its exit code and the result it wrote (None when it wrote none)."""
     report = out / "conformance-result.json"
-    plugin = [] if plugin_installed() else ["-p", PLUGIN, "--noconftest"]
-    pytest_args = ["--pyargs", "conformance.suite", "-m", args.marker, *plugin,
+    plugin = [] if plugin_installed() else ["-p", PLUGIN]
+    pytest_args = ["--pyargs", "conformance.suite", "-m", args.marker, *plugin, "--noconftest", *UNUSED_PLUGINS,
                    "-W", "ignore::pytest.PytestAssertRewriteWarning",
                    f"--conformance-sglang-profile={profile}", f"--conformance-seed={args.seed}",
                    f"--conformance-report={report}", f"--conformance-integration={spec}",

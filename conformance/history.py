@@ -8,16 +8,17 @@ holds what only a fake engine can tell (weights digests, internal event logs) an
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Iterator
 
 from .anomaly import Anomaly
 from .interface import Batch, Group, Sample, Turn
 
+LORA_LOAD_PATHS = frozenset({"/load_lora_adapter", "/load_lora_adapter_from_tensors"})
+"""SGLang's two ways to load an adapter (from a path, from tensors)."""
 TRANSFER_PATHS = frozenset({
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
-    "/load_lora_adapter", "/load_lora_adapter_from_tensors",
-})
+}) | LORA_LOAD_PATHS
 DISTURBING_PATHS = TRANSFER_PATHS | {"/pause_generation", "/update_weight_version"}
 """Calls of an update cycle that can abort or freeze in-flight requests."""
 
@@ -336,7 +337,7 @@ class History:
                 c.since -= t0
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), default=str)
+        return json.dumps(_plain(self), default=str)
 
     @classmethod
     def from_json(cls, data: str | dict[str, Any]) -> History:
@@ -357,6 +358,20 @@ _NESTED: dict[tuple[type, str], type] = {
 _ESSENTIAL = {(WireCall, "engine"), (WireCall, "path"), (WireCall, "t_start"), (UpdateCycle, "t_start"),
               (UpdateCycle, "t_end")}
 """Fields a history cannot be read without."""
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict`` without its deep copies (a history is written once per scenario, on the run's
+    critical path): records → dicts, lists and tuples → lists, dicts → dicts; anything else as it is."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return value
 
 
 def _load(cls: type, data: Any) -> Any:

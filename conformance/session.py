@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import pytest
 
 from .backend_table import BackendRow, row
-from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, load_integration,
+from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, longest_first, ScenarioResult, load_integration,
                     run_isolated, run_one)
 from .expectations import Expectations, load_expectations
 from .interface import Integration
@@ -163,20 +163,22 @@ class ConformanceSession:
         entry = self._row(backend)
         key = (id(integration), scenario, backend)
         self._keep.setdefault(id(integration), integration)
-        if entry.preflight:
-            self.check_release(integration, backend)
         if key not in self._cache:
             self.setup(backend)  # its skip is raised here, never in a scenario's thread
             if self._ahead is None and entry.run_ahead and self.options.stops_session \
                     and not (entry.isolates and self.options.isolate):
                 self._ahead = RunAhead(entry.run_ahead)
+            if self._ahead is not None:  # started before the release check, which runs meanwhile
+                for name in (scenario, *longest_first(ahead)):
+                    self._ahead.submit((id(integration), name, backend),
+                                       functools.partial(self._run, integration, name, entry))
+        if entry.preflight:
+            self.check_release(integration, backend)
+        if key not in self._cache:
             try:
                 if self._ahead is None:
                     self._cache[key] = self._run(integration, scenario, entry)
                 else:
-                    for name in (scenario, *ahead):
-                        self._ahead.submit((id(integration), name, backend),
-                                           functools.partial(self._run, integration, name, entry))
                     self._cache[key] = self._ahead.result(key)
             except (pytest.UsageError, pytest.skip.Exception):
                 raise

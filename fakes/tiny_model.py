@@ -3,6 +3,7 @@ deterministic "weights after training step N" (``perturbed``) and a tiny LoRA fo
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Mapping
@@ -54,7 +55,13 @@ TINY_CONFIG = _TINY_CONFIG = {
 
 
 def tiny_model(seed: int = 0) -> dict[str, TensorBlob]:
-    """A tiny deterministic Llama-shaped model (``TINY_SPEC``; float32 + bfloat16, 21 tensors, 17.3 KiB); no torch."""
+    """A tiny deterministic Llama-shaped model (``TINY_SPEC``; float32 + bfloat16, 21 tensors, 17.3 KiB); no torch.
+    A new dict each call (of immutable blobs, built once per seed: every fake engine starts from it)."""
+    return dict(_tiny_model(seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _tiny_model(seed: int) -> dict[str, TensorBlob]:
     out = {}
     for name, (dtype, shape) in TINY_SPEC.items():
         rng = random.Random(f"tiny:{seed}:{name}")

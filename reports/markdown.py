@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .result import witness_lines
+from .result import undeclared_line, witness_lines
 
 _CELL = {"pass": "✅", "fail": "❌", "unknown": "❔", "skipped": "⏭", "error": "💥"}
 
@@ -24,6 +24,9 @@ def render_markdown(result: dict[str, Any]) -> str:
     for p in preflight:
         lines += ["", f"## Preflight: {p['check']} failed ({p['integration']}, SGLang {p['profile']})", "",
                   p["message"], "", *(f"- {w}" for w in p["witness"])]
+    if result.get("undeclared"):
+        lines += ["", "## Capabilities shown but not declared", "",
+                  *(f"- {undeclared_line(u)}" for u in result["undeclared"])]
     for backend in backends:
         mine = [c for c in cases if c["backend"] == backend]
         scenarios = sorted({c["scenario"] for c in mine})

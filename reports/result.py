@@ -86,15 +86,37 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, int]:
     return {s: sum(c["status"] == s for c in cases) for s in STATUSES}
 
 
+def undeclared_capabilities(shown: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per capability the run showed undeclared (``(scenario, case["undeclared"] entry)`` pairs): its first evidence,
+    the scenarios that showed it and those declaring it would run; by capability."""
+    merged: dict[str, dict[str, Any]] = {}
+    for scenario, u in sorted(shown, key=lambda pair: pair[0]):
+        entry = merged.setdefault(u["capability"], {**u, "shown_in": []})
+        if scenario not in entry["shown_in"]:
+            entry["shown_in"].append(scenario)
+    return [merged[c] for c in sorted(merged)]
+
+
+def undeclared_line(u: dict[str, Any]) -> str:
+    """One capability of :func:`undeclared_capabilities` as a sentence that says what to do."""
+    unlocks = ", ".join(u["unlocks"]) or "no scenario"
+    return (f"the run shows capability {u['capability']!r}, which the integration does not declare "
+            f"({u['evidence']}; in {', '.join(u['shown_in'])}): declare Capabilities({u['capability']}=True) to run "
+            f"{unlocks}")
+
+
 def build_result(run: dict[str, Any], cases: list[dict[str, Any]], created: str,
                  preflight: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The envelope around ``run`` metadata and ``cases`` (sorted by node id, so runs compare line by line), with
-    the ``preflight`` checks that failed (a run they stopped has no case) when there are any."""
+    the ``preflight`` checks that failed (a run they stopped has no case) and the capabilities the run showed but
+    the integration did not declare, when there are any."""
     from conformance import __version__
 
     cases = sorted(cases, key=lambda c: c["nodeid"])
+    undeclared = undeclared_capabilities([(c["scenario"], u) for c in cases for u in c.get("undeclared", [])])
     return {"schema_version": SCHEMA_VERSION, "suite_version": __version__, "created": created, "run": run,
-            "summary": summarise(cases), **({"preflight": preflight} if preflight else {}), "cases": cases}
+            "summary": summarise(cases), **({"preflight": preflight} if preflight else {}),
+            **({"undeclared": undeclared} if undeclared else {}), "cases": cases}
 
 
 def validate(result: dict[str, Any]) -> None:

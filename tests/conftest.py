@@ -1,12 +1,20 @@
-"""Fixtures and the mutation-table summary for the suite's own tests."""
+"""Fixtures, Hypothesis profiles and the mutation-table summary for the suite's own tests."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["pytester"]
+
+settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("nightly", max_examples=300, stateful_step_count=100, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 _MUTATION_ROWS: list[dict] = []
 

@@ -169,3 +169,19 @@ def test_pauses_the_wire_shows_in_abort_mode_skip_c2_with_the_reason_and_fail_i3
     assert result.verdicts["I3"].status == "fail"
     reference = run_one("steady-tensor-in_place", ReferenceIntegration(), fake_backend_factory())
     assert reference.verdicts["C2"].status == "pass" and reference.skip_reason("C2") is None
+
+
+def _partial_rollout_undeclared() -> ReferenceIntegration:
+    from conformance.reference import PartialRolloutManager, default_capabilities
+
+    return ReferenceIntegration(name="partial-rollout-undeclared", manager_cls=PartialRolloutManager,
+                                capabilities=default_capabilities())
+
+
+def test_a_capability_the_history_shows_but_the_integration_does_not_declare_is_named_with_what_it_unlocks() -> None:
+    """Resumed turns (``Turn.continues``) from an integration that does not declare partial rollout: the result names
+    the capability, the witness and the scenario declaring it would run; the reference shows nothing undeclared."""
+    result = run_one("aborted-groups", _partial_rollout_undeclared(), fake_backend_factory())
+    assert [(u["capability"], u["unlocks"]) for u in result.undeclared] == [("partial_rollout", ["partial-rollout"])]
+    assert "Turn.continues" in result.undeclared[0]["evidence"]
+    assert run_one("aborted-groups", ReferenceIntegration(), fake_backend_factory()).undeclared == []

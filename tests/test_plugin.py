@@ -115,3 +115,26 @@ def test_example_adapters_pass_every_case_they_can_run(example: str) -> None:
     overlap = {name: r.verdicts["I1-I2"].metrics["overlap_at_pause"] for name, r in ran.items()
                if "I1-I2" in r.verdicts}
     assert overlap and set(overlap.values()) == {1.0}, overlap  # every engine had a request resident at every pause
+
+
+def test_an_undeclared_capability_is_named_in_the_terminal_summary_and_the_report(run_suite, pytester, tmp_path) -> None:
+    import json
+
+    from reports.result import validate
+
+    pytester.makepyfile(undeclared_partial="from conformance.reference import PartialRolloutManager, "
+                        "ReferenceIntegration, default_capabilities\n"
+                        "integration = ReferenceIntegration(name='undeclared', manager_cls=PartialRolloutManager, "
+                        "capabilities=default_capabilities())\n")
+    pytester.syspathinsert()
+    report = tmp_path / "result.json"
+    result = run_suite("-m", "cpu", "--conformance-integration", "undeclared_partial:integration",
+                       f"--conformance-report={report}", "-k", "I4-aborted-groups")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*shows capability 'partial_rollout', which the integration does not declare*"
+                                 "declare Capabilities(partial_rollout=True) to run partial-rollout*"])
+    written = json.loads(report.read_text())
+    validate(written)
+    assert [(u["capability"], u["shown_in"], u["unlocks"]) for u in written["undeclared"]] == [
+        ("partial_rollout", ["aborted-groups"], ["partial-rollout"])]
+    assert "## Capabilities shown but not declared" in report.with_suffix(".md").read_text()

@@ -15,6 +15,7 @@ everything else is scheduled exactly as xdist's ``load`` does.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 from dataclasses import asdict
@@ -30,6 +31,9 @@ _COLLECTOR = "weightsync-conformance-result"
 _CASE_PROPERTY = "weightsync_conformance_integration"
 """A user property on every conformance case's report: the spec of the integration it ran (the controller, also
 under xdist, names it in the summary line and the result)."""
+_UNDECLARED_PROPERTY = "weightsync_conformance_undeclared"
+"""A user property on a case whose history shows capabilities the integration does not declare (JSON: the scenario
+and ``ScenarioResult.undeclared``), for the terminal summary (also under xdist)."""
 GROUP_SUFFIX = "@weightsync-conformance:"
 """Appended (xdist ``load`` only, on the workers) to a case's node id: ``…@weightsync-conformance:<scenario>``."""
 
@@ -200,11 +204,15 @@ class _PluginState:
     def __init__(self) -> None:
         self.session: Any = None
         self.ran: dict[str, None] = {}
+        self.undeclared: list[tuple[str, dict[str, Any]]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             if key == _CASE_PROPERTY:
                 self.ran.setdefault(value, None)
+            elif key == _UNDECLARED_PROPERTY:
+                scenario, shown = json.loads(value)
+                self.undeclared += [(scenario, u) for u in shown]
 
 
 def activate(config: pytest.Config) -> Any:
@@ -239,6 +247,8 @@ def record(request: pytest.FixtureRequest, case: Any, backend: str, result: Any,
     """Keep this case's verdict, and its scenario's history, for the report (``reports.collect``; works under
     xdist). Does nothing when no report or history dump was asked for."""
     request.node.user_properties.append((_CASE_PROPERTY, _class_spec(request.node)))
+    if getattr(result, "undeclared", None):
+        request.node.user_properties.append((_UNDECLARED_PROPERTY, json.dumps([case.scenario, result.undeclared])))
     collector = request.config.pluginmanager.get_plugin(_COLLECTOR)
     if collector is not None:
         from reports.collect import case_entry
@@ -296,10 +306,16 @@ def header_line(config: pytest.Config, integrations: Sequence[str] | None = None
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Under xdist (the controller collects nothing): the header line at the end, once a case ran. What the real
-    SGLang engines cost (-m sglang), when they ran."""
+    SGLang engines cost (-m sglang), when they ran. The capabilities the run showed but the integration did not
+    declare."""
     state = config.stash[_STATE]
     for line in state.session.summary() if state.session is not None else []:
         terminalreporter.write_line(line)
+    if state.undeclared:
+        from reports.result import undeclared_capabilities, undeclared_line
+
+        for u in undeclared_capabilities(state.undeclared):
+            terminalreporter.write_line(f"weightsync-conformance: {undeclared_line(u)}", yellow=True)
     ran = list(state.ran)
     if getattr(config.option, "numprocesses", None) and ran:
         terminalreporter.write_line(header_line(config, ran))

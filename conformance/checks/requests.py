@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from ..anomaly import Anomaly, note
-from ..history import DISTURBING_PATHS, TRANSFER_PATHS, History, UpdateCycle, WireCall
+from ..history import DISTURBING_PATHS, LORA_LOAD_PATHS, TRANSFER_PATHS, History, UpdateCycle, WireCall
 from .effective import effective, sent_as
 from .labels import cut_short, finish_type
 from .registry import check
 from .verdict import Verdict, verdict
 
 
-ABORTING_PATHS = ((TRANSFER_PATHS | {"/update_weight_version"})
-                  - {"/load_lora_adapter", "/load_lora_adapter_from_tensors"})
+ABORTING_PATHS = (TRANSFER_PATHS | {"/update_weight_version"}) - LORA_LOAD_PATHS
 """Calls that take ``abort_all_requests`` (``python/sglang/srt/managers/io_struct.py``: ``UpdateWeightVersionReqInput``
 and the ``UpdateWeightsFrom*ReqInput`` structs, 0.5.1–0.5.23)."""
 _ACTION = {"/pause_generation": "paused", "/update_weight_version": "relabelled"}

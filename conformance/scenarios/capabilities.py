@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 from ..checks import REGISTRY
 from ..checks.effective import pause_modes_shown, pause_takes_mode
-from ..history import History
+from ..history import LORA_LOAD_PATHS, History
 from ..interface import Capabilities
 from .errors import Unsupported
 
@@ -75,6 +75,34 @@ def skips_shown(checks: Iterable[str], h: History) -> dict[str, str]:
         return _no_residency(checks, "every pause the engines accepted took effect in abort mode (as SGLang read "
                                      "its body off the wire)")
     return {}
+
+
+@dataclass(frozen=True)
+class Undeclared:
+    """A capability a run's history shows although the integration does not declare it: the scenarios that need
+    it were skipped for an integration that has it."""
+
+    capability: str
+    """A ``Capabilities`` flag."""
+    evidence: str
+    """What the history shows, with a witness."""
+
+
+def undeclared_shown(h: History, caps: Capabilities) -> list[Undeclared]:
+    """The capabilities ``h`` shows that ``caps`` does not declare: turns that resume aborted calls
+    (``Turn.continues``, partial rollout) and adapter loads (LoRA)."""
+    found = []
+    if not caps.partial_rollout:
+        resumed = [t for b in h.batches for g in b.batch.groups for s in g.samples for t in s.turns if t.continues]
+        if resumed:
+            found.append(Undeclared("partial_rollout", f"{len(resumed)} consumed turn(s) resumed aborted calls "
+                                    f"(Turn.continues), e.g. {resumed[0].rid} continues {resumed[0].continues}"))
+    if not caps.lora:
+        loads = [c for c in h.integration_calls() if c.path in LORA_LOAD_PATHS]
+        if loads:
+            found.append(Undeclared("lora", f"{len(loads)} adapter load(s) on the wire, e.g. {loads[0].path} on "
+                                    f"engine {loads[0].engine} at t={loads[0].t_start:.2f}s"))
+    return found
 
 
 def _no_residency(checks: Iterable[str], why: str) -> dict[str, str]:

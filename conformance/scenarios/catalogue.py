@@ -231,7 +231,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "is consumed",
              _mixed_versions, ("S2", "I1-I2", "I3", "V1"), pause_mode="in_place", needs=Needs(multi_turn=True),
              rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=3, max_new_tokens=64,
-                             max_in_flight_groups=2, buffer_capacity=2)),
+                             max_in_flight_groups=2, buffer_capacity=2), long=True),
     Scenario("failover", "two updates, failover to a fresh trainer cell, two more",
              _failover, ("V4-S1", "V1", "I1-I2", "I3", "S2"), needs=Needs(failover=True)),
     *(Scenario(f"failing-transfer-{t}", _REJECTED[t], _failing_transfer, ("V2", "P5", "I6", "V1", "I1-I2", "I3"),
@@ -254,7 +254,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              needs=Needs(partial_rollout=True, staleness_filter=True)),
     Scenario("staleness", "groups buffered while three updates land; bound 1 at consumption",
              _staleness, ("S3", "S2", "V4-S1"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1, buffer_capacity=8),
-             needs=Needs(staleness_filter=True)),
+             needs=Needs(staleness_filter=True), long=True),
     Scenario("answers-while-paused", "single-turn groups whose answers reach the integration while every engine is "
              "paused by its cycle, so it starts groups that SGLang's pause gate holds until the new weights are in",
              _answers_while_paused, ("S2",),

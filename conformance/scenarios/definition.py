@@ -33,6 +33,9 @@ class Scenario:
     needs: Needs = Needs()
     full_updates: bool = True
     """False when the scenario only pushes LoRA adapters (no full-weight transport needed)."""
+    long: bool = False
+    """It runs several times longer than most (many batches drained): where scenarios run ahead it is started first,
+    so that it does not finish last."""
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.checks if c not in REGISTRY]

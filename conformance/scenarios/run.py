@@ -15,7 +15,7 @@ from fakes.facts import SGLANG
 
 from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
 from ..checks.labels import finish_type
-from ..history import DISTURBING_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
+from ..history import DISTURBING_PATHS, LORA_LOAD_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
 from ..interface import RolloutConfig, Roles, Updater
 from ..sentinels import Sentinels, adapters_in_use
 from ..wire import AnswerHold
@@ -73,7 +73,7 @@ distributed messages are ``model_executor/model_runner.py``'s). Injected at the 
 front of real SGLang. Needed for the tensor and disk transports: SGLang answers a load over them that raises by
 killing the server, not with a 400 (``SGLANG.load_failure_kills``)."""
 LORA_FAILURE: tuple[tuple[str, ...], dict[str, Any]] = (
-    ("/load_lora_adapter", "/load_lora_adapter_from_tensors"),
+    tuple(sorted(LORA_LOAD_PATHS)),
     {"success": False, "error_message": "Failed to load LoRA adapter: CUDA out of memory (injected by the conformance "
                                         "suite).", "loaded_adapters": {}})
 """The LoRA loads and the HTTP 400 body SGLang answers when one fails (``LoRAUpdateOutput``,

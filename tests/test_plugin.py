@@ -138,3 +138,32 @@ def test_an_undeclared_capability_is_named_in_the_terminal_summary_and_the_repor
     assert [(u["capability"], u["shown_in"], u["unlocks"]) for u in written["undeclared"]] == [
         ("partial_rollout", ["aborted-groups"], ["partial-rollout"])]
     assert "## Capabilities shown but not declared" in report.with_suffix(".md").read_text()
+
+
+def test_a_case_node_id_names_its_scenario_group_and_other_tests_none() -> None:
+    from weightsync_conformance.plugin import case_group
+
+    base = "conformance/suite/test_invariants.py::TestConformance::test_case"
+    assert case_group(f"{base}[I1-I2-steady-disk-retract-fake]") == \
+        "conformance/suite/test_invariants.py::TestConformance::steady-disk-retract.fake"
+    assert case_group(f"{base}[V4-S1-staleness-fake]") == case_group(f"{base}[S3-staleness-fake]")
+    assert case_group("tests/test_plugin.py::test_case[x]") is None
+    assert case_group("tests/test_plugin.py::test_other") is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dist", ["load", "loadgroup"])
+def test_under_xdist_a_scenarios_cases_share_one_worker(pytester: pytest.Pytester, dist: str) -> None:
+    """Each scenario runs once: its cases go to one worker, with the plugin's scheduling (pytest 9 ignores the
+    renamed node ids xdist's ``xdist_group`` relies on)."""
+    pytester.chdir()
+    pytester.syspathinsert(ROOT)
+    result = pytester.runpytest_inprocess(SUITE, "-p", "no:cacheprovider", "-p", "no:benchmark", "-v", "-n", "2",
+                                          "--dist", dist, "-m", "cpu", "-k", "first-drain or staleness")
+    result.assert_outcomes(passed=5)
+    workers: dict[str, set[str]] = {}
+    for line in result.outlines:
+        found = re.search(r"\[(gw\d)\].*PASSED .*test_case\[[A-Z0-9-]+?-(first-drain|staleness)-fake\]", line)
+        if found:
+            workers.setdefault(found[2], set()).add(found[1])
+    assert workers and all(len(w) == 1 for w in workers.values()), workers

@@ -14,6 +14,7 @@ everything else is scheduled exactly as xdist's ``load`` does.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -34,7 +35,6 @@ under xdist, names it in the summary line and the result)."""
 _UNDECLARED_PROPERTY = "weightsync_conformance_undeclared"
 """A user property on a case whose history shows capabilities the integration does not declare (JSON: the scenario
 and ``ScenarioResult.undeclared``), for the terminal summary (also under xdist)."""
-GROUP_SUFFIX = "@weightsync-conformance:"
 """Appended (xdist ``load`` only, on the workers) to a case's node id: ``…@weightsync-conformance:<scenario>``."""
 
 
@@ -98,7 +98,6 @@ def pytest_configure(config: pytest.Config) -> None:
     markers: dict[str, str] = {}
     for row in BACKENDS.values():  # a marker shared by rows: the first row's help
         markers.setdefault(row.marker, row.about)
-    markers["xdist_group(name)"] = "under pytest-xdist --dist=loadgroup, the cases of one scenario share a worker"
     for marker, about in markers.items():
         config.addinivalue_line("markers", f"{marker}: {about}")
     config.stash[_STATE] = _PluginState()
@@ -287,12 +286,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 session.resolve(chosen)
             except IntegrationError as exc:
                 raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
-    if getattr(config, "workerinput", None) is not None and config.getoption("dist", "no") == "load":
-        for item in cases:  # xdist's load: one scenario's cases to one worker (see _ScenarioScheduling)
-            params = getattr(getattr(item, "callspec", None), "params", {})
-            case = params.get("case")
-            if case is not None:
-                item._nodeid = f"{item.nodeid}{GROUP_SUFFIX}{case.scenario}.{params.get('backend', '')}"
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and getattr(config, "workerinput", None) is None:
         reporter.write_line(header_line(config, sorted({_class_spec(item) for item in cases})))
@@ -323,14 +316,33 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getvalue("dist") == "load":
+    if config.getvalue("dist") in ("load", "loadgroup"):
         return _ScenarioScheduling(config, log)
     return None
 
 
+@functools.cache
+def _case_groups() -> dict[str, str]:
+    """A case test's parameter id (``<invariant>-<scenario>-<backend>``) → its group (``<scenario>.<backend>``)."""
+    from conformance.backend_table import BACKENDS
+    from conformance.cases import CASES
+
+    return {f"{c.id}-{b}": f"{c.scenario}.{b}" for c in CASES for b in BACKENDS}
+
+
+def case_group(nodeid: str) -> str | None:
+    """The worker group of a conformance case's node id (its test class, scenario and backend: the cases that share
+    one scenario run), or None for any other test. Read off the node id, the only thing xdist's scheduler sees."""
+    head, sep, param = nodeid.rpartition("::test_case[")
+    group = _case_groups().get(param[:-1]) if sep and param.endswith("]") else None
+    return None if group is None else f"{head}::{group}"
+
+
 class _ScenarioScheduling:
-    """xdist's ``load``, unchanged for a collection without conformance cases; with them, xdist's ``loadgroup``
-    over the groups the workers named (every case of one scenario in one worker). Decided at the first collection."""
+    """xdist's ``load`` or ``loadgroup``, unchanged for a collection without conformance cases; with them,
+    ``loadgroup`` where every case of one scenario (per test class and backend, :func:`case_group`) goes to one
+    worker, so each scenario runs once. Decided at the first collection. (Grouped by node id here: pytest 9
+    ignores the renamed node ids that xdist's own ``xdist_group`` marks rely on.)"""
 
     def __init__(self, config: pytest.Config, log: Any) -> None:
         self.config, self.log = config, log
@@ -340,8 +352,13 @@ class _ScenarioScheduling:
     def _choose(self, collection: Sequence[str]) -> None:
         from xdist.scheduler import LoadGroupScheduling, LoadScheduling
 
-        grouped = any(GROUP_SUFFIX in nodeid for nodeid in collection)
-        self._impl = (LoadGroupScheduling if grouped else LoadScheduling)(self.config, self.log)
+        class ByScenario(LoadGroupScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return case_group(nodeid) or super()._split_scope(nodeid)
+
+        grouped = any(case_group(nodeid) for nodeid in collection)
+        default = LoadGroupScheduling if self.config.getvalue("dist") == "loadgroup" else LoadScheduling
+        self._impl = (ByScenario if grouped else default)(self.config, self.log)
         for node in self._early:
             self._impl.add_node(node)
 

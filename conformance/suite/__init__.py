@@ -62,8 +62,7 @@ class ConformanceSuite:
         cases = [c for c in CASES if (cls.scenarios is None or c.scenario in cls.scenarios)
                  and (cls.invariants is None or c.check in cls.invariants)]
         bound = pytest.mark.timeout(case_timeout_s(metafunc.config))
-        metafunc.parametrize("case", [pytest.param(c, marks=[pytest.mark.xdist_group(c.scenario), bound,
-                                                             *self._marks(c)], id=c.id) for c in cases])
+        metafunc.parametrize("case", [pytest.param(c, marks=[bound, *self._marks(c)], id=c.id) for c in cases])
         metafunc.parametrize("backend", [pytest.param(b, marks=getattr(pytest.mark, BACKENDS[b].marker))
                                          for b in (BACKENDS if cls.backends is None else cls.backends)])
 

@@ -200,6 +200,15 @@ def _run_in_child(scenario: str, spec: str, options: dict[str, Any], profile: st
     return run_one(scenario, load_integration(spec, options), fake_backend_factory(profile, seed), seed, deadlines)
 
 
+def run_batch_in_child(scenarios: list[str], spec: str, options: dict[str, Any], profile: str, seed: int,
+                       deadlines: Deadlines, parallel: int) -> list[ScenarioResult]:
+    """:func:`run_cases` on the fake backend for the integration ``spec`` names, the results in the order of
+    ``scenarios``: what a helper process of :class:`RunAhead` runs."""
+    results = run_cases(load_integration(spec, options), fake_backend_factory(profile, seed), seed, scenarios,
+                        parallel, deadlines)
+    return [results[name] for name in scenarios]
+
+
 def evaluate(check: str, history: History) -> Verdict:
     """Run one checker; a checker that raises answers unknown with the error (never a pass), and so does one that
     passed on a situation the scenario could not build (``History.unmet``). When the run broke (an unexpected
@@ -225,16 +234,43 @@ def evaluate(check: str, history: History) -> Verdict:
 class RunAhead:
     """Scenario runs started ahead of the cases that read them: scenarios are independent (each has its own engines
     and event loop) and mostly wait on real time, so up to ``parallel`` run at once in threads while the first case
-    waits on its own. :meth:`result` of a key never submitted runs it now (and caches it)."""
+    waits on its own. Threads share one interpreter lock, which the fake engines, the HTTP stack and the checks keep
+    busy: :meth:`submit_batch` runs scenarios in a helper process (spawned once) on another core.
+    :meth:`result` of a key never submitted runs it now (and caches it)."""
 
     def __init__(self, parallel: int = 8) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario")
         self._futures: dict[Any, Future[Any]] = {}
+        self._helper: ProcessPoolExecutor | None = None
 
     def submit(self, key: Any, run: Callable[[], Any]) -> None:
         """Start ``run`` for ``key`` unless it was started already."""
         if key not in self._futures:
             self._futures[key] = self._pool.submit(run)
+
+    def started(self, key: Any) -> bool:
+        """Whether ``key``'s run was started (submitted)."""
+        return key in self._futures
+
+    def submit_batch(self, keys: Sequence[Any], run: Callable[[], Sequence[Any]]) -> None:
+        """Start ``run`` (picklable; it returns one result per key, in order) in the helper process; each key's
+        result, or the batch's exception, comes when the batch ends. Every key must be new."""
+        if any(key in self._futures for key in keys):
+            raise ValueError(f"submit_batch: {[k for k in keys if k in self._futures]} started already")
+        if self._helper is None:
+            self._helper = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        mine: list[Future[Any]] = [Future() for _ in keys]
+        self._futures.update(zip(keys, mine))
+
+        def settle(batch: Future[Sequence[Any]]) -> None:
+            error = batch.exception() or (None if len(batch.result()) == len(keys) else ValueError(
+                f"the helper process returned {len(batch.result())} results for {len(keys)} scenarios"))
+            for i, future in enumerate(mine):
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(batch.result()[i])
+        self._helper.submit(run).add_done_callback(settle)
 
     def result(self, key: Any, run: Callable[[], Any] | None = None) -> Any:
         """The result of ``key``'s run (``run`` started now unless one was submitted); its exception is raised."""
@@ -245,6 +281,8 @@ class RunAhead:
     def close(self) -> None:
         """Drop the runs not started; wait for those running (each is bounded by its own deadlines)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._helper is not None:
+            self._helper.shutdown(wait=True, cancel_futures=True)
 
 
 def longest_first(names: Sequence[str]) -> list[str]:

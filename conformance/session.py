@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import pytest
 
 from .backend_table import BackendRow, row
-from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, longest_first, ScenarioResult, load_integration,
-                    run_isolated, run_one)
+from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, load_integration, longest_first,
+                    run_batch_in_child, run_isolated, run_one)
 from .expectations import Expectations, load_expectations
 from .interface import Integration
 from .preflight import Finding, release_check
@@ -169,9 +169,7 @@ class ConformanceSession:
                     and not (entry.isolates and self.options.isolate):
                 self._ahead = RunAhead(entry.run_ahead)
             if self._ahead is not None:  # started before the release check, which runs meanwhile
-                for name in (scenario, *longest_first(ahead)):
-                    self._ahead.submit((id(integration), name, backend),
-                                       functools.partial(self._run, integration, name, entry))
+                self._start_ahead(integration, scenario, ahead, entry)
         if entry.preflight:
             self.check_release(integration, backend)
         if key not in self._cache:
@@ -188,6 +186,25 @@ class ConformanceSession:
         if isinstance(found, Exception):
             raise ScenarioRunError(f"{scenario} on the {backend} backend: {found}")
         return found
+
+    def _start_ahead(self, integration: Integration, scenario: str, ahead: Sequence[str], entry: BackendRow) -> None:
+        """Start ``scenario`` and the scenarios ``ahead`` not started yet, longest first: where the integration can be
+        loaded in another process (the session's own, on a backend whose row isolates scenarios), every second one
+        in the helper process, the others in threads here."""
+        assert self._ahead is not None
+        def key(name: str) -> tuple[int, str, str]:
+            return id(integration), name, entry.name
+        order = [n for n in dict.fromkeys((scenario, *longest_first(ahead))) if not self._ahead.started(key(n))]
+        there = order[1::2] if entry.isolates and integration is self._integration and len(order) > 2 else []
+        if there:
+            o = self.options
+            deadlines: Deadlines = _ask(self.setup(entry.name), "deadlines", DEADLINES)
+            self._ahead.submit_batch([key(n) for n in there], functools.partial(
+                run_batch_in_child, there, o.integration, dict(o.integration_options), o.profile, o.seed, deadlines,
+                entry.run_ahead))
+        for name in order:
+            if name not in there:
+                self._ahead.submit(key(name), functools.partial(self._run, integration, name, entry))
 
     def _run(self, integration: Integration, scenario: str, entry: BackendRow) -> ScenarioResult:
         o = self.options

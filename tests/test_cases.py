@@ -15,7 +15,8 @@ from conformance.checks import CHECKS
 from conformance.history import Breakage, History, OpenCall
 from conformance.mutants import MUTANTS
 from conformance.reference import ReferenceIntegration, ReferenceManager, ReferenceUpdater
-from conformance.scenarios import SCENARIOS, Deadlines
+from conformance.scenarios import DEADLINES, SCENARIOS, Deadlines
+from fakes.profiles import DEFAULT_PROFILE
 
 pytestmark = pytest.mark.cpu
 FAST = Deadlines(update_s=1.0, drain_s=2.0, wait_s=2.0, script_s=5.0)
@@ -94,3 +95,46 @@ def test_a_manager_that_never_stops_is_a_hang() -> None:
     witness = result.verdicts["V3"].witness
     assert "hang: Manager.stop() did not return within 1s" in witness[1], witness
     assert result.verdicts["V3"].checker_status == "pass"
+
+
+def test_a_batch_run_ahead_in_the_helper_process_settles_each_key_in_order_or_with_the_batch_error() -> None:
+    import functools
+
+    from conformance.cases import RunAhead
+
+    ahead = RunAhead(2)
+    try:
+        ahead.submit_batch(["a", "b", "c"], functools.partial(sorted, [3, 1, 2]))
+        ahead.submit_batch(["x", "y"], functools.partial(int, "not a number"))
+        assert ahead.started("b") and not ahead.started("z")
+        assert [ahead.result(k) for k in "abc"] == [1, 2, 3]
+        for key in "xy":
+            with pytest.raises(ValueError, match="not a number"):
+                ahead.result(key)
+        with pytest.raises(ValueError, match="started already"):
+            ahead.submit_batch(["c", "d"], functools.partial(sorted, [1, 2]))
+        ahead.submit_batch(["p", "q"], functools.partial(sorted, [1]))
+        with pytest.raises(ValueError, match="returned 1 results for 2 scenarios"):
+            ahead.result("q")
+    finally:
+        ahead.close()
+
+
+def test_scenarios_run_in_the_helper_process_come_back_whole_with_the_verdicts_of_a_run_here() -> None:
+    """What the main job's session runs ahead in the helper process (every second scenario) is judged the same."""
+    import functools
+
+    from conformance.cases import RunAhead, run_batch_in_child, run_cases
+
+    names = ["first-drain", "aborted-groups"]
+    ahead = RunAhead(2)
+    try:
+        ahead.submit_batch(names, functools.partial(run_batch_in_child, names, DEFAULT_INTEGRATION, {},
+                                                    DEFAULT_PROFILE, 0, DEADLINES, 2))
+        there = [ahead.result(n) for n in names]
+    finally:
+        ahead.close()
+    here = run_cases(load_integration(DEFAULT_INTEGRATION), fake_backend_factory(), scenarios=names)
+    assert [{c: v.status for c, v in r.verdicts.items()} for r in there] == \
+        [{c: v.status for c, v in here[n].verdicts.items()} for n in names]
+    assert all(r.history is not None and r.history.scenario == n and r.history.wire for r, n in zip(there, names))

@@ -293,8 +293,8 @@ def test_a_project_without_conformance_cases_runs_unchanged(pytester: pytest.Pyt
     pytester.makeini(QUIET_ASYNCIO_INI)
     pytester.makeconftest(ADOPTER_CONFTEST)
     pytester.makepyfile(test_own=ADOPTER_OWN_TESTS)
-    args = ("-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "load", "--model-path", "/models/llama",
-            "--integration")
+    args = ("-p", "no:cacheprovider", "-p", "no:benchmark", "-v", "-n", "2", "--dist", "load", "--model-path",
+            "/models/llama", "--integration")
     with_plugin = pytester.runpytest_inprocess(*args)
     without = pytester.runpytest_inprocess(*args, "-p", "no:weightsync_conformance")
     with_plugin.assert_outcomes(passed=3)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .backends import Backend
-from .cases import TEARDOWN_MARGIN_S, BackendFactory
+from .cases import BackendFactory
 from .interface import Integration
 from .loop import run_abandonable
 from .history import WireCall
@@ -53,6 +53,13 @@ def needs_sessions(profile: str) -> bool:
     return bool(SGLANG.fact("weight_update_sessions", profile))
 
 
+def probe_bound_s(deadlines: Deadlines = DEADLINES) -> float:
+    """The bound on the release check's run: building the roles, one update cycle, tearing down (``wait_s``,
+    ``update_s``, ``wait_s``). A probe that hangs (a call that blocks its event loop cannot be cancelled) costs no
+    more, and finds nothing: the scenarios then judge the hang, each within its own bound."""
+    return 2 * deadlines.wait_s + deadlines.update_s
+
+
 def release_check(integration: Integration, backend_factory: BackendFactory, seed: int = 0,
                   deadlines: Deadlines = DEADLINES) -> Finding | None:
     """None when the integration opens a session around its tensor/distributed updates (or the release or its
@@ -66,7 +73,7 @@ def release_check(integration: Integration, backend_factory: BackendFactory, see
     backend.start()
     try:
         outcome = run_abandonable(run_scenario(PROBE, integration, backend, seed, deadlines),
-                                  deadlines.script_s + TEARDOWN_MARGIN_S, PROBE.name)
+                                  probe_bound_s(deadlines), PROBE.name)
     finally:
         backend.stop()
     history = outcome.result if outcome.finished else None

@@ -1,11 +1,16 @@
-"""An integration that hangs for good in one scenario: its manager's start swallows cancellation when the scenario
-runs with a staleness bound (used by ``tests/test_hangs.py`` through the plugin, as a user would run it)."""
+"""Integrations that hang for good (used by ``tests/test_hangs.py`` through the plugin, as a user would run them):
+``integration``'s manager start swallows cancellation when the scenario runs with a staleness bound;
+``loop_blocking``'s updates poll the engines with a synchronous call inside the async cycle, so the scenario's
+event loop never runs again."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any, Mapping
 
-from conformance.reference import ReferenceIntegration, ReferenceManager
+from conformance.interface import LoraAdapter
+from conformance.reference import ReferenceIntegration, ReferenceManager, ReferenceUpdater
 
 
 class StuckWithABound(ReferenceManager):
@@ -20,3 +25,14 @@ class StuckWithABound(ReferenceManager):
 
 
 integration = ReferenceIntegration(name="stuck-with-a-bound", manager_cls=StuckWithABound)
+
+
+
+class PollsSynchronously(ReferenceUpdater):
+    async def update(self, weights: Mapping[str, Any] | None = None, *, transport: str = "tensor",
+                     lora: LoraAdapter | None = None) -> int:
+        while True:  # "wait until the engines are idle", written with a blocking sleep: the loop is never re-entered
+            time.sleep(0.05)
+
+
+loop_blocking = ReferenceIntegration(name="polls-synchronously", updater_cls=PollsSynchronously)

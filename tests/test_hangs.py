@@ -136,15 +136,47 @@ def test_a_session_goes_on_after_a_scenario_that_hangs_for_good(pytester: pytest
     assert (pytester.path / "result.json").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers", [("-p", "no:xdist"), ("-n", "2")], ids=["one-process", "xdist"])
+def test_an_integration_that_blocks_its_event_loop_costs_one_bound_and_each_case_gets_the_hang_witness(
+        pytester: pytest.Pytester, monkeypatch, workers) -> None:
+    """A synchronous poll inside the async update cycle: the scenario's loop never answers again, so the scenario is
+    judged once, after its bound (deadlines scaled to a fifth: 12 s + the 60 s margin; under ``-n`` after the release
+    check's shorter one, 8 s), and both of its cases fail with the hang witness, not a pytest-timeout error; with and
+    without ``-n``."""
+    from pathlib import Path
+
+    from conformance.cases import scenario_bound_s
+    from conformance.scenarios.run import Deadlines
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("WEIGHTSYNC_DEADLINE_SCALE", "0.2")
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    bound = scenario_bound_s(Deadlines().scaled(0.2))
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        str(root / "conformance" / "suite"), "-p", "no:cacheprovider", "-m", "cpu", "--conformance-integration",
+        "tests.hanging_adapter:loop_blocking", "-k", "S3-staleness or S2-staleness", *workers, timeout=3 * bound)
+    took = time.monotonic() - t0
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert out.count("its event loop does not answer") >= 2, out[-3000:]
+    assert "Timeout" not in out and "Failed: Timeout" not in out
+    assert bound <= took < 2 * bound, (took, bound)  # one bound for the scenario, not one per case
+
+
 def test_pytest_timeout_never_pre_empts_the_suites_own_bound_on_a_scenario(request: pytest.FixtureRequest) -> None:
     """This project's ini sets pytest-timeout at 120 s, no more than the suite's bound on a scenario: each case
-    carries a timeout a minute beyond that bound, so a hung scenario is judged once by the suite (its cases get the
-    hang witness), never killed by pytest-timeout; a larger --timeout stands."""
+    carries a timeout a minute beyond the bounds on what it may wait for (the release check, then its scenario), so a
+    hung scenario is judged once by the suite (its cases get the hang witness), never killed by pytest-timeout; a
+    larger --timeout stands."""
     from conformance.cases import scenario_bound_s
+    from conformance.preflight import probe_bound_s
     from conformance.suite import case_timeout_s
 
     assert float(request.config.getini("timeout")) <= scenario_bound_s()
-    assert case_timeout_s(request.config) == scenario_bound_s() + 60.0
+    assert case_timeout_s(request.config) == probe_bound_s() + scenario_bound_s() + 60.0
     before, request.config.option.timeout = request.config.option.timeout, 10_000.0
     try:
         assert case_timeout_s(request.config) == 10_000.0

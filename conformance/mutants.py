@@ -273,6 +273,43 @@ class SendsIntoPauseGateManager(ReferenceManager):
         yield  # calls go out while the engines are paused, stamped with the version published so far
 
 
+class TrainerHandleManager(ReferenceManager):
+    """Client-side versions read, when each call goes out, off the trainer cell it was wired to at start-up (its
+    handle), not off the version published: the same while that cell trains."""
+
+    trainer: Any = None
+    _read: dict[str, int]
+
+    def request_payload(self, text: str, rid: str, adapter: str | None) -> dict[str, Any]:
+        if not hasattr(self, "_read"):
+            self._read = {}
+        if self.trainer is not None:
+            self._read[rid] = self.trainer.published
+        return super().request_payload(text, rid, adapter)
+
+    async def run_turn(self, engine: Any, text: str, name: str) -> tuple[Any, Any]:
+        turn, response = await super().run_turn(engine, text, name)
+        if turn.rid in getattr(self, "_read", {}):
+            turn.policy_version = self._read.pop(turn.rid)
+        return turn, response
+
+
+class WiresFirstCellUpdater(ReferenceUpdater):
+    """Hands itself to the manager, once: the first trainer cell (a failover cell is never wired). ``published``: the
+    version it last published (None before its first)."""
+
+    published: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if getattr(self.manager, "trainer", None) is None:
+            self.manager.trainer = self
+
+    def publish(self, new: int, adapter: str | None) -> None:
+        super().publish(new, adapter)
+        self.published = new
+
+
 class InFlightRidsManager(ReferenceManager):
     """Knows the rids of its requests in flight, for an updater that clears them before each update."""
 
@@ -459,6 +496,12 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "cycle's weights are in", "rl-frameworks V6 (miles #2296: measure staleness from submit); SGLang "
             "TokenizerManager.generate_request parks new requests while paused", ("S2",),
             shows_in=("answers-while-paused",), manager_cls=SendsIntoPauseGateManager,
+            capabilities=Capabilities(stamps_engines=False)),
+    _mutant("versions_from_first_trainer", "versions kept client-side and read off the handle of the trainer cell "
+            "the rollout side was wired to at start-up; after a failover that cell is gone, so every later call is "
+            "recorded under its last version", "rl-frameworks V4/S2 (trainer failover); a rollout worker that "
+            "keeps the actor handle of the trainer it started with", ("S2",),
+            shows_in=("failover",), manager_cls=TrainerHandleManager, updater_cls=WiresFirstCellUpdater,
             capabilities=Capabilities(stamps_engines=False)),
     _mutant("bare_bump_after_refusal", "after an engine refused a transfer, the next updates' version bumps post "
             "only new_version, so SGLang aborts every request it holds", "rl-frameworks I1/I2 (miles #2589) on a "

@@ -58,7 +58,20 @@ async def _mixed_versions(run: Run) -> None:
               "that spanned an update was dropped or recycled before training?): S2 is not shown on mixed groups")
 
 
+def _consumed_from_cell(history: History, cell: int) -> bool:
+    """Whether a consumed group was generated entirely after trainer cell ``cell`` first published a version (every
+    call of it sent later), so its oldest version is one the new cell published."""
+    published = [c.t_end for c in history.cycles if c.cell == cell and c.ok]
+    if not published:
+        return False
+    outputs = history.outputs_by_rid()
+    return any(all(t.rid in outputs and outputs[t.rid][0].t_start > published[0] for s in g.samples for t in s.turns)
+               for rec in history.batches for g in rec.batch.groups)
+
+
 async def _failover(run: Run) -> None:
+    """Two updates, a fresh trainer cell, two more; then batches are consumed until a group sent under the new
+    cell's versions was (what the integration recorded for them is what S2 judges under failover)."""
     await run.start()
     await run.drain(1)
     for _ in range(2):
@@ -68,6 +81,13 @@ async def _failover(run: Run) -> None:
     for _ in range(2):
         await run.update(resident=True)
         await run.drain(1)
+    for _ in range(6):
+        run.history.wire = run.backend.wire.snapshot()
+        if _consumed_from_cell(run.history, run.cell):
+            return
+        await run.drain(1)
+    run.unmet(("S2",), "no group generated after the failover cell's first update was consumed in 6 more batches: "
+              "what the integration records for calls under the new cell's versions is not shown")
 
 
 async def _failing_transfer(run: Run) -> None:

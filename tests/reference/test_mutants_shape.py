@@ -42,6 +42,8 @@ INTENDED = {
     "lora_stamped_before_load": ({"updater_cls"}, {"transfer"}),
     "resumed_turn_forgets_aborted_part": ({"manager_cls", "capabilities"}, {"resumed"}),
     "gated_call_stamped_at_send": ({"manager_cls", "capabilities"}, {"updating"}),
+    "versions_from_first_trainer": ({"manager_cls", "updater_cls", "capabilities"},
+                                    {"request_payload", "run_turn", "publish"}),
     "refusal_ignored_after_retry": ({"client_cls"}, {"update_weights_from_disk"}),
     "unconverted_names": ({"updater_cls"}, {"update"}),
     "aborts_own_requests": ({"updater_cls", "manager_cls"}, {"pause_all", "request_payload", "turn_record"}),

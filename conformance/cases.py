@@ -10,10 +10,12 @@ import functools
 import importlib
 import json
 import multiprocessing
+import threading
 import time
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from fakes.profiles import DEFAULT_PROFILE
 
@@ -200,13 +202,30 @@ def _run_in_child(scenario: str, spec: str, options: dict[str, Any], profile: st
     return run_one(scenario, load_integration(spec, options), fake_backend_factory(profile, seed), seed, deadlines)
 
 
-def run_batch_in_child(scenarios: list[str], spec: str, options: dict[str, Any], profile: str, seed: int,
-                       deadlines: Deadlines, parallel: int) -> list[ScenarioResult]:
-    """:func:`run_cases` on the fake backend for the integration ``spec`` names, the results in the order of
-    ``scenarios``: what a helper process of :class:`RunAhead` runs."""
-    results = run_cases(load_integration(spec, options), fake_backend_factory(profile, seed), seed, scenarios,
-                        parallel, deadlines)
-    return [results[name] for name in scenarios]
+def batch_in_child(scenarios: list[str], spec: str, options: dict[str, Any], profile: str, seed: int,
+                   deadlines: Deadlines, parallel: int) -> Iterator[tuple[int, ScenarioResult | Exception]]:
+    """Each of ``scenarios`` on the fake backend for the integration ``spec`` names, ``parallel`` at once, as each
+    ends: (its index, its result or the exception its run raised). What the helper process of :class:`RunAhead`
+    runs."""
+    integration, factory = load_integration(spec, options), fake_backend_factory(profile, seed)
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario") as pool:
+        runs = {pool.submit(run_one, name, integration, factory, seed, deadlines): i for i, name in enumerate(scenarios)}
+        for done in as_completed(runs):
+            yield runs[done], done.exception() or done.result()
+
+
+def _serve_batch(conn: Connection, job: Callable[[], Iterable[tuple[int, Any]]]) -> None:
+    """The helper process: send each (index, result) of ``job`` as it comes; (None, exception) when it fails."""
+    try:
+        for index, result in job():
+            try:
+                conn.send((index, result))
+            except Exception as exc:  # a result that cannot be pickled
+                conn.send((index, RuntimeError(f"the helper process could not send its result: {exc!r}")))
+    except Exception as exc:
+        conn.send((None, exc))
+    finally:
+        conn.close()
 
 
 def evaluate(check: str, history: History) -> Verdict:
@@ -241,7 +260,7 @@ class RunAhead:
     def __init__(self, parallel: int = 8) -> None:
         self._pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario")
         self._futures: dict[Any, Future[Any]] = {}
-        self._helper: ProcessPoolExecutor | None = None
+        self._helpers: list[multiprocessing.process.BaseProcess] = []
 
     def submit(self, key: Any, run: Callable[[], Any]) -> None:
         """Start ``run`` for ``key`` unless it was started already."""
@@ -252,25 +271,22 @@ class RunAhead:
         """Whether ``key``'s run was started (submitted)."""
         return key in self._futures
 
-    def submit_batch(self, keys: Sequence[Any], run: Callable[[], Sequence[Any]]) -> None:
-        """Start ``run`` (picklable; it returns one result per key, in order) in the helper process; each key's
-        result, or the batch's exception, comes when the batch ends. Every key must be new."""
+    def submit_batch(self, keys: Sequence[Any], job: Callable[[], Iterable[tuple[int, Any]]]) -> None:
+        """Run ``job`` (picklable; it yields (index into ``keys``, result or exception) as each run ends, e.g.
+        :func:`batch_in_child`) in a helper process (spawned); each key's result comes as it is sent. A key the
+        process never answered for (it failed or died) gets the reason. Every key must be new."""
         if any(key in self._futures for key in keys):
             raise ValueError(f"submit_batch: {[k for k in keys if k in self._futures]} started already")
-        if self._helper is None:
-            self._helper = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        context = multiprocessing.get_context("spawn")
+        inbox, outbox = context.Pipe(duplex=False)
+        process = context.Process(target=_serve_batch, args=(outbox, job), name="conformance-helper")
+        process.start()
+        outbox.close()
+        self._helpers.append(process)
         mine: list[Future[Any]] = [Future() for _ in keys]
         self._futures.update(zip(keys, mine))
-
-        def settle(batch: Future[Sequence[Any]]) -> None:
-            error = batch.exception() or (None if len(batch.result()) == len(keys) else ValueError(
-                f"the helper process returned {len(batch.result())} results for {len(keys)} scenarios"))
-            for i, future in enumerate(mine):
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(batch.result()[i])
-        self._helper.submit(run).add_done_callback(settle)
+        threading.Thread(target=_settle, args=(inbox, process, mine), name="conformance-helper-inbox",
+                         daemon=True).start()
 
     def result(self, key: Any, run: Callable[[], Any] | None = None) -> Any:
         """The result of ``key``'s run (``run`` started now unless one was submitted); its exception is raised."""
@@ -281,13 +297,34 @@ class RunAhead:
     def close(self) -> None:
         """Drop the runs not started; wait for those running (each is bounded by its own deadlines)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._helper is not None:
-            self._helper.shutdown(wait=True, cancel_futures=True)
+        for process in self._helpers:  # every result it sent was read, or nobody waits for it any more
+            if process.is_alive():
+                process.terminate()
+            process.join(5.0)
 
 
 def longest_first(names: Sequence[str]) -> list[str]:
     """``names`` with the scenarios marked ``long`` first (otherwise in order): the order to start them in."""
     return sorted(names, key=lambda n: not SCENARIOS[n].long)
+
+
+def _settle(inbox: Connection, process: multiprocessing.process.BaseProcess, futures: list[Future[Any]]) -> None:
+    """Set each future as the helper process sends its result; once it stops sending, those left get the reason."""
+    try:
+        while True:
+            index, result = inbox.recv()
+            for future in futures if index is None else [futures[index]]:
+                if not future.done():
+                    (future.set_exception if isinstance(result, BaseException) else future.set_result)(result)
+    except (EOFError, OSError):
+        pass
+    finally:
+        inbox.close()
+        process.join(5.0)
+        for future in futures:
+            if not future.done():
+                future.set_exception(RuntimeError(f"the helper process ended (exit code {process.exitcode}) before "
+                                                  f"this scenario's result"))
 
 
 def run_cases(integration: Integration, backend_factory: BackendFactory, seed: int = 0,

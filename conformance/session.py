@@ -18,7 +18,7 @@ import pytest
 
 from .backend_table import BackendRow, row
 from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, load_integration, longest_first,
-                    run_batch_in_child, run_isolated, run_one)
+                    batch_in_child, run_isolated, run_one)
 from .expectations import Expectations, load_expectations
 from .interface import Integration
 from .preflight import Finding, release_check
@@ -200,7 +200,7 @@ class ConformanceSession:
             o = self.options
             deadlines: Deadlines = _ask(self.setup(entry.name), "deadlines", DEADLINES)
             self._ahead.submit_batch([key(n) for n in there], functools.partial(
-                run_batch_in_child, there, o.integration, dict(o.integration_options), o.profile, o.seed, deadlines,
+                batch_in_child, there, o.integration, dict(o.integration_options), o.profile, o.seed, deadlines,
                 entry.run_ahead))
         for name in order:
             if name not in there:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any, Iterator
 
 import pytest
 
@@ -97,25 +98,34 @@ def test_a_manager_that_never_stops_is_a_hang() -> None:
     assert result.verdicts["V3"].checker_status == "pass"
 
 
-def test_a_batch_run_ahead_in_the_helper_process_settles_each_key_in_order_or_with_the_batch_error() -> None:
+def _numbers(values: list[int]) -> Iterator[tuple[int, Any]]:
+    """A helper-process job: each value back as its result, the last first; "x" an exception, "exit" the process dies."""
+    import os
+
+    for index in reversed(range(len(values))):
+        if values[index] == "exit":
+            os._exit(3)
+        yield index, ValueError("not a number") if values[index] == "x" else values[index]
+
+
+def test_a_batch_run_ahead_in_a_helper_process_settles_each_key_as_it_comes_or_with_the_reason() -> None:
     import functools
 
     from conformance.cases import RunAhead
 
     ahead = RunAhead(2)
     try:
-        ahead.submit_batch(["a", "b", "c"], functools.partial(sorted, [3, 1, 2]))
-        ahead.submit_batch(["x", "y"], functools.partial(int, "not a number"))
+        ahead.submit_batch(["a", "b", "c"], functools.partial(_numbers, [1, "x", 3]))
+        ahead.submit_batch(["p", "q"], functools.partial(_numbers, ["exit", 2]))
         assert ahead.started("b") and not ahead.started("z")
-        assert [ahead.result(k) for k in "abc"] == [1, 2, 3]
-        for key in "xy":
-            with pytest.raises(ValueError, match="not a number"):
-                ahead.result(key)
+        assert (ahead.result("a"), ahead.result("c")) == (1, 3)
+        with pytest.raises(ValueError, match="not a number"):
+            ahead.result("b")
+        assert ahead.result("q") == 2
+        with pytest.raises(RuntimeError, match=r"helper process ended \(exit code 3\) before this scenario's result"):
+            ahead.result("p")
         with pytest.raises(ValueError, match="started already"):
-            ahead.submit_batch(["c", "d"], functools.partial(sorted, [1, 2]))
-        ahead.submit_batch(["p", "q"], functools.partial(sorted, [1]))
-        with pytest.raises(ValueError, match="returned 1 results for 2 scenarios"):
-            ahead.result("q")
+            ahead.submit_batch(["c", "d"], functools.partial(_numbers, [1, 2]))
     finally:
         ahead.close()
 
@@ -124,12 +134,12 @@ def test_scenarios_run_in_the_helper_process_come_back_whole_with_the_verdicts_o
     """What the main job's session runs ahead in the helper process (every second scenario) is judged the same."""
     import functools
 
-    from conformance.cases import RunAhead, run_batch_in_child, run_cases
+    from conformance.cases import RunAhead, batch_in_child, run_cases
 
     names = ["aborted-groups"]
     ahead = RunAhead(2)
     try:
-        ahead.submit_batch(names, functools.partial(run_batch_in_child, names, DEFAULT_INTEGRATION, {},
+        ahead.submit_batch(names, functools.partial(batch_in_child, names, DEFAULT_INTEGRATION, {},
                                                     DEFAULT_PROFILE, 0, DEADLINES, 2))
         there = [ahead.result(n) for n in names]
     finally:

@@ -52,9 +52,10 @@ def is_race(entry: dict[str, Any]) -> bool:
 
 def compare(found: list[dict[str, Any]], listed: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
     """The divergences found that are not listed, and the listed ones not found (a ``race:`` entry never counts as
-    gone: real SGLang gives that answer only on some runs)."""
+    gone: real SGLang gives that answer only on some runs). A step not built on either side is always new: no list
+    excuses a comparison that did not happen."""
     listed_keys, found_keys = {key(e) for e in listed}, {key(d) for d in found}
-    new = [d for d in found if key(d) not in listed_keys]
+    new = [d for d in found if key(d) not in listed_keys or d.get("not_built")]
     gone = [e for e in listed if key(e) not in found_keys and not is_race(e)]
     return new, gone
 
@@ -124,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     listed = {key(e): e for e in known(args.release)}
     new, gone = compare(found, list(listed.values()))
     for d in found:
-        mark = "  NEW   " if d in new else "  race  " if is_race(listed[key(d)]) else "  listed"
+        mark = "  NOT BUILT" if d.get("not_built") else "  NEW   " if d in new else "  race  " if is_race(
+            listed[key(d)]) else "  listed"
         print(f"{mark} {d['step']} / {d['field']}: fake {json.dumps(d['fake'])} | real {json.dumps(d['real'])}")
     for e in gone:
         print(f"  GONE    {e['step']} / {e['field']}: listed, no longer diverges (remove it)")

@@ -396,8 +396,13 @@ async def distributed_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt
     group.shutdown()
 
 
+PRECONDITIONS = ("running_at_pause",)
+"""Fields that record whether a step's situation happened (False: it did not)."""
+
+
 def diff(fake: Mapping[str, Observation], real: Mapping[str, Observation]) -> list[dict[str, Any]]:
-    """Every (step, field) where the two engines answered differently, with both answers."""
+    """Every (step, field) where the two engines answered differently, with both answers; and every step whose
+    situation happened on neither side (a precondition False on both: ``not_built``), which never agrees."""
     found = []
     for step in list(dict.fromkeys([*real, *fake])):
         a, b = fake.get(step, {"absent": True}), real.get(step, {"absent": True})
@@ -405,4 +410,6 @@ def diff(fake: Mapping[str, Observation], real: Mapping[str, Observation]) -> li
             if a.get(field, "<absent>") != b.get(field, "<absent>"):
                 found.append({"step": step, "field": field, "fake": a.get(field, "<absent>"),
                               "real": b.get(field, "<absent>")})
+            elif field in PRECONDITIONS and a.get(field) is False:
+                found.append({"step": step, "field": field, "fake": False, "real": False, "not_built": True})
     return found

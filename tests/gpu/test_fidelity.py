@@ -62,6 +62,16 @@ def test_the_diff_lists_every_field_that_differs_with_both_answers() -> None:
 
 
 @pytest.mark.cpu
+def test_a_step_whose_situation_happened_on_neither_side_is_not_built_never_agreement() -> None:
+    fake = {"pause": {"status": 200, "running_at_pause": False}, "ok": {"running_at_pause": True}}
+    real = {"pause": {"status": 200, "running_at_pause": False}, "ok": {"running_at_pause": True}}
+    found = diff(fake, real)
+    assert found == [{"step": "pause", "field": "running_at_pause", "fake": False, "real": False, "not_built": True}]
+    new, _ = compare(found, [{**found[0], "why": "listed all the same"}])
+    assert new == found  # no list excuses it
+
+
+@pytest.mark.cpu
 def test_a_divergence_is_new_unless_listed_and_a_listed_one_gone_unless_it_is_a_race() -> None:
     def entry(step: str, real: object, why: str = "") -> dict:
         return {"step": step, "field": "f", "fake": 1, "real": real, **({"why": why} if why else {})}

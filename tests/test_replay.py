@@ -135,3 +135,22 @@ def test_bad_input_is_one_line(argv, says, capsys) -> None:
     assert cli.main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
+
+
+def test_seeded_request_ids_repeat_in_the_replay_and_stay_random_elsewhere() -> None:
+    import threading
+    import uuid
+
+    from conformance.replay.workload import seeded_uuid4
+
+    def draw(seed: int) -> list[str]:
+        with seeded_uuid4(seed):
+            return [uuid.uuid4().hex for _ in range(3)]
+    assert draw(1) == draw(1) != draw(2)
+    other: list[str] = []
+    with seeded_uuid4(1):
+        thread = threading.Thread(target=lambda: other.append(uuid.uuid4().hex))  # another scenario's thread
+        thread.start()
+        thread.join()
+    assert other[0] not in draw(1)
+    assert uuid.uuid4().hex != uuid.uuid4().hex

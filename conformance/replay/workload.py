@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import itertools
 import random
@@ -158,15 +159,27 @@ class Environment:
         return c.tool_s * (1 + c.tool_spread * (2 * group - 1)) * (1 + c.sample_spread * (2 * sample - 1))
 
 
+_UUID_RNG: contextvars.ContextVar[random.Random | None] = contextvars.ContextVar("replay_uuid_rng", default=None)
+_SYSTEM_UUID4 = uuid.uuid4
+
+
+def _uuid4() -> uuid.UUID:
+    """``uuid.uuid4`` as installed by :func:`seeded_uuid4`: drawn from the replay's seed in the contexts of a replay
+    (its tasks and the threads they start inherit it), the system's everywhere else."""
+    rng = _UUID_RNG.get()
+    return _SYSTEM_UUID4() if rng is None else uuid.UUID(int=rng.getrandbits(128), version=4)
+
+
 @contextlib.contextmanager
 def seeded_uuid4(seed: int) -> Iterator[None]:
-    """``uuid.uuid4`` drawn from ``seed`` while active: an integration's request ids repeat run to run."""
-    rng, original = random.Random(f"uuid:{seed}"), uuid.uuid4
-    uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128), version=4)  # type: ignore[assignment]
+    """``uuid.uuid4`` drawn from ``seed`` in this context while active (an integration's request ids repeat run to
+    run); other threads, such as scenarios running at the same time, keep drawing the system's."""
+    uuid.uuid4 = _uuid4  # type: ignore[assignment]  # once; the same function stays installed
+    token = _UUID_RNG.set(random.Random(f"uuid:{seed}"))
     try:
         yield
     finally:
-        uuid.uuid4 = original  # type: ignore[assignment]
+        _UUID_RNG.reset(token)
 
 
 def trainer_weights(initial: Mapping[str, Any], step: int) -> dict[str, Any]:

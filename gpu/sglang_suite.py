@@ -28,10 +28,12 @@ from fakes.profiles import DEFAULT_PROFILE
 
 from .launch import FAKE, SGLANG, EngineSpec
 
-LORA_ON_CPU = ("real SGLang on CPU cannot serve LoRA: with --enable-lora the engine dies at start "
-               "(sglang/srt/lora/layers.py pins host memory, 'pin_memory=True requires a CUDA or other accelerator "
-               f"backend'; measured on {SGLANG_FACTS.default_release}), so LoRA scenarios run on the fake and on GPUs "
-               "only")
+def lora_on_cpu(release: str) -> str:
+    """Why LoRA scenarios skip on real SGLang ``release`` on CPU (every release the installer serves on CPU)."""
+    return (f"real SGLang {release} on CPU cannot serve LoRA: with --enable-lora the engine dies at start "
+            "(sglang/srt/lora/layers.py pins host memory, 'pin_memory=True requires a CUDA or other accelerator "
+            f"backend'; measured on {', '.join(SGLANG_FACTS.cpu_releases)}), so LoRA scenarios run on the fake and on "
+            "GPUs only")
 HEALTH_TIMEOUT_S = 300.0
 """Start to ``/health`` 200 is 15–50 s on 2 busy cores; a deadline well past it, far below SGLang's own 600 s."""
 
@@ -93,7 +95,7 @@ class SglangSuite:
 
         needs = getattr(SCENARIOS[scenario], "needs", None) if scenario in SCENARIOS else None
         lora = needs.get("lora") if isinstance(needs, dict) else getattr(needs, "lora", False)
-        return LORA_ON_CPU if lora and not self.enable_lora else None
+        return lora_on_cpu(self.release) if lora and not self.enable_lora else None
 
     # -- engines ---------------------------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ the same release must give the same observations; :func:`diff` lists where they 
 
 A request "running" at a pause is made so: a streamed ``/generate`` whose first chunk arrived (it is in the
 scheduler), with ``ignore_eos`` and a budget it cannot finish before the pause. Whether it was still running is
-recorded (``running_at_pause``), so a step whose situation did not happen shows as such, never as agreement.
+recorded when the pause is sent (``running_at_pause``; an abort-mode pause ends it, so it is read before), so a step
+whose situation did not happen shows as such (``diff``: not built), never as agreement.
 """
 
 from __future__ import annotations
@@ -243,9 +244,8 @@ async def _script(url: str, model_dir: Path, work: Path, release: str,
 
         async def held_pause(mode: str, step: str) -> tuple[Held, bool]:
             held = Held(client, url)
-            running = await held.started()
+            running = await held.started()  # when the pause is sent (what becomes of it: the step's held.result())
             await call(step, "/pause_generation", {"mode": mode})
-            running = running and not held.task.done()
             out[step]["running_at_pause"] = running
             return held, running
 

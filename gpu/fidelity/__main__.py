@@ -40,6 +40,25 @@ def known(release: str) -> list[dict[str, Any]]:
     return json.loads(path.read_text())["divergences"] if path.exists() else []
 
 
+def script_digest() -> str:
+    """The fidelity script's digest: a list measured with another script compares other steps."""
+    import hashlib
+
+    return hashlib.sha256((HERE / "script.py").read_bytes()).hexdigest()[:12]
+
+
+def staleness(release: str) -> str | None:
+    """Why the committed list of ``release`` may be stale (measured with another fidelity script than this one), or
+    None."""
+    path = divergences_file(release)
+    measured = json.loads(path.read_text()).get("script") if path.exists() else None
+    if measured == script_digest():
+        return None
+    was = f"script {measured}" if measured else "a script of before the lists were stamped"
+    return (f"{path.name} was measured with {was}, not this one ({script_digest()}): its steps (and the fake) "
+            f"may have changed since; re-measure with python -m gpu.fidelity --release {release} --update")
+
+
 def key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
     return (entry["step"], entry["field"], json.dumps(entry["fake"], sort_keys=True),
             json.dumps(entry["real"], sort_keys=True))
@@ -122,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     found = diff(fake, real)
     print(f"sglang {args.release}: fake {fake_cost}, real {real_cost}; {len(found)} divergences")
+    stale = staleness(args.release)
+    if stale and not args.update:
+        print(f"  STALE   {stale}")
     listed = {key(e): e for e in known(args.release)}
     new, gone = compare(found, list(listed.values()))
     for d in found:
@@ -138,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         races = [e for k, e in listed.items() if is_race(e) and k not in found_keys]
         entries = [{**d, "why": listed.get(key(d), {}).get("why", "TODO")} for d in found] + races
         divergences_file(args.release).write_text(json.dumps(
-            {"release": args.release, "divergences": entries}, indent=1) + "\n")
+            {"release": args.release, "script": script_digest(), "divergences": entries}, indent=1) + "\n")
     return 1 if new or gone else 0
 
 

@@ -72,6 +72,18 @@ def test_a_step_whose_situation_happened_on_neither_side_is_not_built_never_agre
 
 
 @pytest.mark.cpu
+def test_a_list_measured_with_another_script_says_it_is_stale_and_how_to_re_measure(tmp_path, monkeypatch) -> None:
+    import gpu.fidelity.__main__ as fidelity
+
+    monkeypatch.setattr(fidelity, "divergences_file", lambda release: tmp_path / f"divergences-{release}.json")
+    (tmp_path / "divergences-9.9.json").write_text(json.dumps({"release": "9.9", "divergences": []}))
+    assert "re-measure with python -m gpu.fidelity --release 9.9 --update" in fidelity.staleness("9.9")
+    (tmp_path / "divergences-9.9.json").write_text(json.dumps({"release": "9.9", "script": fidelity.script_digest(),
+                                                              "divergences": []}))
+    assert fidelity.staleness("9.9") is None
+
+
+@pytest.mark.cpu
 def test_a_divergence_is_new_unless_listed_and_a_listed_one_gone_unless_it_is_a_race() -> None:
     def entry(step: str, real: object, why: str = "") -> dict:
         return {"step": step, "field": "f", "fake": 1, "real": real, **({"why": why} if why else {})}

@@ -5,7 +5,8 @@ Both engines are started with the same launch line (:data:`gpu.sglang_cpu.CPU_FL
 (``python -m gpu.sglang_cpu install``). Every divergence is printed with both answers and compared with the
 committed list ``gpu/fidelity/divergences-RELEASE.json`` (each entry explained): exit 0 when they match, 1 on a
 divergence not listed or a listed one that no longer happens, 2 on bad input or an environment that is missing.
-An entry explained as a ``race:`` is one of the answers real SGLang gives run to run, so its absence is no change.
+Each entry has a ``class`` (``fake-only``, ``CPU artefact``, ``not modelled``, ``race``) and its explanation (``why``); a
+``race`` is one of the answers real SGLang gives run to run, so its absence is no change.
 """
 
 from __future__ import annotations
@@ -64,13 +65,18 @@ def key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
             json.dumps(entry["real"], sort_keys=True))
 
 
+CLASSES = ("fake-only", "CPU artefact", "not modelled", "race")
+"""What a listed divergence is: the fake's own extension or wording, an artefact of real SGLang on CPU, behaviour the
+fake does not model, or one of the answers real SGLang gives run to run."""
+
+
 def is_race(entry: dict[str, Any]) -> bool:
-    """Whether a listed divergence is one of the answers real SGLang gives only on some runs (explained ``race:``)."""
-    return entry.get("why", "").startswith("race:")
+    """Whether a listed divergence is one of the answers real SGLang gives only on some runs (class ``race``)."""
+    return entry.get("class") == "race"
 
 
 def compare(found: list[dict[str, Any]], listed: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
-    """The divergences found that are not listed, and the listed ones not found (a ``race:`` entry never counts as
+    """The divergences found that are not listed, and the listed ones not found (a ``race`` entry never counts as
     gone: real SGLang gives that answer only on some runs). A step not built on either side is always new: no list
     excuses a comparison that did not happen."""
     listed_keys, found_keys = {key(e) for e in listed}, {key(d) for d in found}
@@ -158,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.update:
         found_keys = {key(d) for d in found}
         races = [e for k, e in listed.items() if is_race(e) and k not in found_keys]
-        entries = [{**d, "why": listed.get(key(d), {}).get("why", "TODO")} for d in found] + races
+        entries = [{**d, "class": listed.get(key(d), {}).get("class", "TODO"),
+                    "why": listed.get(key(d), {}).get("why", "TODO")} for d in found] + races
         divergences_file(args.release).write_text(json.dumps(
             {"release": args.release, "script": script_digest(), "divergences": entries}, indent=1) + "\n")
     return 1 if new or gone else 0

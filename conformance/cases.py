@@ -254,7 +254,7 @@ class RunAhead:
     """Scenario runs started ahead of the cases that read them: scenarios are independent (each has its own engines
     and event loop) and mostly wait on real time, so up to ``parallel`` run at once in threads while the first case
     waits on its own. Threads share one interpreter lock, which the fake engines, the HTTP stack and the checks keep
-    busy: :meth:`submit_batch` runs scenarios in a helper process (spawned once) on another core.
+    busy: :meth:`submit_batch` runs a batch of scenarios in a spawned helper process, on another core.
     :meth:`result` of a key never submitted runs it now (and caches it)."""
 
     def __init__(self, parallel: int = 8) -> None:

@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import pytest
 
 from .backend_table import BackendRow, row
-from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, load_integration, longest_first,
-                    batch_in_child, run_isolated, run_one)
+from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, batch_in_child, load_integration,
+                    longest_first, run_isolated, run_one)
 from .expectations import Expectations, load_expectations
 from .interface import Integration
 from .preflight import Finding, release_check
@@ -192,6 +192,7 @@ class ConformanceSession:
         loaded in another process (the session's own, on a backend whose row isolates scenarios), every second one
         in the helper process, the others in threads here."""
         assert self._ahead is not None
+
         def key(name: str) -> tuple[int, str, str]:
             return id(integration), name, entry.name
         order = [n for n in dict.fromkeys((scenario, *longest_first(ahead))) if not self._ahead.started(key(n))]

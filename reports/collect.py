@@ -32,7 +32,7 @@ def case_entry(case: Any, backend: str, result: Any) -> dict[str, Any]:
             "status": "skipped" if result.skip_reason(case.check) else v.status if v else "error",
             "reason": result.skip_reason(case.check), "witness": v.witness if v else [],
             "anomalies": [a.to_json() for a in v.anomalies] if v else [], "metrics": v.metrics if v else {},
-            "details": details, **({"undeclared": result.undeclared} if getattr(result, "undeclared", None) else {})}
+            "details": details, **({"undeclared": result.undeclared} if result.undeclared else {})}
 
 
 class ResultCollector:

@@ -246,7 +246,7 @@ def record(request: pytest.FixtureRequest, case: Any, backend: str, result: Any,
     """Keep this case's verdict, and its scenario's history, for the report (``reports.collect``; works under
     xdist). Does nothing when no report or history dump was asked for."""
     request.node.user_properties.append((_CASE_PROPERTY, _class_spec(request.node)))
-    if getattr(result, "undeclared", None):
+    if result.undeclared:
         request.node.user_properties.append((_UNDECLARED_PROPERTY, json.dumps([case.scenario, result.undeclared])))
     collector = request.config.pluginmanager.get_plugin(_COLLECTOR)
     if collector is not None:

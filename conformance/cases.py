@@ -22,7 +22,8 @@ from fakes.profiles import DEFAULT_PROFILE
 from . import DEFAULT_INTEGRATION
 from .anomaly import Anomaly, note
 from .backends import Backend, FakeBackend, FakeBackendConfig
-from .checks import CHECKS, Verdict
+from .checks import CHECKS, REGISTRY, Verdict
+from .checks.situations import missing
 from .history import Breakage, History
 from .interface import Integration
 from .loop import run_abandonable
@@ -230,13 +231,14 @@ def _serve_batch(conn: Connection, job: Callable[[], Iterable[tuple[int, Any]]])
 
 def evaluate(check: str, history: History) -> Verdict:
     """Run one checker; a checker that raises answers unknown with the error (never a pass), and so does one that
-    passed on a situation the scenario could not build (``History.unmet``). When the run broke (an unexpected
+    passed on a situation the scenario could not build (``History.unmet``) or the history does not hold
+    (``situations.missing``). When the run broke (an unexpected
     failure, a hang, a timeout) the case fails, with the breakage first in the witness."""
     try:
         v = CHECKS[check](history)
     except Exception as exc:
         v = Verdict(check, "unknown", [f"checker raised {type(exc).__name__}: {exc}"])
-    unmet = [u.reason for u in history.unmet if check in u.checks]
+    unmet = [u.reason for u in history.unmet if check in u.checks] + missing(REGISTRY[check].needs, history)
     if unmet and v.status == "pass":  # a failure found stands; a pass on a situation never built does not
         v = Verdict(v.check, "unknown", metrics=v.metrics,
                     anomalies=[note("the scenario could not build the situation this check needs:"),

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -23,10 +24,11 @@ import httpx
 from .checks import invariants, known_invariants
 from .interface import BuildEnv, Capabilities, Integration, LoraAdapter, Sample, Turn
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
+from .reference.concurrency import gather_all
 from .reference.manager import FinishedGroup, PartialRolloutManager, numeric_label
 from .reference.protocols import WeightSyncClient
-from .reference.transports import (DistributedTransport, LoraTransport, Tensor, WeightTransport, safetensors_bytes,
-                                   write_checkpoint_atomic)
+from .reference.transports import (DiskTransport, DistributedTransport, LoraTransport, Tensor, WeightTransport,
+                                   safetensors_bytes, write_checkpoint_atomic)
 from .scenarios import SCENARIOS
 
 log = logging.getLogger(__name__)
@@ -398,6 +400,26 @@ def write_checkpoint_reused_in_place(root: Path, name: str, tensors: Mapping[str
     return final
 
 
+class FreedByFirstLoadTransport(DiskTransport):
+    """Each checkpoint is freed when its reference count falls to 0, but the count starts at 1 (not at the number
+    of engines told to load it), so the first engine to finish frees it while the others still read it."""
+
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
+                       version: int) -> None:
+        path = await self._staged_for(weights, version)
+        readers = [1]
+
+        async def load(engine: WeightSyncClient) -> None:
+            try:
+                await engine.update_weights_from_disk(path)
+            finally:
+                readers[0] -= 1
+                if readers[0] == 0:
+                    await asyncio.to_thread(shutil.rmtree, path, True)
+        await gather_all(*(load(engine) for engine in engines))
+        self._staged = None
+
+
 def _mutant(name: str, bug: str, source: str, kills: tuple[str, ...], *, shows_in: tuple[str, ...],
             **pieces: Any) -> Mutant:
     cls = pieces.pop("integration_cls", ReferenceIntegration)
@@ -507,6 +529,11 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "only new_version, so SGLang aborts every request it holds", "rl-frameworks I1/I2 (miles #2589) on a "
             "retry path", ("I1", "I2"),
             shows_in=("one-engine-rejects",), client_cls=BareBumpAfterRefusalClient),
+    _mutant("checkpoint_freed_by_first_load", "a checkpoint's reference count starts at 1, not at the number of "
+            "engines, so the first engine to load it frees it while the others are still loading it",
+            "rl-frameworks F3 (checkpoints kept until every engine loaded them); a trainer reclaiming disk between "
+            "syncs", ("F3",),
+            shows_in=("slow-engine-disk",), disk_cls=FreedByFirstLoadTransport),
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",),
             shows_in=("steady-tensor-retract",), updater_cls=PublishFirstUpdater),

@@ -27,7 +27,7 @@ async def _one_update(run: Run) -> None:
 
 
 PROBE = Scenario(name="release-check", doc="one full-weight update on a transport that needs a session",
-                 script=_one_update, checks=(), transport=SESSION_TRANSPORTS)
+                 script=_one_update, builds=(), transport=SESSION_TRANSPORTS)
 
 
 @dataclass(frozen=True)

@@ -65,17 +65,26 @@ class _Hold:
 
 @dataclass
 class AnswerHold:
-    """The integration's ``/generate`` answers held back from it until ``release()`` is true (at most
-    ``timeout_s``): :meth:`WireLog.hold_answers`."""
+    """The integration's answers on ``paths`` (from ``engine``, or every engine; only the first with ``first_only``)
+    held back from it until ``release()`` is true (at most ``timeout_s``): :meth:`WireLog.hold_answers`."""
 
     release: Callable[[], bool]
     timeout_s: float
+    paths: frozenset[str] = frozenset({"/generate"})
+    engine: int | None = None
+    first_only: bool = False
     held: int = 0
     """Answers held so far."""
+    held_at: float | None = None
+    """When the first answer was held."""
     released_at: float | None = None
     """When the answers went on (None while they are held)."""
     released_by: str | None = None
-    """``pause`` (``release()`` came true), ``timeout`` or ``end`` (:meth:`WireLog.release_holds` first)."""
+    """``ready`` (``release()`` came true), ``timeout`` or ``end`` (:meth:`WireLog.release_holds` first)."""
+
+    def applies(self, call: WireCall) -> bool:
+        return (call.origin == "integration" and call.path in self.paths
+                and (self.engine is None or call.engine == self.engine) and not (self.first_only and self.held))
 
     def go(self, by: str, now: float) -> None:
         if self.released_at is None:
@@ -145,11 +154,13 @@ class WireLog:
             hold = self._hold
             return None if hold is None else (hold.passed - hold.went, set(hold.went))
 
-    def hold_answers(self, release: Callable[[], bool], timeout_s: float) -> AnswerHold:
-        """Hold back every answer to the integration's ``/generate`` calls, once the engine produced it, until
-        ``release()`` is true (polled; at most ``timeout_s``), until :meth:`release_holds`. The call's end is stamped
-        when its answer goes on (when the integration could read it)."""
-        hold = AnswerHold(release, timeout_s)
+    def hold_answers(self, release: Callable[[], bool], timeout_s: float, paths: frozenset[str] = frozenset({
+            "/generate"}), engine: int | None = None, first_only: bool = False) -> AnswerHold:
+        """Hold back every answer to the integration's calls on ``paths`` (from ``engine``, or every engine; only the
+        first with ``first_only``), once the engine produced it, until ``release()`` is true (polled; at most
+        ``timeout_s``), until :meth:`release_holds`. The call's end is stamped when its answer goes on (when the
+        integration could read it)."""
+        hold = AnswerHold(release, timeout_s, frozenset(paths), engine, first_only)
         with self._lock:
             self._answers = hold
         return hold
@@ -165,13 +176,15 @@ class WireLog:
         """Wait while the answer to ``call`` is held (:meth:`hold_answers`)."""
         with self._lock:
             hold = self._answers
-            if hold is None or call.origin != "integration" or call.path != "/generate":
+            if hold is None or not hold.applies(call):
                 return
             hold.held += 1
+            if hold.held_at is None:
+                hold.held_at = self.clock()
         deadline = self.clock() + hold.timeout_s
         while hold.released_at is None:
             if hold.release():
-                hold.go("pause", self.clock())
+                hold.go("ready", self.clock())
             elif self.clock() >= deadline:
                 hold.go("timeout", self.clock())
             else:

@@ -60,7 +60,8 @@ def test_listed_cases_are_strict_expected_failures_and_a_passing_one_is_an_error
     keeping expected failures apart with their reasons."""
     path = expectations(pytester, ("V1-lora", "never stamped, tracked in #123"), ("I3-l*", "abort pauses, #7"))
     report = pytester.path / "out" / "conformance-result.json"
-    result = suite("--conformance-integration", "conformance.mutants:lora_unstamped", "-k", "lora-fake",
+    result = suite("--conformance-integration", "conformance.mutants:lora_unstamped", "-k",
+                   "lora-fake and not slow-engine",
                    "--conformance-expectations", path, f"--conformance-report={report}", "-rxf")
     result.assert_outcomes(xfailed=1, failed=1, passed=len(SCENARIOS["lora"].checks) - 2)
     result.stdout.fnmatch_lines_random([

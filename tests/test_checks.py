@@ -524,6 +524,19 @@ def test_f3_judges_each_load_of_a_reused_path():
     assert v.anomalies[0].kind == "checkpoint-rewritten"
 
 
+def test_a_load_sent_after_its_checkpoint_was_removed_fails():
+    """Freed while another engine is still to load it: the first engine loaded it, the second was told to load it
+    only after the removal (its load fails on a missing folder), so no load of that arrival was overlapped."""
+    first = call(0, "/update_weights_from_disk", {"model_path": "/ck/v1"}, t0=2, t1=2.1, response={"success": True})
+    late = call(1, "/update_weights_from_disk", {"model_path": "/ck/v1"}, t0=2.3, t1=2.4, engine=1, status=400,
+                response={"success": False, "message": "Failed to get weights iterator"})
+    fs = [FsEvent(1.0, "moved_in", "v1"), FsEvent(2.2, "deleted", "v1")]
+    v = check("F3", history(wire=[first, late], fs=fs))
+    assert v.status == "fail" and v.anomalies[0].kind == "checkpoint-removed" and v.anomalies[0].engine == 1
+    assert "engine 1 was told to load checkpoint 'v1' at t=2.300s, after it was removed at t=2.200s" in v.witness[0]
+    assert check("F3", history(wire=[first], fs=fs)).passed  # removed once its only reader had loaded it
+
+
 def test_a_raising_checker_is_unknown_not_pass():
     from conformance.cases import evaluate
 

@@ -169,7 +169,7 @@ def test_a_turn_aborted_with_its_whole_budget_generated_may_train_as_complete(
     like the reference that recycles it; one that trains every aborted turn still fails."""
     name = "aborts-at-the-budget"
     monkeypatch.setitem(SCENARIOS, name, Scenario(
-        name, "aborts land as requests decode their last token", _aborts_at_the_budget, ("I4",),
+        name, "aborts land as requests decode their last token", _aborts_at_the_budget, ("aborted",),
         rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1)))
     stepped = lambda: FakeBackend(FakeBackendConfig(engines=1, tokens_per_second=100.0, stepped=True))  # noqa: E731
     result = run_cases(ReferenceIntegration(name=manager.__name__, manager_cls=manager), stepped, scenarios=[name],

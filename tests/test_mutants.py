@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from conformance.checks import invariants
 from conformance.cases import fake_backend_factory, run_cases
 from conformance.mutants import MUTANTS
 from conformance.scenarios import Deadlines
@@ -35,7 +36,9 @@ def test_mutant_is_killed(name: str, record_property) -> None:
                                             "killed_by": sorted({c for cases in killers.values() for c in cases})}))
     failed = sorted(f"{c}-{s}" for s, r in results.items() for c, v in r.verdicts.items() if v.status == "fail")
     assert killers, (f"mutant {name} ({mutant.bug}; {mutant.source}) survived: expected one of {sorted(mutant.kills)} "
-                     f"to fail on its own; failed cases: {failed or 'none'}")
+                     f"to fail on its own; failed cases: {failed or 'none'}; the expected checks answered:\n"
+                     + "\n".join(v.explain() for r in results.values() for c, v in r.verdicts.items()
+                                  if invariants(c) & set(mutant.kills)))
     for scenario, r in results.items():
         for check, v in r.verdicts.items():
             assert v.status != "fail" or v.witness, f"{check}-{scenario} failed on {name} without a witness"

@@ -97,7 +97,7 @@ def test_a_mutant_fails_through_pytest_with_its_witness(run_suite) -> None:
 
 def test_missing_capabilities_skip_with_the_reason(run_suite) -> None:
     result = run_suite("-m", "cpu", "--conformance-integration", "examples.requests_adapter:integration",
-                       "-k", "lora-fake", "-rs")
+                       "-k", "lora-fake and not slow-engine", "-rs")
     result.assert_outcomes(skipped=len(SCENARIOS["lora"].checks))
     result.stdout.fnmatch_lines(["*integration does not declare capability 'lora'*"])
 

@@ -55,3 +55,58 @@ def test_a_refusal_the_integration_never_triggers_is_reported_not_ignored() -> N
 
     errors = _run(script)
     assert len(errors) == 1 and "(0, '/no_such_endpoint')" in errors[0] and "never used" in errors[0], errors
+
+
+def test_a_slow_engine_keeps_its_call_in_progress_while_the_others_finished() -> None:
+    """``update(slow=...)``: the last engine's pause, transfer and continue each stay open (on the wire) until every
+    other engine answered its own, and the window is recorded."""
+    from conformance.cases import run_one
+
+    result = run_one("slow-engine-tensor", load_integration(DEFAULT_INTEGRATION), fake_backend_factory())
+    h = result.history
+    windows = [i for i in h.injected if i.kind == "window"]
+    assert [w.detail.split("first ")[1].split(" ")[0] for w in windows] == [
+        "/pause_generation", "/update_weights_from_tensor", "/continue_generation"] and not h.unmet
+    for w, cycle in zip(windows, h.cycles):
+        calls = [c for c in h.integration_calls() if c.path in w.detail and cycle.t_start <= c.t_start <= cycle.t_end]
+        slow = [c for c in calls if c.engine == w.engine][0]
+        assert all(c.t_end < w.t_end <= slow.t_end for c in calls if c.engine != w.engine), (w, calls)
+    assert all(v.passed for v in result.verdicts.values()), [v.explain() for v in result.verdicts.values()]
+
+
+def test_a_window_that_never_opens_leaves_every_check_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the other engines never finish in time (here: the slow engine must wait longer than its hold), the
+    scenario did not show what it is for: every check answers unknown with the reason, never pass."""
+    from conformance.cases import run_one
+    from conformance.scenarios import run as run_module
+
+    monkeypatch.setattr(run_module, "LINGER_S", 60.0)
+    quick = replace(run_module.DEADLINES, update_s=2.0)  # each slow call is held for a quarter of it
+    result = run_one("slow-engine-tensor", load_integration(DEFAULT_INTEGRATION), fake_backend_factory(),
+                     deadlines=quick)
+    assert result.verdicts and all(v.status == "unknown" for v in result.verdicts.values())
+    assert "was not kept in progress while the other engines had finished theirs" in \
+        result.verdicts["V2"].witness[1], result.verdicts["V2"].witness
+
+
+def test_a_check_judged_where_its_situation_never_came_answers_unknown() -> None:
+    """Each check names the situations it reads (``checks.situations``); a history without one of them gives
+    ``unknown`` with the reason, never a pass on nothing."""
+    from conformance.cases import evaluate, run_one
+    from conformance.checks import CHECKS
+
+    lora = run_one("lora", load_integration(DEFAULT_INTEGRATION), fake_backend_factory()).history
+    assert CHECKS["P1"](lora).status == "pass"  # LoRA cycles keep their order: nothing to fault, nothing shown
+    v = evaluate("P1", lora)
+    assert v.status == "unknown" and "the history holds no full-weight update cycle" in v.witness[1], v.witness
+
+
+def test_every_check_judges_a_scenario_and_every_situation_is_built_and_read() -> None:
+    from conformance.checks import REGISTRY
+    from conformance.checks.situations import SITUATIONS
+
+    judged = {c for s in SCENARIOS.values() for c in s.checks}
+    assert judged == set(REGISTRY)
+    built = {n for s in SCENARIOS.values() for n in s.situations}
+    read = {n for c in REGISTRY.values() for n in c.needs}
+    assert built == set(SITUATIONS) and read | {"window"} == set(SITUATIONS)

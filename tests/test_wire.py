@@ -76,7 +76,7 @@ def test_held_answers_reach_the_client_only_once_released_and_the_call_ends_then
             return t_release, log.clock()
     t_release, t_after = asyncio.run(go())
     [call] = log.snapshot()
-    assert hold.released_by == "pause" and t_release <= call.t_end <= t_after
+    assert hold.released_by == "ready" and t_release <= call.t_end <= t_after
     assert _post(app, "/update_weights_from_disk", {}).status_code == 200  # only /generate answers are held
 
 
@@ -88,6 +88,19 @@ def test_held_answers_go_on_at_the_timeout_or_when_the_holds_are_released() -> N
     hold = log.hold_answers(lambda: False, timeout_s=60)
     log.release_holds()
     assert _post(app, "/generate", {"text": "x"}).status_code == 200 and hold.released_by == "end"
+
+
+def test_a_slow_engine_holds_only_its_first_answer_on_the_paths() -> None:
+    log, engine = WireLog(), CountingApp()
+    slow, other = WireRecorder(engine, 1, log), WireRecorder(engine, 0, log)
+    hold = log.hold_answers(lambda: False, timeout_s=0.05, paths=frozenset({"/update_weights_from_disk"}), engine=1,
+                            first_only=True)
+    for app in (other, slow):
+        assert _post(app, "/generate", {"text": "x"}).status_code == 200
+    assert _post(other, "/update_weights_from_disk", {}).status_code == 200 and hold.held == 0  # another engine
+    assert _post(slow, "/update_weights_from_disk", {}).status_code == 200 and hold.held == 1
+    assert hold.released_by == "timeout" and hold.held_at is not None
+    assert _post(slow, "/update_weights_from_disk", {}).status_code == 200 and hold.held == 1  # the first only
 
 
 async def _until(condition) -> None:

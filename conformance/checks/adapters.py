@@ -9,6 +9,7 @@ from .verdict import Verdict, verdict
 
 
 @check("P7", "adapters not unloaded in use",
+       needs={"lora"},
        holds="no adapter is unloaded while paused requests that use it are resident (SGLang's unload waits for "
              "them forever)",
        reads="`/unload_lora_adapter` against the engine's pause windows and the `lora_path` of the `/generate` "

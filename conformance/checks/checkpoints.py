@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from ..anomaly import Anomaly
-from ..history import History
+from ..history import FsEvent, History, WireCall
 from .registry import check
 from .verdict import Verdict, verdict
 
 
 @check("F3", "atomic checkpoints",
+       needs={"disk"},
        holds="disk checkpoints are published atomically (rename), never written into once an engine was told to "
              "load them (a reused path is replaced by a rename), and kept until every engine loaded them; judged per "
              "load",
@@ -42,6 +43,7 @@ def atomic_checkpoints(h: History) -> Verdict:
                 f"checkpoint {name!r} was sent to the engines but never appeared in the watched "
                 f"checkpoint directory (written elsewhere?)"))
         mine = [w for w in loads if PurePath(str(w.payload.get("model_path"))).name == name]
+        failures += _told_after_removal(name, mine, events)
         for arrival in arrivals:  # each arrival at the path is its own checkpoint, until it is moved or deleted away
             gone = next((e for e in events if e.kind in ("deleted", "moved_out") and e.t > arrival.t), None)
             until = gone.t if gone is not None else float("inf")
@@ -75,3 +77,18 @@ def atomic_checkpoints(h: History) -> Verdict:
                     f"checkpoint into place, never rewritten inside, or a reader sees old and new files mixed",
                     engine=engines[0] if engines else None, times=(written[0].t, first_load)))
     return verdict(failures, metrics={"checkpoints": len(names)})
+
+
+def _told_after_removal(name: str, loads: list[WireCall], events: list[FsEvent]) -> list[Anomaly]:
+    """Loads of ``name`` sent while no checkpoint was at that path because an earlier one had been removed (the
+    engine reads a missing folder: SGLang answers 400, or loads whatever a later writer left half-done)."""
+    found = []
+    for w in loads:
+        last = next((e for e in reversed(events) if e.t <= w.t_start and e.kind != "written"), None)
+        if last is not None and last.kind in ("deleted", "moved_out"):
+            found.append(Anomaly(
+                "checkpoint-removed",
+                f"engine {w.engine} was told to load checkpoint {name!r} at t={w.t_start:.3f}s, after it was "
+                f"removed at t={last.t:.3f}s (freed before every engine had loaded it)",
+                engine=w.engine, times=(last.t, w.t_start)))
+    return found[:1]

@@ -21,6 +21,7 @@ def _by_engine(h: History, paths: set[str]) -> dict[int, list[WireCall]]:
 
 
 @check("I6", "pause paired with resume",
+       needs={"cycle"},
        holds="every pause is paired with a continue (also when the update failed); sessions closed",
        reads="`/pause_generation` … `/continue_generation` and `/begin_weight_update` … `/end_weight_update` per "
              "engine and cycle",
@@ -63,6 +64,7 @@ def pause_paired_with_resume(h: History) -> Verdict:
 
 
 @check("P5", "engine failures are fatal",
+       needs={"failed-cycle"},
        holds="an engine-reported failure (`success: false`, non-200) is fatal; a refusal retried until it succeeds "
              "passes (reported)",
        reads="every non-2xx or `success: false` answer in a cycle, and the calls to the same path after it")
@@ -106,6 +108,7 @@ _FLUSH_REFUSED = SGLANG.facts["post_update_flush_failure"].since("error")
 
 
 @check("I3", "pause mode sent",
+       needs={"cycle"},
        holds="every pause takes effect in the mode the integration runs in, never `abort`",
        reads="the `mode` SGLang reads from each `/pause_generation` body (`{}` → abort; "
              f"≤{_NO_PAUSE_BODY} takes no body: always abort)",
@@ -138,6 +141,7 @@ def pause_mode_sent(h: History) -> Verdict:
 
 
 @check("C2", "flush contract",
+       needs={"in-place"},
        holds="never flush while paused in place, explicitly or by a transfer's `flush_cache` (SGLang's default: "
              "true)",
        reads="`/flush_cache` and the effective `flush_cache` of transfers, inside pauses whose effective mode is "
@@ -177,6 +181,7 @@ def flush_contract(h: History) -> Verdict:
 
 
 @check("P1", "cycle order",
+       needs={"full-update"},
        holds="cycle order: pause → begin → transfer → version → end → continue; a flush anywhere inside the pause",
        reads="the control calls per engine inside each successful cycle")
 def cycle_order(h: History) -> Verdict:

@@ -1,4 +1,4 @@
-"""Every check, registered once: its id, title, what must hold, what it reads, the capabilities it needs.
+"""Every check, registered once: its id, title, what must hold, what it reads, the situations it needs.
 
 The scenarios' check lists, the mutants' ``kills``, the model-based run, the README's invariant table
 (``tests/test_check_registry.py`` holds it against this) and the report all read :data:`REGISTRY`.
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
+from .situations import SITUATIONS, unknown_situations
 from .verdict import Verdict
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ class Check:
     needs_residency: bool
     """About requests kept resident across a pause: skipped, with the reason, for an integration whose pauses take
     effect in abort mode (nothing is resident; I3 reports the mode)."""
+    needs: frozenset[str]
+    """The situations it reads (``situations.SITUATIONS``): it judges every scenario that builds them all."""
     model_based: str | None
     """None when the model-based run (``conformance.machine``) judges it after every step; else why it cannot."""
     measures: bool
@@ -60,15 +63,19 @@ REGISTRY: dict[str, Check] = {}
 """Check id → check, in the README's order (once every checker module is imported: ``conformance.checks``)."""
 
 
-def check(id: str, title: str, *, holds: str, reads: str, needs_pause: bool = False, needs_residency: bool = False,
-          model_based: str | None = None, measures: bool = False) -> Callable[[Checker], Checker]:
-    """Register the decorated checker as check ``id``; its verdicts carry the check's name."""
+def check(id: str, title: str, *, holds: str, reads: str, needs: Iterable[str], needs_pause: bool = False,
+          needs_residency: bool = False, model_based: str | None = None,
+          measures: bool = False) -> Callable[[Checker], Checker]:
+    """Register the decorated checker as check ``id``, judging every scenario that builds the situations it
+    ``needs``; its verdicts carry the check's name."""
 
     def register(fn: Checker) -> Checker:
         if id in REGISTRY:
             raise ValueError(f"check {id!r} is registered twice ({REGISTRY[id].run.__name__}, {fn.__name__})")
         if not id or id[0] not in _FAMILIES:
             raise ValueError(f"check id {id!r} must start with one of {_FAMILIES}")
+        if not needs or unknown_situations(needs):
+            raise ValueError(f"check {id!r}: needs {sorted(needs)} must name situations among {list(SITUATIONS)}")
 
         @functools.wraps(fn)
         def run(h: History) -> Verdict:
@@ -76,7 +83,8 @@ def check(id: str, title: str, *, holds: str, reads: str, needs_pause: bool = Fa
             v.check = spec.name
             return v
 
-        spec = Check(id, title, holds, reads, needs_pause, needs_residency, model_based, measures, run)
+        spec = Check(id, title, holds, reads, needs_pause, needs_residency, frozenset(needs), model_based, measures,
+                     run)
         REGISTRY[id] = spec
         ordered = sorted(REGISTRY.values(), key=lambda c: (_FAMILIES.index(c.id[0]), int(c.invariants[0][1:])))
         REGISTRY.clear()

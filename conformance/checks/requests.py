@@ -39,6 +39,7 @@ _FIELDS_SHOWN = ("mode", "abort_all_requests", "flush_cache", "weight_version")
 
 
 @check("I1-I2", "no abort on update",
+       needs={"resident"},
        holds="no bump or transfer aborts, and a whole update cycle aborts none of the requests in the engines; on "
              "every engine a request was resident when the cycle first touched it, else `unknown`; a request the "
              "integration drops itself around an update counts as aborted; aborted-request and aborted-sample "
@@ -180,6 +181,7 @@ def _aborting_calls(h: History) -> dict[tuple[int, str], list[WireCall]]:
 
 
 @check("I4", "aborted groups never train",
+       needs={"aborted", "consumed"},
        holds="aborted groups never reach training unchanged (dropped, recycled pristine, or continued: "
              "`Turn.continues`); a turn answered with abort after generating its whole token budget is complete "
              "(SGLang reports the abort when it lands in the step that decoded the last token), so training it is "

@@ -50,6 +50,7 @@ def _plausible(h: History, group: Group, outputs: dict, truth: int | None) -> bo
 
 
 @check("S2", "oldest version",
+       needs={"cycle", "consumed"},
        holds="a group's oldest version = min over every sample, turn (and the calls it continued) and per-token "
              "span",
        reads="`meta_info.weight_version(s)` of each turn's `/generate` answer; with client-side versions "
@@ -95,6 +96,7 @@ def oldest_version(h: History) -> Verdict:
 
 
 @check("S3", "staleness bound",
+       needs={"at-bound", "consumed"},
        holds="staleness bound enforced at consumption; groups at exactly the bound trained (passing over waiting "
              "ones fails), at bound + 1 rejected",
        reads="the same truth, against the version current when each batch was consumed",

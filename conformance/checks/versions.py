@@ -13,6 +13,7 @@ from .verdict import Verdict, verdict
 
 
 @check("V1", "versions agree",
+       needs={"cycle"},
        holds="after every update (disk, tensor, distributed, LoRA): engine label == trainer counter == manager "
              "version; engines never stamped fail plainly",
        reads="the labels the engines report (`/model_info`) after each cycle; whether any bump or transfer carried "
@@ -55,6 +56,7 @@ def versions_agree(h: History) -> Verdict:
 
 
 @check("V2", "publish only after success",
+       needs={"cycle"},
        holds="a version is stamped only after that engine's whole transfer succeeded, and a failed update changes "
              "no label and publishes nothing",
        reads="`/update_weight_version` and `weight_version` inside transfer bodies (a stamp in an early bucket "
@@ -114,6 +116,7 @@ def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, flo
 
 
 @check("V3", "no version before the first update",
+       needs={"consumed-before-update"},
        holds="no current version before the first update: filter off, no staleness metrics (or, for an "
              "integration that publishes a version for its initial weights, that version)",
        reads="the batches consumed before the first successful cycle",
@@ -170,6 +173,7 @@ def nothing_before_first_update(h: History) -> Verdict:
 
 
 @check("V4-S1", "never backwards",
+       needs={"cycle"},
        holds="the published version never goes backwards (failover included); staleness never negative",
        reads="the manager's version after each cycle and at each batch")
 def never_backwards(h: History) -> Verdict:
@@ -207,6 +211,7 @@ def never_backwards(h: History) -> Verdict:
 
 
 @check("P6", "engines hold the trainer's weights",
+       needs={"full-update"},
        holds="engines hold exactly the trainer's weights, parameter by parameter (a name SGLang skips is named)",
        reads="the weights each engine holds (fake: its store; real SGLang: `/get_weights_by_name` of every "
              "parameter)")

@@ -56,6 +56,7 @@ class ReferenceIntegration:
     updater_cls: type[ReferenceUpdater] = ReferenceUpdater
     manager_cls: type[ReferenceManager] = ReferenceManager
     lora_cls: type[LoraTransport] = LoraTransport
+    disk_cls: type[DiskTransport] = DiskTransport
     disk_writer: CheckpointWriter = write_checkpoint_atomic
     tensor_encoder: TensorEncoder = encode_safetensors_b64
     backend: str = "gloo"
@@ -106,7 +107,7 @@ class ReferenceIntegration:
 
     def make_transports(self, env: BuildEnv) -> dict[str, WeightTransport]:
         """A fresh set per trainer cell (a failover cell builds its own process group)."""
-        return {"disk": DiskTransport(env.workdir / "checkpoints", self.disk_writer, self.checkpoint_config),
+        return {"disk": self.disk_cls(env.workdir / "checkpoints", self.disk_writer, self.checkpoint_config),
                 "tensor": TensorTransport(self.tensor_encoder),
                 "distributed": DistributedTransport(self.backend, timeout_s=self.timeout_s)}
 

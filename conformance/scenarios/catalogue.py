@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Awaitable, Callable
 
 from ..checks.staleness import call_versions
 from ..history import History
@@ -111,6 +112,18 @@ async def _one_engine_rejects(run: Run) -> None:
     await run.update(refuse=[len(run.backend.urls) - 1], resident=True)
     await run.update()
     await run.drain(1)
+
+
+def _slow_engine(lora: bool) -> Callable[[Run], Awaitable[None]]:
+    """Three updates; in each the last engine is slow at one step (its pause, its transfer or adapter load, its
+    continue), so what the integration does once the other engines are done happens while that one is not."""
+    async def script(run: Run) -> None:
+        await run.start()
+        await run.drain(1)
+        for step in ("pause", "transfer", "continue"):
+            await run.update(lora=lora, resident=True, slow=step)
+            await run.drain(1)
+    return script
 
 
 async def _lora(run: Run) -> None:
@@ -228,7 +241,8 @@ async def _answers_while_paused(run: Run) -> None:
     run.unmet(("S2",), "the groups the integration started while its engines were paused were not all consumed")
 
 
-_STEADY_CHECKS = ("I1-I2", "I3", "I6", "V1", "V2", "P1", "P6", "S2", "V4-S1")
+_SLOW = ("resident", "consumed-before-update", "window")
+_REFUSED = ("resident", "consumed-before-update", "failed-cycle")
 _REJECTED = {
     "disk": "a disk update the engines reject (every load refused at the wire with SGLang's 400 and its rollback "
             "message, as a disk load that raises kills the server: SGLANG.load_failure_kills), then a good one",
@@ -240,46 +254,51 @@ _REJECTED = {
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     *(Scenario(f"steady-{transport}-{mode}", f"multi-turn rollouts, two {transport} updates under pause {mode}",
-               _steady, _STEADY_CHECKS + (("C2",) if mode == "in_place" else ()) + (("F3",) if transport == "disk"
-                                                                                    else ()),
-               transport=(transport,), pause_mode=mode)
+               _steady, ("resident", "consumed-before-update"), transport=(transport,), pause_mode=mode)
       for transport in ("disk", "tensor", "distributed") for mode in ("retract", "in_place")),
     Scenario("first-drain", "batches drained before the first update, staleness bound on",
-             _first_drain, ("V3", "S2"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),
+             _first_drain, ("resident", "consumed-before-update"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),
              needs=Needs(staleness_filter=True)),
     Scenario("mixed-versions", "three-turn samples generating while updates land, until one spanning two versions "
              "is consumed",
-             _mixed_versions, ("S2", "I1-I2", "I3", "V1"), pause_mode="in_place", needs=Needs(multi_turn=True),
+             _mixed_versions, ("resident",), pause_mode="in_place", needs=Needs(multi_turn=True),
              rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=3, max_new_tokens=64,
                              max_in_flight_groups=2, buffer_capacity=2), long=True),
     Scenario("failover", "two updates, failover to a fresh trainer cell, two more",
-             _failover, ("V4-S1", "V1", "I1-I2", "I3", "S2"), needs=Needs(failover=True)),
-    *(Scenario(f"failing-transfer-{t}", _REJECTED[t], _failing_transfer, ("V2", "P5", "I6", "V1", "I1-I2", "I3"),
-               transport=(t,))
+             _failover, ("resident", "consumed-before-update"), needs=Needs(failover=True)),
+    *(Scenario(f"failing-transfer-{t}", _REJECTED[t], _failing_transfer, _REFUSED, transport=(t,))
       for t in ("disk", "tensor", "distributed")),
     Scenario("one-engine-rejects", "the last engine answers every transfer call with SGLang's failure (400, success: "
              "false; injected at the wire) while the others load the weights, then a good update",
-             _one_engine_rejects, ("P5", "V2", "I6", "V1", "P6", "I1-I2", "I3"), transport=("disk",)),
+             _one_engine_rejects, _REFUSED, transport=("disk",)),
+    *(Scenario(f"slow-engine-{t}", f"three {t} updates, the last engine slow at one step of each (the answer to its "
+               f"pause, its {'load' if t == 'disk' else 'transfer'}, its continue held until the others answered "
+               f"theirs)", _slow_engine(False), _SLOW, transport=(t,))
+      for t in ("disk", "tensor")),
+    Scenario("slow-engine-lora", "three LoRA updates, the last engine slow at one step of each (the answer to its "
+             "pause, its adapter load, its continue held until the others answered theirs)", _slow_engine(True),
+             _SLOW, needs=Needs(lora=True), full_updates=False),
     Scenario("lora", "two LoRA updates while rollouts run",
-             _lora, ("V1", "V2", "I1-I2", "I3", "I6", "P7"), needs=Needs(lora=True), full_updates=False),
+             _lora, ("resident", "consumed-before-update"), needs=Needs(lora=True), full_updates=False),
     Scenario("lora-refused", "a LoRA update every engine refuses to load (SGLang's 400, injected at the wire), then a "
-             "good one", _lora_refused_everywhere, ("V2", "P5", "I6", "V1", "I1-I2", "I3"), needs=Needs(lora=True),
+             "good one", _lora_refused_everywhere, _REFUSED, needs=Needs(lora=True),
              full_updates=False),
     Scenario("lora-refused-by-one", "a LoRA update the last engine refuses to load while the others load it, then a "
-             "good one", _lora_refused_by_one, ("V2", "P5", "I6", "V1", "I1-I2", "I3"), needs=Needs(lora=True),
+             "good one", _lora_refused_by_one, _REFUSED, needs=Needs(lora=True),
              full_updates=False),
     Scenario("partial-rollout", "requests aborted under version 1 (by the suite, engines frozen) are resumed by the "
              "integration under version 2; groups made of them are consumed with the staleness bound at 1",
-             _partial_rollout, ("S2", "S3", "I4"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),
+             _partial_rollout, ("resident", "aborted", "at-bound"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),
              needs=Needs(partial_rollout=True, staleness_filter=True)),
     Scenario("staleness", "groups buffered while three updates land; bound 1 at consumption",
-             _staleness, ("S3", "S2", "V4-S1"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1, buffer_capacity=8),
+             _staleness, ("at-bound",), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1, buffer_capacity=8),
              needs=Needs(staleness_filter=True), long=True),
     Scenario("answers-while-paused", "single-turn groups whose answers reach the integration while every engine is "
              "paused by its cycle, so it starts groups that SGLang's pause gate holds until the new weights are in",
-             _answers_while_paused, ("S2",),
+             _answers_while_paused, (),
              rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1, max_in_flight_groups=2,
                              buffer_capacity=8)),
-    Scenario("aborted-groups", "every engine aborts its requests mid-rollout (injected)", _aborted_groups, ("I4",)),
+    Scenario("aborted-groups", "every engine aborts its requests mid-rollout (injected)", _aborted_groups,
+             ("aborted",)),
 ]}
 """Scenario name → scenario."""

@@ -1,5 +1,6 @@
-"""A scenario: a named workload and trainer script, what it needs of an integration, the checks it is judged by.
-Checked where it is defined: every check registered, needs typed, transports and pause mode known."""
+"""A scenario: a named workload and trainer script, what it needs of an integration, the situations it builds (and so
+the checks it is judged by). Checked where it is defined: situations known, needs typed, transports and pause mode
+known."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 from ..checks import REGISTRY
+from ..checks.situations import SITUATIONS, unknown_situations
 from ..interface import ALL_PAUSE_MODES, ALL_TRANSPORTS, Integration, RolloutConfig
 from .capabilities import Needs, pause_mode_for, skip_reasons, transport_for
 from .errors import Unsupported
@@ -20,12 +22,14 @@ DEFAULT_ROLLOUT = RolloutConfig(batch_size=2, group_size=2, turns=2, max_new_tok
 
 @dataclass(frozen=True)
 class Scenario:
-    """A named workload + trainer script, the capabilities it needs and the checks it is judged by."""
+    """A named workload + trainer script, the capabilities it needs and the situations it builds."""
 
     name: str
     doc: str
     script: Script
-    checks: tuple[str, ...]
+    builds: tuple[str, ...]
+    """The situations its script builds besides an update cycle and consumed batches (``checks.situations``); those
+    its fields say (a full update, an adapter load, a pause in place, a disk load) are added."""
     transport: tuple[str, ...] = ("tensor", "disk", "distributed")
     """Transports the scenario's full updates may use, preferred first; the first the integration has is used."""
     pause_mode: str = "retract"
@@ -38,15 +42,29 @@ class Scenario:
     so that it does not finish last."""
 
     def __post_init__(self) -> None:
-        unknown = [c for c in self.checks if c not in REGISTRY]
+        if isinstance(self.builds, str):
+            raise TypeError(f"scenario {self.name!r}: builds must be a tuple of situation names, got {self.builds!r}")
+        unknown = unknown_situations(self.builds)
         if unknown:
-            raise ValueError(f"scenario {self.name!r}: unknown check(s) {unknown}; registered: {list(REGISTRY)}")
+            raise ValueError(f"scenario {self.name!r}: unknown situation(s) {unknown}; known: {list(SITUATIONS)}")
         if not isinstance(self.needs, Needs):
             raise TypeError(f"scenario {self.name!r}: needs must be a Needs(...) ({Needs.names()}), "
                             f"got {self.needs!r}")
         if set(self.transport) - ALL_TRANSPORTS or self.pause_mode not in ALL_PAUSE_MODES:
             raise ValueError(f"scenario {self.name!r}: transports {list(self.transport)} / pause mode "
                              f"{self.pause_mode!r} not among {sorted(ALL_TRANSPORTS)} / {sorted(ALL_PAUSE_MODES)}")
+
+    @property
+    def situations(self) -> frozenset[str]:
+        """Every situation its run builds: ``builds``, an update cycle, consumed batches, and what its fields say."""
+        derived = {"full-update": self.full_updates, "lora": self.needs.lora, "in-place": self.pause_mode == "in_place",
+                   "disk": self.transport == ("disk",)}
+        return frozenset({"cycle", "consumed", *self.builds, *(n for n, on in derived.items() if on)})
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The checks it is judged by, in the registry's order: every one whose needs it builds."""
+        return tuple(c.id for c in REGISTRY.values() if c.needs <= self.situations)
 
     def transport_for(self, integration: Integration) -> str | None:
         """The transport this scenario uses with ``integration`` (None when it has none of them)."""

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 from fakes.facts import SGLANG
 
 from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
+from ..checks import REGISTRY
 from ..checks.labels import finish_type
 from ..history import DISTURBING_PATHS, LORA_LOAD_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
 from ..interface import RolloutConfig, Roles, Updater
@@ -84,6 +85,8 @@ STALL_S = 0.1
 SPARE = 0.25
 """The share of its decode time a request on another engine still has to go when a resident cycle's first disturbing
 call goes on (:meth:`Run.holds_young`)."""
+LINGER_S = 0.2
+"""How long a slow engine's call stays in progress after every other engine answered its own (:meth:`Run.hold_slow`)."""
 TURN_S = 0.15
 """How long one of the integration's turns decodes, at least (the scenarios raise ``max_new_tokens`` to that at the
 backend's decode speed): a request sent at most half of it before a cycle starts is still decoding when the cycle
@@ -128,7 +131,8 @@ class Run:
             self.history.initial_version = self.roles.manager.weight_version
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
-                     refuse: Sequence[int] = (), resident: bool = False, gate: bool = False) -> int | None:
+                     refuse: Sequence[int] = (), resident: bool = False, gate: bool = False,
+                     slow: str | None = None) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it.
 
         Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
@@ -144,10 +148,15 @@ class Run:
         or ``refuse`` (those engines answer every transfer call of the cycle with SGLang's failure, injected at the
         wire, while the others load the weights; a cycle may fail fast, at the first refusal, leaving the others
         unused). With ``gate`` the integration gets answers while its engines are paused (:meth:`hold_answers`), so
-        what it sends next meets SGLang's pause gate. A cycle that fails unexpectedly, or does not return within
+        what it sends next meets SGLang's pause gate. With ``slow`` (``pause``, ``transfer`` or ``continue``) the last
+        engine is slow at that step: the answer to its first such call is held until every other engine answered
+        its own (:meth:`hold_slow`), so what the integration does once the others are done happens while that
+        engine's call is still in progress (recorded as an injected ``window``; when it never opens, every check of
+        the run answers unknown with the reason). A cycle that fails unexpectedly, or does not return within
         ``deadlines.update_s`` (a hang, even when a failure was expected), breaks the run."""
-        if resident and gate:
-            raise ValueError("update(): resident and gate each hold the cycle's calls at the wire; pick one")
+        if resident and gate or gate and slow:
+            raise ValueError("update(): gate holds the cycle's calls and answers at the wire; not with resident or "
+                             "slow")
         transport = transport or self.transport
         expect_failure = poison or bool(refuse)
         manager, urls, wire = self.roles.manager, self.backend.urls, self.backend.wire
@@ -169,6 +178,7 @@ class Run:
             wire.hold_first(DISTURBING_PATHS, self.holds_young,
                             min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4))
         answers, unfollow = await self.hold_answers() if gate else (None, lambda: None)
+        window, unfollow_window = self.hold_slow(slow, transport, lora) if slow else (None, lambda: None)
         feeder = asyncio.create_task(self._feed_held()) if resident else None
         t0 = time.monotonic()
         returned, error, hang = None, None, None
@@ -184,6 +194,7 @@ class Run:
             t1 = time.monotonic()
             wire.release_holds()
             unfollow()
+            unfollow_window()
             fed = await asyncio.gather(feeder, return_exceptions=True) if feeder is not None else [None]
             await sentinels.release()
         left = set(wire.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
@@ -202,11 +213,13 @@ class Run:
             labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=expect_failure,
             trainer_digest=digest_of(weights) if weights is not None and not poison else None,
             digests_after=self.backend.digests()))
-        if answers is not None and answers.released_by != "pause":
+        if answers is not None and answers.released_by != "ready":
             why = "its cycle ended first" if answers.released_by == "end" else f"not within {answers.timeout_s:.1f}s"
             self.unmet(("S2",), f"update cycle {index}: the answers held back from the integration went on before "
                        f"every engine was paused ({why}): what it sends while its engines are paused (SGLang's pause "
                        f"gate holds it) is not shown")
+        if window is not None:
+            self._record_window(window, slow or "", index)
         if hang is not None:
             raise hang
         if isinstance(fed[0], BaseException):  # consuming a batch while the cycle's calls were held failed
@@ -229,6 +242,52 @@ class Run:
         self.history.injected.append(Injected(time.monotonic(), "refusal", engine,
                                               f"{' and '.join(paths)} answer 400 {body}"))
         return [(engine, path) for path in paths]
+
+    def hold_slow(self, step: str, transport: str, lora: bool) -> tuple[AnswerHold, Callable[[], None]]:
+        """Make the last engine slow at ``step`` of the coming cycle: the answer to its first pause, transfer (the
+        transport's endpoint, or an adapter load) or continue is held until every other engine answered its own and
+        had none open for :data:`LINGER_S` (at most a quarter of the cycle's deadline). Returns the hold and the
+        function that stops following the wire."""
+        if step == "transfer" and transport == "distributed" and not lora:
+            raise ValueError("update(slow='transfer'): a distributed transfer is one collective, every engine "
+                             "finishes it together")
+        paths = {"pause": frozenset({"/pause_generation"}), "continue": frozenset({"/continue_generation"}),
+                 "transfer": LORA_LOAD_PATHS if lora else frozenset({TRANSFER_FAILURES[transport][0]})}[step]
+        wire, slow = self.backend.wire, len(self.backend.urls) - 1
+        others = set(range(len(self.backend.urls))) - {slow}
+        open_: dict[int, int] = dict.fromkeys(others, 0)
+        answered: set[int] = set()
+        quiet: list[float | None] = [None]
+
+        def follow(call: WireCall, done: bool) -> None:
+            if call.origin == "integration" and call.path in paths and call.engine in others:
+                open_[call.engine] += -1 if done else 1
+                answered.update([call.engine] if done else [])
+
+        def others_done() -> bool:
+            now, done = time.monotonic(), answered == others and not any(open_.values())
+            quiet[0] = (quiet[0] or now) if done else None
+            return quiet[0] is not None and now - quiet[0] >= LINGER_S
+        stop = wire.listen(follow)
+        return wire.hold_answers(others_done, self.deadlines.update_s / 4, paths, engine=slow, first_only=True), stop
+
+    def _record_window(self, window: AnswerHold, step: str, cycle: int) -> None:
+        """Record the window :meth:`hold_slow` held open, or that it never opened (every check answers unknown; a
+        pause or continue the integration never sends is no window to open)."""
+        engine, paths = window.engine, " or ".join(sorted(window.paths))
+        if window.released_by == "ready" and window.held_at is not None:
+            self.history.injected.append(Injected(
+                window.held_at, "window", engine, f"update cycle {cycle}: the answer to engine {engine}'s first "
+                f"{paths} was held until every other engine had answered its own (a slow {step})",
+                t_end=window.released_at))
+            return
+        if not window.held and step != "transfer":  # an integration that never pauses: nothing to be slow at
+            return
+        why = ("the integration sent it no such call" if not window.held else
+               "its cycle ended first" if window.released_by == "end" else
+               f"the other engines had not all answered theirs within {window.timeout_s:.1f}s")
+        self.unmet(tuple(REGISTRY), f"update cycle {cycle}: engine {engine}'s {paths} was not kept in progress "
+                   f"while the other engines had finished theirs ({why}): a slow {step} is not shown")
 
     def turn_s(self) -> float:
         """How long one of the integration's turns decodes: its ``max_new_tokens`` at :func:`decode_rate`, at least

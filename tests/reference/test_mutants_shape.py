@@ -13,7 +13,7 @@ from conformance.fswatch import DirectoryWatch
 from conformance.interface import BuildEnv, RolloutConfig, Sample, Turn
 from conformance.reference import (HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater,
                                    integration as reference, partial_rollout, write_checkpoint_atomic)
-from conformance.reference.transports import LoraTransport
+from conformance.reference.transports import DiskTransport, LoraTransport
 
 from reference_rig import prompt_source
 
@@ -50,8 +50,9 @@ INTENDED = {
     "drops_requests_on_update": ({"manager_cls"}, {"_run_group", "set_weight_version"}),
     "checkpoint_rewritten_in_place": ({"disk_writer"}, set()),
     "bare_bump_after_refusal": ({"client_cls"}, {"check_response", "version_payload"}),
+    "checkpoint_freed_by_first_load": ({"disk_cls"}, {"transfer"}),
 }
-BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration, LoraTransport)
+BASES = (HttpEngineClient, ReferenceUpdater, ReferenceManager, ReferenceIntegration, LoraTransport, DiskTransport)
 
 
 def own_methods(cls: type) -> set[str]:

@@ -29,10 +29,12 @@ QUICK = (("version_bump_aborts",), ["steady-tensor-retract"])
 def main() -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=10, help="runs per mutant and of the reference (default 10)")
+    p.add_argument("--mutants", nargs="+", choices=sorted(MUTANTS), metavar="NAME",
+                   help="only these mutants (default: every one)")
     args = p.parse_args()
     runs = 1 if args.quick else args.runs
     logging.disable(logging.WARNING)  # the mutants log the bugs they commit; the table says what happened
-    names = QUICK[0] if args.quick else sorted(MUTANTS)
+    names = QUICK[0] if args.quick else sorted(args.mutants or MUTANTS)
     emit(f"# verdict determinism ({runs} run(s) each; {machine()})")
     started = time.perf_counter()
     rows, survived = [], 0

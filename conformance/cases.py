@@ -55,6 +55,15 @@ class Case:
 CASES: list[Case] = [Case(s.name, c) for s in SCENARIOS.values() for c in s.checks]
 
 
+def case_table() -> str:
+    """The catalogue as the README shows it (``python -m conformance --case-table``): per scenario the situations
+    it builds and the checks that judge it, every one whose needs it builds."""
+    rows = [f"| `{s.name}` | {', '.join(sorted(s.situations - {'cycle', 'consumed'})) or '—'} | "
+            f"{' '.join(REGISTRY[c].label for c in s.checks)} |" for s in SCENARIOS.values()]
+    return "\n".join(["| scenario | builds (besides update cycles and consumed batches) | judged by |",
+                      "|---|---|---|", *rows])
+
+
 class IntegrationError(Exception):
     """The integration could not be loaded; the message says what to fix."""
 

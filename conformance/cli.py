@@ -5,6 +5,7 @@ default) and write the report (JSON result, Markdown summary, self-contained HTM
                           [--sglang-profile V | --profiles all|V1,V2] [--expectations FILE]
                           [--write-expectations FILE] [-- PYTEST ARGS]
     python -m conformance --list-cases                       the case ids (<invariant>-<scenario>), one a line
+    python -m conformance --case-table                       the scenarios, what each builds, the checks judging it
     python -m conformance new-adapter PATH [--sync|--async]  a commented adapter that fails every case with
                                                              "implement <method>: ..." until it is filled in
 
@@ -64,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--write-expectations", default=None, metavar="FILE",
                         help="after the run, write FILE listing every failing case (reason TODO), to adopt in one step")
     parser.add_argument("--list-cases", action="store_true", help="print every case id and exit")
+    parser.add_argument("--case-table", action="store_true",
+                        help="print the scenarios, what each builds and the checks judging it (Markdown) and exit")
     return parser
 
 
@@ -195,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         return _new_adapter(argv[1:])
     try:
         args, extra = _parser().parse_known_args(argv)
+        if args.case_table:
+            from conformance.cases import case_table
+
+            print(case_table())
+            return 0
         if args.list_cases:
             print(_list_cases())
             return 0

@@ -74,6 +74,15 @@ def test_the_readme_invariant_table_is_the_registry() -> None:
     assert rows == [f"| {c.label} | {c.holds} | {c.reads} |" for c in REGISTRY.values()]
 
 
+def test_the_readme_case_list_is_generated_from_the_needs() -> None:
+    from conformance.cases import case_table
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("| scenario | builds")
+    assert readme[start:start + len(case_table()) + 1] == case_table() + "\n", "regenerate: python -m conformance " \
+        "--case-table"
+
+
 def test_a_verdict_is_named_by_its_registration() -> None:
     from conformance.history import History
 

@@ -52,8 +52,7 @@ async def _mixed_versions(run: Run) -> None:
         await run.update(resident=True)
         for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 1):
             await run.drain(1)
-            run.history.wire = run.backend.wire.snapshot()
-            if _consumed_mixed_group(run.history):
+            if run.shows(_consumed_mixed_group):
                 return
     run.unmet(("S2",), "no group generated under more than one version was consumed in 8 updates (every group "
               "that spanned an update was dropped or recycled before training?): S2 is not shown on mixed groups")
@@ -83,8 +82,7 @@ async def _failover(run: Run) -> None:
         await run.update(resident=True)
         await run.drain(1)
     for _ in range(6):
-        run.history.wire = run.backend.wire.snapshot()
-        if _consumed_from_cell(run.history, run.cell):
+        if run.shows(lambda h: _consumed_from_cell(h, run.cell)):
             return
         await run.drain(1)
     run.unmet(("S2",), "no group generated after the failover cell's first update was consumed in 6 more batches: "
@@ -177,8 +175,7 @@ async def _partial_rollout(run: Run) -> None:
         await run.abort_in_flight(then_update=True)
         for _ in range(run.rollout.buffer_capacity // run.rollout.batch_size + 2):
             await run.drain(1)
-            run.history.wire = run.backend.wire.snapshot()
-            if _resumed_across_an_update(run.history):
+            if run.shows(_resumed_across_an_update):
                 return
     run.unmet(("S2", "S3"), "no consumed group was as old as the aborted part of a turn resumed under a newer "
               "version in three rounds")
@@ -234,8 +231,7 @@ async def _answers_while_paused(run: Run) -> None:
         await run.update(gate=True)
         await run.drain(1)
     for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 2):
-        run.history.wire = run.backend.wire.snapshot()
-        if _gate_shown(run.history):
+        if run.shows(_gate_shown):
             return
         await run.drain(1)
     run.unmet(("S2",), "the groups the integration started while its engines were paused were not all consumed")

@@ -336,6 +336,12 @@ class Run:
         self.updater = self.roles.new_updater()
         self.cell += 1
 
+    def shows(self, situation: Callable[[History], bool]) -> bool:
+        """Whether the run's history so far (the wire as recorded now) shows ``situation``: how a script asks
+        whether what it sets out to build has happened."""
+        self.history.wire = self.backend.wire.snapshot()
+        return situation(self.history)
+
     def unmet(self, checks: tuple[str, ...], reason: str) -> None:
         """Record a situation this run could not build: ``checks``, which needed it, answer unknown with ``reason``
         (the others judge the run as it went)."""

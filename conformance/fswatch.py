@@ -25,7 +25,7 @@ from .history import FsEvent
 _IN_MODIFY, _IN_CREATE, _IN_DELETE, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x100, 0x200, 0x40, 0x80
 _IN_ISDIR = 0x40000000
 _KINDS = {_IN_CREATE: "created", _IN_DELETE: "deleted", _IN_MOVED_FROM: "moved_out", _IN_MOVED_TO: "moved_in"}
-_INSIDE = _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO
+_INSIDE = _IN_MODIFY | _IN_CREATE | _IN_MOVED_TO | _IN_DELETE
 """What counts as writing into an arrived checkpoint."""
 _HEADER = struct.Struct("iIII")
 
@@ -78,7 +78,8 @@ class DirectoryWatch:
             now = time.monotonic()
             if wd != self._top:
                 if wd in self._inside and mask & _INSIDE:
-                    self.events.append(FsEvent(now, "written", self._inside[wd], name))
+                    kind = "deleted_inside" if mask & _IN_DELETE else "written"
+                    self.events.append(FsEvent(now, kind, self._inside[wd], name))
                 continue
             for bit, kind in _KINDS.items():
                 if mask & bit:

@@ -106,8 +106,9 @@ class FsEvent:
 
     t: float
     kind: str
-    """``created`` (made in place), ``moved_in`` (renamed into place), ``deleted``, ``moved_out``, or ``written``
-    (a file written inside checkpoint ``name`` after it arrived)."""
+    """``created`` (made in place), ``moved_in`` (renamed into place), ``deleted``, ``moved_out``, ``written``
+    (a file written inside checkpoint ``name`` after it arrived) or ``deleted_inside`` (a file of it deleted: its
+    removal has begun)."""
     name: str
     inner: str | None = None
     """For ``written``: the file inside the checkpoint."""

@@ -535,6 +535,12 @@ def test_a_load_sent_after_its_checkpoint_was_removed_fails():
     assert v.status == "fail" and v.anomalies[0].kind == "checkpoint-removed" and v.anomalies[0].engine == 1
     assert "engine 1 was told to load checkpoint 'v1' at t=2.300s, after it was removed at t=2.200s" in v.witness[0]
     assert check("F3", history(wire=[first], fs=fs)).passed  # removed once its only reader had loaded it
+    both = [first, call(1, "/update_weights_from_disk", {"model_path": "/ck/v1"}, t0=2.0, t1=2.25, engine=1)]
+    emptied = [FsEvent(1.0, "moved_in", "v1"), FsEvent(2.2, "deleted_inside", "v1", "model.safetensors"),
+               FsEvent(2.3, "deleted", "v1")]  # the folder goes last: the removal began with its files
+    v = check("F3", history(wire=both, fs=emptied))
+    assert v.status == "fail" and "removed at t=2.200s (its file 'model.safetensors' deleted first) before the " \
+        "last engine finished loading it at t=2.250s" in v.witness[0], v.witness
 
 
 def test_a_raising_checker_is_unknown_not_pass():

@@ -60,12 +60,14 @@ def atomic_checkpoints(h: History) -> Verdict:
                     f"first engine was told to load it at t={first_load:.3f}s); write it to a temp dir and "
                     f"rename it",
                     times=(arrival.t, first_load)))
-            if gone is not None and first_load <= gone.t < last_load:
+            removal = next((e for e in events if e.kind in _REMOVAL and e.t > arrival.t), None)
+            if removal is not None and first_load <= removal.t < last_load:
                 failures.append(Anomaly(
                     "checkpoint-removed",
-                    f"checkpoint {name!r} was removed at t={gone.t:.3f}s before the last engine finished "
-                    f"loading it at t={last_load:.3f}s",
-                    times=(gone.t, last_load)))
+                    f"checkpoint {name!r} was removed at t={removal.t:.3f}s"
+                    + (f" (its file {removal.inner!r} deleted first)" if removal.inner else "")
+                    + f" before the last engine finished loading it at t={last_load:.3f}s",
+                    times=(removal.t, last_load)))
             written = [e for e in events if e.kind == "written" and first_load <= e.t < until]
             if written:
                 engines = sorted({w.engine for w in told if w.t_start <= written[0].t})
@@ -79,13 +81,17 @@ def atomic_checkpoints(h: History) -> Verdict:
     return verdict(failures, metrics={"checkpoints": len(names)})
 
 
+_REMOVAL = ("deleted_inside", "deleted", "moved_out")
+"""The events that show a checkpoint's removal under way: its files deleted, or the checkpoint itself gone."""
+
+
 def _told_after_removal(name: str, loads: list[WireCall], events: list[FsEvent]) -> list[Anomaly]:
     """Loads of ``name`` sent while no checkpoint was at that path because an earlier one had been removed (the
     engine reads a missing folder: SGLang answers 400, or loads whatever a later writer left half-done)."""
     found = []
     for w in loads:
         last = next((e for e in reversed(events) if e.t <= w.t_start and e.kind != "written"), None)
-        if last is not None and last.kind in ("deleted", "moved_out"):
+        if last is not None and last.kind in _REMOVAL:
             found.append(Anomaly(
                 "checkpoint-removed",
                 f"engine {w.engine} was told to load checkpoint {name!r} at t={w.t_start:.3f}s, after it was "

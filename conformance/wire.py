@@ -63,6 +63,9 @@ class _Hold:
     """Engines whose first held call went on to the engine."""
 
 
+_GENERATE = frozenset({"/generate"})
+
+
 @dataclass
 class AnswerHold:
     """The integration's answers on ``paths`` (from ``engine``, or every engine; only the first with ``first_only``)
@@ -70,7 +73,7 @@ class AnswerHold:
 
     release: Callable[[], bool]
     timeout_s: float
-    paths: frozenset[str] = frozenset({"/generate"})
+    paths: frozenset[str] = _GENERATE
     engine: int | None = None
     first_only: bool = False
     held: int = 0
@@ -154,8 +157,8 @@ class WireLog:
             hold = self._hold
             return None if hold is None else (hold.passed - hold.went, set(hold.went))
 
-    def hold_answers(self, release: Callable[[], bool], timeout_s: float, paths: frozenset[str] = frozenset({
-            "/generate"}), engine: int | None = None, first_only: bool = False) -> AnswerHold:
+    def hold_answers(self, release: Callable[[], bool], timeout_s: float, paths: frozenset[str] = _GENERATE,
+                     engine: int | None = None, first_only: bool = False) -> AnswerHold:
         """Hold back every answer to the integration's calls on ``paths`` (from ``engine``, or every engine; only the
         first with ``first_only``), once the engine produced it, until ``release()`` is true (polled; at most
         ``timeout_s``), until :meth:`release_holds`. The call's end is stamped when its answer goes on (when the

@@ -47,11 +47,11 @@ SITUATIONS: dict[str, Situation] = {s.name: s for s in [
     Situation("failed-cycle", "update cycle the engines refused", lambda h: any(c.expect_failure for c in h.cycles)),
     Situation("full-update", "full-weight update cycle", lambda h: any(not c.lora for c in h.cycles)),
     Situation("lora", "adapter load", lambda h: any(c.path in LORA_LOAD_PATHS for c in h.integration_calls())),
-    Situation("disk", "disk load", lambda h: any(True for _ in h.integration_calls("/update_weights_from_disk"))),
+    Situation("disk", "disk load", lambda h: next(h.integration_calls("/update_weights_from_disk"), None) is not None),
     Situation("in-place", "update cycle run with pause mode in_place",
               lambda h: any(c.pause_mode == "in_place" for c in h.cycles)),
-    Situation("at-bound", "staleness bound (groups at exactly the bound, and past it, are brought to consumption)",
-              lambda h: h.max_staleness is not None),
+    Situation("at-bound", "staleness bound (the scenario brings groups at and past it to consumption; S3 itself "
+              "says whether groups at exactly the bound came)", lambda h: h.max_staleness is not None),
     Situation("aborted", "request the suite aborted",
               lambda h: any(i.kind == "abort" and i.rid is None for i in h.injected)),
     Situation("window", "window held open on purpose (one engine's call kept in progress while the others "

@@ -218,8 +218,8 @@ class Run:
             self.unmet(("S2",), f"update cycle {index}: the answers held back from the integration went on before "
                        f"every engine was paused ({why}): what it sends while its engines are paused (SGLang's pause "
                        f"gate holds it) is not shown")
-        if window is not None:
-            self._record_window(window, slow or "", index)
+        if window is not None and slow:
+            self._record_window(window, slow, index)
         if hang is not None:
             raise hang
         if isinstance(fed[0], BaseException):  # consuming a batch while the cycle's calls were held failed

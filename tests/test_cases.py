@@ -108,6 +108,7 @@ def _numbers(values: list[int]) -> Iterator[tuple[int, Any]]:
         yield index, ValueError("not a number") if values[index] == "x" else values[index]
 
 
+@pytest.mark.slow  # a helper process
 def test_a_batch_run_ahead_in_a_helper_process_settles_each_key_as_it_comes_or_with_the_reason() -> None:
     import functools
 
@@ -130,6 +131,7 @@ def test_a_batch_run_ahead_in_a_helper_process_settles_each_key_as_it_comes_or_w
         ahead.close()
 
 
+@pytest.mark.slow  # a helper process
 def test_scenarios_run_in_the_helper_process_come_back_whole_with_the_verdicts_of_a_run_here() -> None:
     """What the main job's session runs ahead in the helper process (every second scenario) is judged the same."""
     import functools

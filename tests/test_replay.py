@@ -98,6 +98,7 @@ print(json.dumps([t.rows(), t.series]))
 """
 
 
+@pytest.mark.slow  # a second Python process
 def test_same_seed_same_table(reduced: dict) -> None:
     """Run to run, in another process with another hash seed (sets iterate differently there)."""
     proc = subprocess.run([sys.executable, "-c", _AGAIN.format(spec=BUG)], capture_output=True, text=True,

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.cpu
 
 HAVE_REAL_ROUTER = real_router_available()
 KINDS = [
-    pytest.param("real", marks=pytest.mark.skipif(not HAVE_REAL_ROUTER, reason="sglang-router is not installed "
-                                                  "(pip install sglang-router==0.3.2)")),
+    # The real router is a process of its own: its half is a slow test (the README's test command leaves it out).
+    pytest.param("real", marks=[pytest.mark.slow, pytest.mark.skipif(
+        not HAVE_REAL_ROUTER, reason="sglang-router is not installed (pip install sglang-router==0.3.2)")]),
     "fake",
 ]
 ROUTER_START_TIMEOUT = 30.0

@@ -168,6 +168,7 @@ def test_copy_all_layer_kv_cache_reads_every_source_row_before_writing() -> None
         assert torch.equal(layer, expected)
 
 
+@pytest.mark.slow  # a second Python process
 def test_every_other_kernel_is_importable_and_raises_when_called(tmp_path: Path) -> None:
     site = _site(tmp_path)
     install_standin(site)

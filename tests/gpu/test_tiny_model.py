@@ -58,6 +58,7 @@ def test_weights_are_seeded_and_read_back_exactly(tmp_path: Path) -> None:
     assert 0.01 < a[name].float().std().item() < 0.03
 
 
+@pytest.mark.slow  # a second Python process
 def test_the_cli_writes_the_default_model(tmp_path: Path) -> None:
     out = tmp_path / "tiny"
     result = subprocess.run([sys.executable, "-m", "gpu.tiny_model", str(out), "--dtype", "float32"], cwd=ROOT,

@@ -14,7 +14,7 @@ then runs at most ``--requests`` requests or ``--seconds`` seconds, whichever en
 rounds alternate (``--rounds``) and the medians are reported, with the server's CPU time per round trip (process
 placement, from /proc).
 
-The fake engine: profile 0.5.23, ``--tokens-per-second 1000`` (real-time ticker, 1 ms per decode step),
+The fake engine: its default profile (the newest release it knows), ``--tokens-per-second 1000`` (real-time ticker, 1 ms per decode step),
 ``max_running_requests`` 64, requests ``{"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 4}}``:
 each request spends ~4 ms in decode, batched with every other in-flight request, so the decode-bound ceiling
 is 64 / 4 ms = 16,000 round trips/s — far above what is measured: the figure is the cost of the HTTP path,
@@ -34,6 +34,7 @@ from typing import Any, Awaitable, Callable
 import _bench
 
 from fakes import FakeEngine, LoopbackServer
+from fakes.facts import SGLANG
 from fakes.cli import hello_world_app
 
 CONCURRENCY = 64
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     _bench.emit(f"fake /generate ({placement} + {client}): {head['fake']:,.0f} round trips/s, ratio to hello-world "
                 f"{head['ratio']:.2f} (targets: >= 1,000 and >= 0.5)")
     _bench.emit(f"fake config: tokens_per_second={tps:g}, max_new_tokens={MAX_NEW_TOKENS}, "
-                f"max_running_requests={CONCURRENCY}, profile 0.5.23; server CPU per round trip from /proc "
+                f"max_running_requests={CONCURRENCY}, profile {SGLANG.default_release}; server CPU per round trip from /proc "
                 f"(process placement only; includes the warm-up)")
     _bench.emit(f"total time: {time.perf_counter() - t_start:.1f} s")
     return 0

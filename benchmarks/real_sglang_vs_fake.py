@@ -8,7 +8,7 @@ runs at a time. Decode: greedy ``input_ids`` requests with ``ignore_eos``, 1 and
 completion tokens / wall time. Round trips: aiohttp, ``--concurrency`` workers, ``max_new_tokens`` 4, direct and
 proxied rounds alternated. Ratios: real / fake, proxied / direct.
 
-    python benchmarks/real_sglang_vs_fake.py [--quick] [--release 0.5.23] [--seconds 5] [--tokens 256]
+    python benchmarks/real_sglang_vs_fake.py [--quick] [--release R] [--seconds 5] [--tokens 256]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 import _bench
 
 from conformance.wire import WireLog
+from fakes.facts import SGLANG as SGLANG_FACTS
 from gpu.engine import EngineProcess
 from gpu.launch import FAKE, SGLANG, EngineSpec
 from gpu.proxy import RecordingProxy
@@ -78,7 +79,8 @@ def measure(engine: EngineProcess, tokens: int, seconds: float, rounds: int, con
 
 def main() -> int:
     p = _bench.parser(__doc__.splitlines()[0])
-    p.add_argument("--release", default="0.5.23")
+    p.add_argument("--release", default=SGLANG_FACTS.default_release,
+                   help=f"the real SGLang release (default {SGLANG_FACTS.default_release})")
     p.add_argument("--venv", type=Path, help="the release's real-SGLang environment (default: the installer's)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per round-trip round (default 5)")
     p.add_argument("--rounds", type=int, default=2, help="alternating direct/proxied rounds (default 2)")

@@ -499,7 +499,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             shows_in=("one-engine-rejects",), client_cls=RetryThenIgnoreClient),
     _mutant("unconverted_names", "full updates send the trainer's FSDP-wrapped parameter names; SGLang skips names "
             "its model does not have (with a warning) and answers success, so the engines keep their old weights",
-            "SGLang 0.5.23 load_weights (llama.py); rl-frameworks P6", ("P6",),
+            # read in SGLang 0.5.23's source
+            "SGLang load_weights (python/sglang/srt/models/llama.py); rl-frameworks P6", ("P6",),
             shows_in=("steady-disk-retract",), updater_cls=UnconvertedNamesUpdater),
     _mutant("aborts_own_requests", "before each update the integration aborts its own requests in flight by rid "
             "(/abort_request), to start the new version clean", "rl-frameworks I1/I2; a framework clearing its "

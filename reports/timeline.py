@@ -4,13 +4,12 @@ The history is loaded back with ``History.from_json`` (fields it does not know a
 by other suite versions render), and read with the queries the checkers use (who was resident at a pause, which
 injected abort excuses an answer, the outputs by request id, the versions behind a group). What a failing case
 names is read from its anomalies' fields (``conformance.anomaly``), never from their sentences; a result written
-before anomalies existed (schema version 1) is read from its witness lines.
+before anomalies existed (schema version 1) names only what its details' fields say.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,10 +316,10 @@ class Named:
 def named_in(case: dict[str, Any], timeline: Timeline | None) -> Named:
     """What a case's anomalies name: their ``engine``, ``rids``, ``cycle``, ``times``, and with ``batch`` and
     ``prompt`` the requests of that consumed group. A case of a result written before anomalies existed (no
-    ``anomalies``: schema version 1) is read from its witness lines instead (:func:`named_in_prose`)."""
+    ``anomalies``: schema version 1) names only what its details' fields say (:func:`named_in_details`)."""
     anomalies = case.get("anomalies")
     if not isinstance(anomalies, list):
-        return named_in_prose(case.get("witness") or [], case.get("details") or {}, timeline)
+        return named_in_details(case.get("details") or {})
     named = Named()
     for a in (a for a in anomalies if isinstance(a, dict)):
         for key, into, cast in (("engine", named.engines, int), ("rids", named.rids, str),
@@ -340,34 +339,10 @@ def _add(into: set, value: Any, cast: type) -> None:
                 pass
 
 
-_RID = r"[\w.:\-]+"
-_PATTERNS = {
-    "engine": re.compile(r"\bengines? (\d+)"),
-    "rid": re.compile(rf"\brequest ({_RID})"),
-    "rid_list": re.compile(r"\b(?:rid|turn)\(s\) \[([^\]]*)\]"),
-    "cycle": re.compile(r"\bcycle (\d+)"),
-    "group": re.compile(r"\bbatch (\d+): prompt (\d+)"),
-    "time": re.compile(r"\bt=(-?\d+(?:\.\d+)?)s"),
-}
-"""How the witness lines of schema-1 results name things (those results carry no anomalies)."""
-
-
-def named_in_prose(witness: list[Any], details: dict[str, Any], timeline: Timeline | None) -> Named:
-    """Schema-1 results only: read ``engine N``, ``request RID``, ``cycle N``, ``batch B: prompt P``, ``t=Xs`` off
-    the witness lines, and the ``engine``, ``rid``, ``cycle`` fields a verdict's details may carry."""
+def named_in_details(details: dict[str, Any]) -> Named:
+    """Schema-1 results only (written before anomalies existed): the ``engine``, ``rid`` and ``cycle`` fields a
+    verdict's details carry. Their witness sentences are shown, never parsed."""
     named = Named()
-    for line in witness:
-        text = line if isinstance(line, str) else str(line)
-        named.engines |= {int(m) for m in _PATTERNS["engine"].findall(text)}
-        named.rids |= {m.rstrip(".,;:)") for m in _PATTERNS["rid"].findall(text)}
-        for listed in _PATTERNS["rid_list"].findall(text):
-            named.rids |= {x.strip(" '\"") for x in listed.split(",") if x.strip(" '\"")}
-        named.cycles |= {int(m) for m in _PATTERNS["cycle"].findall(text)}
-        named.times |= {float(m) for m in _PATTERNS["time"].findall(text)}
-        if timeline is not None:
-            for b, p in _PATTERNS["group"].findall(text):
-                named.rids |= set(timeline.group_rids.get((int(b), int(p)), []))
-    for source in [details, *(w for w in witness if isinstance(w, dict))]:
-        for key, into, cast in (("engine", named.engines, int), ("rid", named.rids, str), ("cycle", named.cycles, int)):
-            _add(into, source.get(key), cast)
+    for key, into, cast in (("engine", named.engines, int), ("rid", named.rids, str), ("cycle", named.cycles, int)):
+        _add(into, details.get(key), cast)
     return named

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).parent / "fixtures" / "version_bump_aborts" / "conformance-result.json"
 """``python -m conformance --integration conformance.mutants:version_bump_aborts --out
-tests/reports/fixtures/version_bump_aborts -k "steady-tensor-in_place or first-drain"`` (then the .md and .html
+tests/reports/fixtures/version_bump_aborts -k "steady-tensor-in_place or answers-while-paused"`` (then the .md and .html
 removed): one failing case (I1-I2, the seed-000 version bump) among passes, with both histories."""
 BASELINE = ROOT / "reports" / "baselines" / "fake.json"
 

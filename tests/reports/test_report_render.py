@@ -63,7 +63,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_markdown_summary_has_the_matrix_the_metrics_and_the_witness(rendered: tuple[Path, str]) -> None:
     md = (rendered[0] / "conformance-result.md").read_text()
     assert md.startswith("# Conformance: version_bump_aborts on fake (SGLang 0.5.23, seed 0, 1 node(s))")
-    assert "✅ pass 10 · ❌ fail 1" in md
+    assert "✅ pass 18 · ❌ fail 1" in md
     assert re.search(r"^\| I1-I2 \| +\| ❌ \|$", md, re.M), md
     assert "| I1-I2-steady-tensor-in_place | requests=" in md
     assert re.search(r"^- \*\*I1-I2-steady-tensor-in_place\*\* \(fail\): \d+ of \d+ requests", md, re.M)
@@ -97,7 +97,7 @@ def test_html_highlights_what_the_witness_names_in_the_scenario_timeline(rendere
     show = re.search(r'<a class="show" href="#(tl\d+)" data-hl="([^"]+)"', html)
     assert show and f'id="{show.group(1)}"' in section
     assert named_rids <= set(json.loads(show.group(2).replace("&quot;", '"'))["r"])
-    other = html[html.index("<h2>first-drain"):]
+    other = html[html.index("<h2>answers-while-paused"):]
     other = other[other.index("<svg"):other.index("</svg>")]
     assert not re.search(r'class="[^"]*\bhl\b', other), "nothing is named in a scenario whose cases passed"
 
@@ -208,16 +208,13 @@ def test_timeline_outcomes_pauses_versions_costs_and_staleness() -> None:
     assert t.group_rids[(0, 4)] == ["r-span", "r-done"]
 
 
-def test_a_schema_1_witness_names_engines_requests_cycles_groups_and_times() -> None:
-    """Results written before anomalies existed are read from their prose."""
+def test_a_schema_1_result_names_what_its_details_say_and_never_parses_its_witness() -> None:
+    """Results written before anomalies existed: their details' fields are data, their sentences are not read."""
     t = build_timeline(hand_written_history())
-    named = named_in({"witness": ["request r-aborted (engine 1) was in flight during update cycle 0 at t=1.250s",
-                                  "batch 0: prompt 4 was generated under versions as old as 1",
-                                  "turn rid(s) ['r-x', 'r-y'] that no engine answered"],
-                      "details": {"engine": [0], "rid": "r-z"}}, t)
-    assert named.engines == {0, 1} and named.cycles == {0} and named.times == {1.25}
-    assert named.rids == {"r-aborted", "r-span", "r-done", "r-x", "r-y", "r-z"}
-    assert not named_in({"witness": ["no update cycle ran"]}, t)
+    named = named_in({"witness": ["request r-aborted (engine 1) was in flight during update cycle 0 at t=1.250s"],
+                      "details": {"engine": [0], "rid": "r-z", "cycle": 2}}, t)
+    assert named.engines == {0} and named.rids == {"r-z"} and named.cycles == {2} and not named.times
+    assert not named_in({"witness": ["engine 1 no update cycle ran"]}, t)
 
 
 def test_anomalies_name_engines_requests_cycles_groups_and_times_by_their_fields() -> None:
@@ -250,9 +247,12 @@ def test_html_highlights_from_the_fields_when_the_sentence_is_reworded(tmp_path:
 
 def _result_with(history: dict, tmp_path: Path, status: str = "fail") -> Path:
     result = json.loads(RECORDED.read_text())
+    witness = "request r-aborted (engine 1) was aborted in update cycle 0"
+    result["schema_version"] = 2
     result["cases"] = [{**result["cases"][0], "scenario": "hand", "case": "I1-I2-hand", "invariant": "I1-I2",
-                        "status": status,
-                        "witness": ["request r-aborted (engine 1) was aborted in update cycle 0"],
+                        "status": status, "witness": [witness],
+                        "anomalies": [{"kind": "aborted-request", "text": witness, "engine": 1,
+                                       "rids": ["r-aborted"], "cycle": 0}],
                         "history": f"{histories_dir(tmp_path / 'r.json').name}/hand.fake.json.gz"}]
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result))

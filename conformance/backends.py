@@ -24,6 +24,7 @@ import httpx
 from fakes.profiles import DEFAULT_PROFILE
 
 from .wire import PROBE_HEADER, WireLog, WireRecorder
+from .wire_control import WireControl
 
 
 class Backend(Protocol):
@@ -33,6 +34,8 @@ class Backend(Protocol):
     profile: str
     urls: list[str]
     wire: WireLog
+    control: WireControl
+    """The refusals and holds its recorders apply (:mod:`conformance.wire_control`)."""
     sentinel_tokens: int
     """Decode budget of the suite's long-lived requests (:mod:`conformance.sentinels`): seconds of decoding on
     this backend, so they outlive an update cycle yet end on their own if nobody aborts them."""
@@ -120,7 +123,7 @@ class FakeBackend:
         self.profile = self.config.profile
         self.sentinel_tokens = int(SENTINEL_SECONDS * self.config.tokens_per_second)
         self.decode_tokens_per_s = self.config.tokens_per_second
-        self.wire = WireLog()
+        self.wire, self.control = WireLog(), WireControl()
         self.urls: list[str] = []
         self._engines: list[Any] = []
         self._servers: list[Any] = []
@@ -138,7 +141,7 @@ class FakeBackend:
             engine = FakeEngine(profile=c.profile, tokens_per_second=None if c.stepped else c.tokens_per_second,
                                 max_running_requests=c.max_running_requests, enable_lora=c.enable_lora,
                                 seed=c.seed, engine_id=f"e{i}")
-            server = LoopbackServer(WireRecorder(engine.app, i, self.wire))
+            server = LoopbackServer(WireRecorder(engine.app, i, self.wire, self.control))
             server.start()
             self._engines.append(engine)
             self._servers.append(server)

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from .anomaly import Anomaly
 from .interface import Batch, Group, Sample, Turn
+from .prompts import PromptBook
 
 LORA_LOAD_PATHS = frozenset({"/load_lora_adapter", "/load_lora_adapter_from_tensors"})
 """SGLang's two ways to load an adapter (from a path, from tensors)."""
@@ -215,14 +216,16 @@ class History:
     """None when the platform cannot watch the filesystem (checkers answer unknown)."""
     injected: list[Injected] = field(default_factory=list)
     breaks: list[Breakage] = field(default_factory=list)
+    """Why the run broke, if it did (then every case of the scenario fails)."""
     unmet: list[Unmet] = field(default_factory=list)
     """Situations the scenario could not build, and the checks that needed them."""
     t_teardown: float | None = None
     """When the script ended and the teardown began (the manager stopped): calls the integration drops from then on
     are its shutdown, not lost work."""
-    """Why the run broke, if it did (then every case of the scenario fails)."""
     final_labels: list[str | None] = field(default_factory=list)
     engine_truth: dict[str, Any] = field(default_factory=dict)
+    prompts: PromptBook = field(default_factory=PromptBook)
+    """The prompts the suite handed out: which prompt a request is for (:meth:`prompt_of`)."""
 
     # -- queries the checkers share -------------------------------------------------------------------
 
@@ -232,6 +235,10 @@ class History:
             if (call.origin == "integration" and (path is None or call.path == path)
                     and (engine is None or call.engine == engine)):
                 yield call
+
+    def prompt_of(self, call: WireCall) -> int | None:
+        """The index of the suite's prompt a ``/generate`` call's ``text`` is for (None for any other text)."""
+        return self.prompts.index_of(call.payload.get("text") if isinstance(call.payload, dict) else None)
 
     def sentinel_calls(self) -> list[WireCall]:
         """The suite's own long-lived requests (one per engine around each cycle)."""
@@ -353,7 +360,7 @@ _NESTED: dict[tuple[type, str], type] = {
     (History, "wire"): WireCall, (History, "cycles"): UpdateCycle, (History, "batches"): BatchRecord,
     (History, "fs"): FsEvent, (History, "injected"): Injected, (History, "breaks"): Breakage,
     (History, "unmet"): Unmet, (Breakage, "open_calls"): OpenCall, (BatchRecord, "batch"): Batch,
-    (Batch, "groups"): Group, (Group, "samples"): Sample, (Sample, "turns"): Turn,
+    (Batch, "groups"): Group, (History, "prompts"): PromptBook, (Group, "samples"): Sample, (Sample, "turns"): Turn,
 }
 """Which field of which record holds records of which class (a list of them, or one)."""
 _ESSENTIAL = {(WireCall, "engine"), (WireCall, "path"), (WireCall, "t_start"), (UpdateCycle, "t_start"),

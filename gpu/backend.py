@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from conformance.wire import WireLog
+from conformance.wire_control import WireControl
 from fakes.profiles import DEFAULT_PROFILE
 
 from .engine import EngineActor, SupervisedEngine
@@ -103,7 +104,7 @@ class RayBackend:
         self.config = config
         self.profile = config.profile
         self.sentinel_tokens = config.sentinel_tokens
-        self.wire = WireLog()
+        self.wire, self.control = WireLog(), WireControl()
         self.urls: list[str] = []
         self.placement: Any = None
         self.engines: list[SupervisedEngine] = []
@@ -122,7 +123,7 @@ class RayBackend:
         try:
             self._launch()
             for e in self.engines:
-                e.proxy = RecordingProxy(e.info["url"], e.index, self.wire,
+                e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control,
                                          on_unreachable=functools.partial(self._unreachable, e)).start()
             self.urls = [e.proxy.url for e in self.engines]
         except BaseException:
@@ -137,12 +138,12 @@ class RayBackend:
         from .proxy import RecordingProxy
 
         with self._lock:
-            self.wire = WireLog()
+            self.wire, self.control = WireLog(), WireControl()
         for e in self.engines:
             if e.proxy is not None:
                 e.proxy.stop()
             e.unreachable = None
-            e.proxy = RecordingProxy(e.info["url"], e.index, self.wire,
+            e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control,
                                      on_unreachable=functools.partial(self._unreachable, e)).start()
         self.urls = [e.proxy.url for e in self.engines]
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Coroutine, Mapping, TypeVar
 from conformance.backends import probe_client, probe_labels
 from conformance.sentinels import SENTINEL_INPUT_IDS
 from conformance.wire import WireLog
+from conformance.wire_control import WireControl
 
 from .backend import EngineFailure, RayBackend, checkpoint
 from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState, reset_engine
@@ -235,7 +236,7 @@ class PooledBackend:
 
     def __init__(self, pool: EnginePool) -> None:
         self.pool = pool
-        self.wire = WireLog()
+        self.wire, self.control = WireLog(), WireControl()
         self.urls: list[str] = []
         self.sentinel_tokens = 0
         self._backend: RayBackend | None = None
@@ -243,7 +244,7 @@ class PooledBackend:
 
     def start(self) -> None:
         self._backend = self.pool.acquire()
-        self.wire, self.urls = self._backend.wire, list(self._backend.urls)
+        self.wire, self.control, self.urls = self._backend.wire, self._backend.control, list(self._backend.urls)
         self.sentinel_tokens = self.pool.sentinel_tokens
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from conformance.interface import KEEPALIVE_EXPIRY_S
 from conformance.wire import WireLog, WireRecorder
+from conformance.wire_control import WireControl
 from fakes.asgi import lifespan
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -139,15 +140,17 @@ async def _answer(send: Callable, status: int, body: Any) -> None:
 
 
 class RecordingProxy:
-    """A :class:`ForwardingProxy` to ``target`` behind a ``WireRecorder`` (as engine ``engine`` of ``wire``), on
-    127.0.0.1 in its own thread and event loop. ``url`` is what the integration talks to."""
+    """A :class:`ForwardingProxy` to ``target`` behind a ``WireRecorder`` (as engine ``engine`` of ``wire``, refusing
+    and holding as ``control`` says), on 127.0.0.1 in its own thread and event loop. ``url`` is what the integration
+    talks to."""
 
-    def __init__(self, target: str, engine: int, wire: WireLog,
+    def __init__(self, target: str, engine: int, wire: WireLog, control: WireControl | None = None,
                  on_unreachable: Callable[[str], None] | None = None) -> None:
         from fakes.server import LoopbackServer
 
         self.proxy = ForwardingProxy(target, on_unreachable=on_unreachable)
-        self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire))
+        self.control = WireControl(wire.clock) if control is None else control
+        self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire, self.control))
 
     @property
     def url(self) -> str:

@@ -50,7 +50,7 @@ def test_a_refusal_the_integration_never_triggers_is_reported_not_ignored() -> N
 
     async def script(run: Run) -> None:
         await run.start()
-        run.backend.wire.refuse(0, "/no_such_endpoint", 400, {"success": False})
+        run.backend.control.refuse(0, "/no_such_endpoint", 400, {"success": False})
         await run.update()
 
     errors = _run(script)

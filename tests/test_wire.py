@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from conformance.wire import PROBE_HEADER, WireLog, WireRecorder
+from conformance.wire_control import WireControl
 
 pytestmark = pytest.mark.cpu
 
@@ -45,10 +46,11 @@ def test_calls_are_recorded_with_payload_status_and_response_but_probes_are_not(
 
 def test_a_refusal_answers_once_without_reaching_the_engine_and_is_recorded() -> None:
     log, engine = WireLog(), CountingApp()
-    app = WireRecorder(engine, 1, log)
+    control = WireControl(log.clock)
+    app = WireRecorder(engine, 1, log, control)
     body = {"success": False, "message": "Failed to update weights: injected.", "num_paused_requests": 0}
-    log.refuse(1, "/update_weights_from_disk", 400, body)
-    log.refuse(0, "/update_weights_from_disk", 400, body)  # another engine's: never used here
+    control.refuse(1, "/update_weights_from_disk", 400, body)
+    control.refuse(0, "/update_weights_from_disk", 400, body)  # another engine's: never used here
     refused = _post(app, "/update_weights_from_disk", {"model_path": "/ckpt/2"})
     assert (refused.status_code, refused.json()) == (400, body)
     assert engine.seen == []
@@ -56,14 +58,15 @@ def test_a_refusal_answers_once_without_reaching_the_engine_and_is_recorded() ->
     assert engine.seen == ["/update_weights_from_disk"]
     first, second = log.snapshot()
     assert (first.status, first.response, first.ok) == (400, body, False) and second.ok
-    assert log.clear_refusals() == [(0, "/update_weights_from_disk")]
-    assert log.clear_refusals() == []
+    assert control.clear_refusals() == [(0, "/update_weights_from_disk")]
+    assert control.clear_refusals() == []
 
 
 def test_held_answers_reach_the_client_only_once_released_and_the_call_ends_then() -> None:
     log, engine, released = WireLog(), CountingApp(), asyncio.Event()
-    app = WireRecorder(engine, 0, log)
-    hold = log.hold_answers(released.is_set, timeout_s=10)
+    control = WireControl(log.clock)
+    app = WireRecorder(engine, 0, log, control)
+    hold = control.hold_answers(released.is_set, timeout_s=10)
 
     async def go() -> tuple[float, float]:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") as client:
@@ -82,18 +85,20 @@ def test_held_answers_reach_the_client_only_once_released_and_the_call_ends_then
 
 def test_held_answers_go_on_at_the_timeout_or_when_the_holds_are_released() -> None:
     log, engine = WireLog(), CountingApp()
-    app = WireRecorder(engine, 0, log)
-    hold = log.hold_answers(lambda: False, timeout_s=0.05)
+    control = WireControl(log.clock)
+    app = WireRecorder(engine, 0, log, control)
+    hold = control.hold_answers(lambda: False, timeout_s=0.05)
     assert _post(app, "/generate", {"text": "x"}).status_code == 200 and hold.released_by == "timeout"
-    hold = log.hold_answers(lambda: False, timeout_s=60)
-    log.release_holds()
+    hold = control.hold_answers(lambda: False, timeout_s=60)
+    control.release_holds()
     assert _post(app, "/generate", {"text": "x"}).status_code == 200 and hold.released_by == "end"
 
 
 def test_a_slow_engine_holds_only_its_first_answer_on_the_paths() -> None:
     log, engine = WireLog(), CountingApp()
-    slow, other = WireRecorder(engine, 1, log), WireRecorder(engine, 0, log)
-    hold = log.hold_answers(lambda: False, timeout_s=0.05, paths=frozenset({"/update_weights_from_disk"}), engine=1,
+    control = WireControl(log.clock)
+    slow, other = WireRecorder(engine, 1, log, control), WireRecorder(engine, 0, log, control)
+    hold = control.hold_answers(lambda: False, timeout_s=0.05, paths=frozenset({"/update_weights_from_disk"}), engine=1,
                             first_only=True)
     for app in (other, slow):
         assert _post(app, "/generate", {"text": "x"}).status_code == 200
@@ -112,34 +117,35 @@ def test_the_first_held_call_per_engine_goes_on_when_ready_and_tells_the_next_th
     """``hold_first`` holds each engine's first matching call until ``ready(engine, another_went)``; ``holding``
     says which engines wait and which went on; later calls and other paths are never held."""
     log, engines, asked = WireLog(), [CountingApp(), CountingApp()], []
-    apps = [WireRecorder(engine, i, log) for i, engine in enumerate(engines)]
+    control = WireControl(log.clock)
+    apps = [WireRecorder(engine, i, log, control) for i, engine in enumerate(engines)]
     go = asyncio.Event()
 
     def ready(engine: int, another_went: bool) -> bool:
         asked.append((engine, another_went))
         return go.is_set() if engine == 0 else another_went
 
-    log.hold_first(frozenset({"/pause_generation"}), ready, timeout_s=10)
+    control.hold_first(frozenset({"/pause_generation"}), ready, timeout_s=10)
 
     async def run() -> None:
         clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") for app in apps]
         try:
             first = asyncio.create_task(clients[0].post("/pause_generation", json={}))
             second = asyncio.create_task(clients[1].post("/pause_generation", json={}))
-            await asyncio.wait_for(_until(lambda: log.holding() == ({0, 1}, set())), 5)
+            await asyncio.wait_for(_until(lambda: control.holding() == ({0, 1}, set())), 5)
             assert (await clients[0].post("/flush_cache", json={})).status_code == 200  # another path goes on
             assert engines[0].seen == ["/flush_cache"] and engines[1].seen == []
             go.set()
             await asyncio.wait_for(asyncio.gather(first, second), 5)
-            assert log.holding() == (set(), {0, 1})
+            assert control.holding() == (set(), {0, 1})
             assert (await asyncio.wait_for(clients[0].post("/pause_generation", json={}), 5)).status_code == 200
         finally:
             for client in clients:
                 await client.aclose()
     asyncio.run(run())
     assert (1, False) in asked and (1, True) in asked and (0, True) not in asked
-    log.release_holds()
-    assert log.holding() is None
+    control.release_holds()
+    assert control.holding() is None
 
 
 def test_frozen_calls_keep_their_times_when_the_call_is_answered_later() -> None:
@@ -148,3 +154,15 @@ def test_frozen_calls_keep_their_times_when_the_call_is_answered_later() -> None
     [copy] = log.frozen()
     log.close(call, 200, {"text": "y"})
     assert copy.t_end is None and copy.status is None and call.t_end is not None and log.snapshot() == [call]
+
+
+def test_the_log_records_and_the_control_refuses_and_holds() -> None:
+    """One job each: the recorder's log has no way to refuse or hold, and a recorder given no control forwards
+    every call as it came."""
+    steering = {"refuse", "take_refusal", "clear_refusals", "hold_first", "holding", "hold_answers", "release_holds",
+                "answer_held", "held"}
+    assert steering <= set(dir(WireControl)) and not steering & set(dir(WireLog))
+    log, engine = WireLog(), CountingApp()
+    app = WireRecorder(engine, 0, log)
+    assert _post(app, "/update_weights_from_disk", {}).status_code == 200
+    assert engine.seen == ["/update_weights_from_disk"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 
 from ..anomaly import Anomaly
 from ..history import History, WireCall
@@ -148,16 +147,6 @@ def staleness_bound(h: History) -> Verdict:
     return verdict(failures, vacuous=vacuous, metrics=metrics)
 
 
-_PROMPT = re.compile(r"Prompt (\d+) \(seed ")
-"""The suite's prompts (``conformance.scenarios.lifecycle.prompt_source``): which prompt a ``/generate`` is for."""
-
-
-def _prompt_of(call: WireCall) -> int | None:
-    text = call.payload.get("text") if isinstance(call.payload, dict) else None
-    found = _PROMPT.search(text) if isinstance(text, str) else None
-    return int(found.group(1)) if found else None
-
-
 def _passed_over_at_bound(h: History, outputs: dict) -> list[Anomaly]:
     """Over-filtering: complete groups at exactly the bound that were available at a consumption and not trained.
 
@@ -167,7 +156,7 @@ def _passed_over_at_bound(h: History, outputs: dict) -> list[Anomaly]:
     of them under version c − bound, and neither B nor a batch before it trained it (called only when no trained
     group was at the bound)."""
     assert h.max_staleness is not None
-    calls = [c for c in h.integration_calls("/generate") if _prompt_of(c) is not None]
+    calls = [c for c in h.integration_calls("/generate") if h.prompt_of(c) is not None]
     trained: set[int] = set()
     found: list[Anomaly] = []
     for rec in h.batches:
@@ -184,7 +173,7 @@ def _passed_over_at_bound(h: History, outputs: dict) -> list[Anomaly]:
                 aborted = any(o.get("meta_info", {}).get("finish_reason", {}).get("type") == "abort"
                               for o in c.generate_outputs() if isinstance(o.get("meta_info", {}).get("finish_reason"),
                                                                            dict))
-                before.setdefault(_prompt_of(c), set()).update(versions | ({-1} if aborted else set()))
+                before.setdefault(h.prompt_of(c), set()).update(versions | ({-1} if aborted else set()))
         batch = {g.prompt_index for g in rec.batch.groups}
         at_bound = sorted(p for p, vs in before.items() if vs == {current - h.max_staleness}
                           and p not in trained and p not in batch)

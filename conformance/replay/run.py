@@ -15,10 +15,11 @@ from ..backends import digest_of
 from ..checks import REGISTRY, Verdict
 from ..history import BatchRecord, Breakage, History, UpdateCycle
 from ..interface import BuildEnv, Integration
+from ..prompts import PromptSource
 from ..wire import WireLog, WireRecorder
 from .network import REPLAY_DOMAIN, Network, TransferDelay, engine_url, in_process
 from .vtime import LoopClock, run_virtual
-from .workload import Environment, ReplayConfig, prompt_source, seeded_uuid4, trainer_weights
+from .workload import TASK_TEMPLATE, Environment, ReplayConfig, seeded_uuid4, trainer_weights
 
 
 Progress = Callable[[int, int, float], None]
@@ -99,21 +100,22 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
     rng = random.Random(f"transfer:{config.seed}")
     transfer = [config.transfer_s]
     urls = [engine_url(i) for i in range(config.engines)]
-    environment = Environment(config)
-    network = Network({_host(url): WireRecorder(TransferDelay(e.app, lambda: transfer[0]), i, wire)
-                       for i, (url, e) in enumerate(zip(urls, engines))}, environment, environment.start)
     caps = integration.capabilities
     mode = _pause_mode(integration, config.pause_mode)
     history = History("replay", integration.name, "fake-virtual-time", config.profile, config.seed,
                       max_staleness=config.max_staleness, pause_mode=mode if caps.pause_modes else None,
                       stamps_engines=caps.stamps_engines)
+    environment = Environment(config, history.prompts)
+    network = Network({_host(url): WireRecorder(TransferDelay(e.app, lambda: transfer[0]), i, wire)
+                       for i, (url, e) in enumerate(zip(urls, engines))}, environment, environment.start)
     steps: list[TrainerStep] = []
     initial = {name: blob.to_torch() for name, blob in engines[0].weights.items()}
 
     def labels() -> list[str | None]:
         return [e.weight_version for e in engines]  # what each engine's /model_info answers
     with in_process(network), tempfile.TemporaryDirectory(prefix="weightsync-replay-") as tmp:
-        env = BuildEnv(urls, Path(tmp), config.rollout(), prompt_source(config.seed), mode, config.seed)
+        prompts = PromptSource(config.seed, TASK_TEMPLATE, history.prompts)
+        env = BuildEnv(urls, Path(tmp), config.rollout(), prompts, mode, config.seed)
         env.checkpoint_dir.mkdir()
         roles = None
         try:

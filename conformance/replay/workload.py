@@ -10,16 +10,15 @@ import asyncio
 import contextlib
 import contextvars
 import hashlib
-import itertools
 import random
-import re
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from fakes.profiles import DEFAULT_PROFILE, get_profile
 
-from ..interface import ALL_PAUSE_MODES, Prompt, RolloutConfig
+from ..interface import ALL_PAUSE_MODES, RolloutConfig
+from ..prompts import PromptBook
 
 
 @dataclass(frozen=True)
@@ -109,14 +108,8 @@ REDUCED = dict(engines=4, groups_in_flight=8, group_size=4, turns=2, turn_s=20.0
                batch_groups=4, buffer_groups=8, train_s=60.0, transfer_s=20.0, transfer_spread=5.0, updates=6)
 """A replay of a few seconds: the CI case and the quick checks."""
 
-_TASK = re.compile(r"task (\d+)")
-
-
-def prompt_source(seed: int) -> Callable[[], Prompt]:
-    """The data source: prompt ``i`` names ``task i`` (the environment keys its delays on it)."""
-    counter = itertools.count()
-    return lambda: (lambda i: Prompt(i, f"task {i:06d} (seed {seed}): fix the failing test, then explain."))(
-        next(counter))
+TASK_TEMPLATE = "task {i:06d} (seed {seed}): fix the failing test, then explain."
+"""The replay's prompt text: prompt ``i`` names ``task i`` (the environment keys its delays on the prompt)."""
 
 
 def _unit(*parts: object) -> float:
@@ -130,8 +123,13 @@ class Environment:
     the task, how far the episode got (its prompt length) and the request: a group's samples share the task part,
     so they decode at about the same times, as a group of one prompt does in an agentic run."""
 
-    def __init__(self, config: ReplayConfig) -> None:
-        self.config = config
+    def __init__(self, config: ReplayConfig, prompts: PromptBook) -> None:
+        self.config, self.prompts = config, prompts
+
+    def _task(self, text: Any) -> str:
+        """The task a turn's text is for (its prompt's index, six digits), or the text itself for another text."""
+        index = self.prompts.index_of(text)
+        return text if index is None else f"{index:06d}"
 
     @property
     def episode_s(self) -> float:
@@ -144,8 +142,7 @@ class Environment:
         if asyncio.get_running_loop().time() > 0:
             return 0.0
         text = payload.get("text") if isinstance(payload, dict) else None
-        task = _TASK.search(text) if isinstance(text, str) else None
-        return self.episode_s * _unit(self.config.seed, "start", task.group(1) if task else text)
+        return self.episode_s * _unit(self.config.seed, "start", self._task(text))
 
     def __call__(self, payload: Any, answer: Any) -> float:
         meta = answer.get("meta_info") if isinstance(answer, dict) else None
@@ -153,8 +150,8 @@ class Environment:
             return 0.0  # an aborted turn: the agent extracts no command, the episode ends at once
         c = self.config
         text = payload.get("text", "") if isinstance(payload, dict) else ""
-        task = _TASK.search(text) if isinstance(text, str) else None
-        group = _unit(c.seed, "task", task.group(1) if task else "", len(text) if isinstance(text, str) else 0)
+        task = self.prompts.index_of(text)
+        group = _unit(c.seed, "task", "" if task is None else f"{task:06d}", len(text) if isinstance(text, str) else 0)
         sample = _unit(c.seed, "sample", meta.get("id"))
         return c.tool_s * (1 + c.tool_spread * (2 * group - 1)) * (1 + c.sample_spread * (2 * sample - 1))
 

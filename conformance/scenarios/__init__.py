@@ -11,10 +11,10 @@ from .capabilities import Needs
 from .catalogue import SCENARIOS
 from .definition import DEFAULT_ROLLOUT, Scenario, Script
 from .errors import Hang, RunBroken, ScenarioTimeout, UnexpectedUpdateFailure, Unsupported, bounded, open_calls
-from .lifecycle import build_env, new_history, new_run, prompt_source, run_scenario
+from .lifecycle import build_env, new_history, new_run, run_scenario
 from .run import DEADLINES, TRANSFER_FAILURES, Deadlines, Run
 from .trainer import Trainer
 
 __all__ = ["DEADLINES", "DEFAULT_ROLLOUT", "SCENARIOS", "TRANSFER_FAILURES", "Deadlines", "Hang", "Needs", "Run",
            "RunBroken", "Scenario", "ScenarioTimeout", "Script", "Trainer", "UnexpectedUpdateFailure", "Unsupported",
-           "bounded", "build_env", "new_history", "new_run", "open_calls", "prompt_source", "run_scenario"]
+           "bounded", "build_env", "new_history", "new_run", "open_calls", "run_scenario"]

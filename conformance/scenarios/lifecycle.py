@@ -4,35 +4,21 @@ with the model-based run (``conformance.machine``), so both record the same hist
 
 from __future__ import annotations
 
-import itertools
 import math
 import tempfile
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from ..backends import Backend, probe_labels
 from ..fswatch import DirectoryWatch
 from ..history import Breakage, History
-from ..interface import BuildEnv, Integration, Prompt, Roles
+from ..interface import BuildEnv, Integration, Roles
+from ..prompts import PromptSource
 from .definition import Scenario
 from .errors import RunBroken, ScenarioTimeout, bounded, open_calls
 from .run import DEADLINES, TURN_S, Deadlines, Run, decode_rate
 from .trainer import Trainer
-
-
-def prompt_source(seed: int, template: str = "Prompt {i} (seed {seed}): solve the task and explain.") \
-        -> Callable[[], Prompt]:
-    """A thread-safe data source: prompt ``i`` is ``template`` formatted with ``i`` and ``seed``."""
-    counter, lock = itertools.count(), threading.Lock()
-
-    def next_prompt() -> Prompt:
-        with lock:
-            i = next(counter)
-        return Prompt(i, template.format(i=i, seed=seed))
-    return next_prompt
 
 
 def for_backend(scenario: Scenario, backend: Backend) -> Scenario:
@@ -55,10 +41,11 @@ def new_history(scenario: Scenario, integration: Integration, backend: Backend, 
                    pause_mode=scenario.pause_mode if caps.pause_modes else None, stamps_engines=caps.stamps_engines)
 
 
-def build_env(scenario: Scenario, backend: Backend, folder: Path, seed: int) -> BuildEnv:
+def build_env(scenario: Scenario, backend: Backend, folder: Path, history: History) -> BuildEnv:
     """What ``Integration.build`` gets: the engines' URLs, a checkpoint directory (created) under ``folder``, the
-    workload, the prompts, the pause mode and the seed."""
-    env = BuildEnv(list(backend.urls), folder, scenario.rollout, prompt_source(seed), scenario.pause_mode, seed)
+    workload, the prompts (each handed out recorded in ``history``), the pause mode and the seed."""
+    env = BuildEnv(list(backend.urls), folder, scenario.rollout, PromptSource(history.seed, book=history.prompts),
+                   scenario.pause_mode, history.seed)
     env.checkpoint_dir.mkdir()
     return env
 
@@ -78,7 +65,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
     history = new_history(scenario, integration, backend, seed)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
-        env = build_env(scenario, backend, Path(tmp), seed)
+        env = build_env(scenario, backend, Path(tmp), history)
         watch = DirectoryWatch(env.checkpoint_dir).start()
         roles: Roles | None = None
         try:

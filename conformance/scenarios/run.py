@@ -19,7 +19,7 @@ from ..checks.labels import finish_type
 from ..history import DISTURBING_PATHS, LORA_LOAD_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
 from ..interface import RolloutConfig, Roles, Updater
 from ..sentinels import Sentinels, adapters_in_use
-from ..wire import AnswerHold
+from ..wire_control import AnswerHold
 from .errors import Hang, ScenarioTimeout, UnexpectedUpdateFailure, bounded, wait_for_condition
 from .trainer import Trainer
 
@@ -159,7 +159,7 @@ class Run:
                              "slow")
         transport = transport or self.transport
         expect_failure = poison or bool(refuse)
-        manager, urls, wire = self.roles.manager, self.backend.urls, self.backend.wire
+        manager, urls, wire, control = self.roles.manager, self.backend.urls, self.backend.wire, self.backend.control
         step, index = self.step + 1, len(self.history.cycles)
         weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
         adapter = self.trainer.lora(step) if lora else None
@@ -175,7 +175,7 @@ class Run:
             raise ScenarioTimeout(str(exc)) from None
         refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
-            wire.hold_first(DISTURBING_PATHS, self.holds_young,
+            control.hold_first(DISTURBING_PATHS, self.holds_young,
                             min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4))
         answers, unfollow = await self.hold_answers() if gate else (None, lambda: None)
         window, unfollow_window = self.hold_slow(slow, transport, lora) if slow else (None, lambda: None)
@@ -192,12 +192,12 @@ class Run:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             t1 = time.monotonic()
-            wire.release_holds()
+            control.release_holds()
             unfollow()
             unfollow_window()
             fed = await asyncio.gather(feeder, return_exceptions=True) if feeder is not None else [None]
             await sentinels.release()
-        left = set(wire.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
+        left = set(control.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
         unused = sorted(left - {key for keys in refused if not set(keys) <= left for key in keys})
         if unused and error is None:  # a cycle that failed at the first refusal need not reach the others
             self.history.breaks.append(Breakage("error", f"the injected refusal of {unused} was never used: the "
@@ -238,7 +238,7 @@ class Run:
             path, body = TRANSFER_FAILURES[transport]
             paths = (path,)
         for path in paths:
-            self.backend.wire.refuse(engine, path, 400, body, times=None)
+            self.backend.control.refuse(engine, path, 400, body, times=None)
         self.history.injected.append(Injected(time.monotonic(), "refusal", engine,
                                               f"{' and '.join(paths)} answer 400 {body}"))
         return [(engine, path) for path in paths]
@@ -269,7 +269,9 @@ class Run:
             quiet[0] = (quiet[0] or now) if done else None
             return quiet[0] is not None and now - quiet[0] >= LINGER_S
         stop = wire.listen(follow)
-        return wire.hold_answers(others_done, self.deadlines.update_s / 4, paths, engine=slow, first_only=True), stop
+        hold = self.backend.control.hold_answers(others_done, self.deadlines.update_s / 4, paths, engine=slow,
+                                                 first_only=True)
+        return hold, stop
 
     def _record_window(self, window: AnswerHold, step: str, cycle: int) -> None:
         """Record the window :meth:`hold_slow` held open, or that it never opened (every check answers unknown; a
@@ -313,13 +315,14 @@ class Run:
                 paused.discard(call.engine)
             elif call.path == "/generate" and not answered and hold.released_at is not None:
                 sent.add(call.engine)
-        hold = wire.hold_answers(lambda: len(paused) == engines,
+        hold = self.backend.control.hold_answers(lambda: len(paused) == engines,
                                  min(self.deadlines.wait_s, max(2.0, 4 * self.turn_s())))
         stop = wire.listen(follow)
         await wait_for_condition(lambda: hold.held > 0, self.deadlines.wait_s,
                                  "an answer to one of the integration's /generate calls (to hand it over while every "
                                  "engine is paused)")
-        wire.hold_first(frozenset({"/continue_generation"}), lambda engine, _: engine in sent, 2 * self.turn_s())
+        self.backend.control.hold_first(frozenset({"/continue_generation"}), lambda engine, _: engine in sent,
+                                        2 * self.turn_s())
         return hold, stop
 
     async def drain(self, n: int = 1) -> None:
@@ -418,8 +421,8 @@ class Run:
         """While the cycle's first disturbing calls are held and none went on yet, consume a batch whenever an engine
         the integration uses has had none of its requests open for :data:`STALL_S` (a producer blocked on a full
         buffer), as a trainer would, so the requests the hold waits for come."""
-        wire, stalled_since = self.backend.wire, time.monotonic()
-        while (state := wire.holding()) is not None and not state[1]:
+        control, stalled_since = self.backend.control, time.monotonic()
+        while (state := control.holding()) is not None and not state[1]:
             calls = self.generates()
             busy = not state[0] or _open_everywhere(calls, {c.engine for c in calls})
             stalled_since = await self._unstall(stalled_since, busy, 1)

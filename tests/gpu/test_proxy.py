@@ -111,7 +111,7 @@ def test_probes_pass_unrecorded_and_refusals_never_reach_the_engine(upstream, pr
     proxy, wire = proxied
     assert httpx.get(proxy.url + "/echo", headers={PROBE_HEADER: "1"}).status_code == 201
     assert wire.snapshot() == [] and len(upstream.seen) == 1
-    wire.refuse(0, "/update_weights_from_disk", 400, {"success": False, "message": "injected"})
+    proxy.control.refuse(0, "/update_weights_from_disk", 400, {"success": False, "message": "injected"})
     r = httpx.post(proxy.url + "/update_weights_from_disk", json={"model_path": "/ckpt"})
     assert (r.status_code, r.json()) == (400, {"success": False, "message": "injected"})
     assert len(upstream.seen) == 1

@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
 
-from conformance import scenarios
+from conformance.prompts import PromptSource
 from conformance.interface import BuildEnv, Integration, Prompt, Roles, RolloutConfig
 from conformance.reference import integration as reference
 from fakes.engine import FakeEngine
@@ -33,7 +33,7 @@ async def within(aw: Awaitable[T], timeout_s: float = STEP_TIMEOUT_S) -> T:
 
 def prompt_source() -> Callable[[], Prompt]:
     """The suite's prompt source with a short text these tests assert on."""
-    return scenarios.prompt_source(0, template="prompt number {i}:")
+    return PromptSource(0, template="prompt number {i}:")
 
 
 def trainer_weights(engine: FakeEngine, step: int) -> dict[str, Any]:

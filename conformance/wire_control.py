@@ -1,0 +1,170 @@
+"""What the suite does at the wire, apart from recording it: make one engine refuse a call, hold calls before
+they reach their engines, hold answers before they reach the integration.
+
+The :class:`~conformance.wire.WireRecorder` of each engine asks its backend's :class:`WireControl` about every call
+it records (refuse it? hold it? hold its answer?); the control never writes the record. A refusal is SGLang's failure
+answer for that endpoint: the engine never sees the request, and the exchange is recorded like any other. Being at
+the wire, the same fault and the same hold work in front of fake and real engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .history import WireCall
+
+
+@dataclass
+class _Refusal:
+    status: int
+    body: Any
+    left: int | None
+    """Calls still to refuse; None: every one."""
+    used: int = 0
+
+
+@dataclass
+class _Hold:
+    paths: frozenset[str]
+    ready: Callable[[int, bool], bool]
+    timeout_s: float
+    passed: set[int] = field(default_factory=set)
+    """Engines whose first held call arrived."""
+    went: set[int] = field(default_factory=set)
+    """Engines whose first held call went on to the engine."""
+
+
+_GENERATE = frozenset({"/generate"})
+
+
+@dataclass
+class AnswerHold:
+    """The integration's answers on ``paths`` (from ``engine``, or every engine; only the first with ``first_only``)
+    held back from it until ``release()`` is true (at most ``timeout_s``): :meth:`WireControl.hold_answers`."""
+
+    release: Callable[[], bool]
+    timeout_s: float
+    paths: frozenset[str] = _GENERATE
+    engine: int | None = None
+    first_only: bool = False
+    held: int = 0
+    """Answers held so far."""
+    held_at: float | None = None
+    """When the first answer was held."""
+    released_at: float | None = None
+    """When the answers went on (None while they are held)."""
+    released_by: str | None = None
+    """``ready`` (``release()`` came true), ``timeout`` or ``end`` (:meth:`WireControl.release_holds` first)."""
+
+    def applies(self, call: WireCall) -> bool:
+        return (call.origin == "integration" and call.path in self.paths
+                and (self.engine is None or call.engine == self.engine) and not (self.first_only and self.held))
+
+    def go(self, by: str, now: float) -> None:
+        if self.released_at is None:
+            self.released_at, self.released_by = now, by
+
+
+class WireControl:
+    """Refusals and holds for every engine's recorder of one backend (thread-safe); ``clock`` as the wire log's."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._refusals: dict[tuple[int, str], _Refusal] = {}
+        self._hold: _Hold | None = None
+        self._answers: AnswerHold | None = None
+
+    def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1) -> None:
+        """Answer the next ``times`` ``path`` calls to ``engine`` (every one until cleared with None) with
+        ``status``/``body`` (JSON), not forwarding them."""
+        with self._lock:
+            self._refusals[(engine, path)] = _Refusal(status, body, times)
+
+    def take_refusal(self, engine: int, path: str) -> tuple[int, Any] | None:
+        """The refusal answering this call (status, body), consumed once; None when there is none."""
+        with self._lock:
+            refusal = self._refusals.get((engine, path))
+            if refusal is None or refusal.left == 0:
+                return None
+            refusal.used += 1
+            if refusal.left is not None:
+                refusal.left -= 1
+            return refusal.status, refusal.body
+
+    def clear_refusals(self) -> list[tuple[int, str]]:
+        """Forget the refusals; the (engine, path) of those no call used."""
+        with self._lock:
+            unused = sorted(key for key, refusal in self._refusals.items() if not refusal.used)
+            self._refusals.clear()
+            return unused
+
+    def hold_first(self, paths: frozenset[str], ready: Callable[[int, bool], bool], timeout_s: float) -> None:
+        """Hold the integration's first call to one of ``paths`` on each engine, before it goes on to the engine,
+        until ``ready(engine, another_went)`` is true (``another_went``: another engine's held call already went
+        on), at most ``timeout_s``, until :meth:`release_holds`."""
+        with self._lock:
+            self._hold = _Hold(paths, ready, timeout_s)
+
+    def holding(self) -> tuple[set[int], set[int]] | None:
+        """While :meth:`hold_first` holds: the engines whose first call is held now, and those whose call went on."""
+        with self._lock:
+            hold = self._hold
+            return None if hold is None else (hold.passed - hold.went, set(hold.went))
+
+    def hold_answers(self, release: Callable[[], bool], timeout_s: float, paths: frozenset[str] = _GENERATE,
+                     engine: int | None = None, first_only: bool = False) -> AnswerHold:
+        """Hold back every answer to the integration's calls on ``paths`` (from ``engine``, or every engine; only the
+        first with ``first_only``), once the engine produced it, until ``release()`` is true (polled; at most
+        ``timeout_s``), until :meth:`release_holds`. The call's end is stamped when its answer goes on (when the
+        integration could read it)."""
+        hold = AnswerHold(release, timeout_s, frozenset(paths), engine, first_only)
+        with self._lock:
+            self._answers = hold
+        return hold
+
+    def release_holds(self) -> None:
+        with self._lock:
+            self._hold = None
+            answers, self._answers = self._answers, None
+        if answers is not None:
+            answers.go("end", self.clock())
+
+    async def answer_held(self, call: WireCall) -> None:
+        """Wait while the answer to ``call`` is held (:meth:`hold_answers`)."""
+        with self._lock:
+            hold = self._answers
+            if hold is None or not hold.applies(call):
+                return
+            hold.held += 1
+            if hold.held_at is None:
+                hold.held_at = self.clock()
+        deadline = self.clock() + hold.timeout_s
+        while hold.released_at is None:
+            if hold.release():
+                hold.go("ready", self.clock())
+            elif self.clock() >= deadline:
+                hold.go("timeout", self.clock())
+            else:
+                await asyncio.sleep(0.001)
+
+    async def held(self, call: WireCall) -> bool:
+        """Wait while ``call`` is held (:meth:`hold_first`); whether it was (the recorder then stamps its start when
+        it goes on)."""
+        with self._lock:
+            hold = self._hold
+            if hold is None or call.origin != "integration" or call.path not in hold.paths \
+                    or call.engine in hold.passed:
+                return False
+            hold.passed.add(call.engine)
+        deadline = self.clock() + hold.timeout_s
+        while self._hold is hold and self.clock() < deadline and not hold.ready(call.engine,
+                                                                                 bool(hold.went - {call.engine})):
+            await asyncio.sleep(0.001)
+        with self._lock:
+            hold.went.add(call.engine)
+        return True

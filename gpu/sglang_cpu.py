@@ -46,14 +46,20 @@ PURE_DEPS = (
 """What SGLang imports at start-up on the CPU path (the doc's list), at the release's pins where it has them."""
 REAL_KERNEL_DISTS = ("sgl-kernel", "sglang-kernel", "sgl_kernel", "sglang_kernel")
 
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
-"""Without it the scheduler imports ``vllm._custom_ops`` (``layers/rotary_embedding/base.py``) and dies."""
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "WEIGHTSYNC_UNPINNED": "1"}
+"""``SGLANG_USE_CPU_ENGINE``: without it the scheduler imports ``vllm._custom_ops``
+(``layers/rotary_embedding/base.py``) and dies. ``WEIGHTSYNC_UNPINNED``: the environment's ``sitecustomize``
+(:data:`UNPINNED`) drops the host-memory pinning SGLang's LoRA layers ask for, which torch refuses without an
+accelerator."""
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--tp", "1",
              "--skip-server-warmup", "--max-total-tokens", "32768", "--mem-fraction-static", "0.2")
 """SGLang's launch flags for CPU (without ``--max-total-tokens`` the KV pool is 0.2 × RAM: 5.7 GB, 13 s)."""
 STAMP = "weightsync-sglang-cpu.json"
 BUILDING = "weightsync-sglang-cpu.building"
 STANDIN = Path(__file__).with_name("sgl_kernel_standin.py")
+UNPINNED = Path(__file__).with_name("unpinned_sitecustomize.py")
+CPU_LORA_FLAGS = ("--lora-backend", "torch_native")
+"""With LoRA on CPU: SGLang's default LoRA backend (``csgmv``) is Triton kernels; ``torch_native`` is plain torch."""
 
 
 class InstallError(RuntimeError):
@@ -74,7 +80,7 @@ def python_of(venv: Path) -> Path:
 
 def recipe(release: str) -> str:
     """A digest of everything the install does for ``release``: a change to the recipe rebuilds the environment."""
-    text = json.dumps([release, CONSTRAINTS, NO_DEPS, PURE_DEPS, CPU_FLAGS, STANDIN.read_text(),
+    text = json.dumps([release, CONSTRAINTS, NO_DEPS, PURE_DEPS, CPU_FLAGS, STANDIN.read_text(), UNPINNED.read_text(),
                        _TORCHVISION_GUARD, sys.version_info[:2]])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -203,6 +209,7 @@ class Installer:
         self.pip("torch and pure-Python dependencies", TORCH, *(pins.get(_canon(n), n) for n in PURE_DEPS))
         self.patch_torchvision()
         self.install_standin()
+        shutil.copyfile(UNPINNED, self.site_packages() / "sitecustomize.py")
         versions = self.freeze()
         (self.venv / STAMP).write_text(json.dumps(
             {"release": self.release, "recipe": recipe(self.release), "versions": versions,

@@ -28,12 +28,14 @@ from fakes.profiles import DEFAULT_PROFILE
 
 from .launch import FAKE, SGLANG, EngineSpec
 
+
 def lora_on_cpu(release: str) -> str:
-    """Why LoRA scenarios skip on real SGLang ``release`` on CPU (every release the installer serves on CPU)."""
-    return (f"real SGLang {release} on CPU cannot serve LoRA: with --enable-lora the engine dies at start "
-            "(sglang/srt/lora/layers.py pins host memory, 'pin_memory=True requires a CUDA or other accelerator "
-            f"backend'; measured on {', '.join(SGLANG_FACTS.cpu_releases)}), so LoRA scenarios run on the fake and on "
-            "GPUs only")
+    """Why LoRA scenarios skip on real SGLang ``release`` on CPU: a release not measured serving LoRA there."""
+    return (f"real SGLang {release} on CPU was not measured serving LoRA (it needs host memory unpinned and the "
+            f"torch-native LoRA backend: measured on {', '.join(SGLANG_FACTS.lora_cpu_releases)}), so its LoRA "
+            "scenarios run on the fake, on those releases and on GPUs")
+
+
 HEALTH_TIMEOUT_S = 300.0
 """Start to ``/health`` 200 is 15–50 s on 2 busy cores; a deadline well past it, far below SGLang's own 600 s."""
 
@@ -52,7 +54,8 @@ class SglangSuite:
     program: tuple[str, ...] = SGLANG
     python: str | None = None
     """The interpreter that runs ``program`` (default: the environment's)."""
-    enable_lora: bool = False
+    enable_lora: bool | None = None
+    """Start the engines with LoRA; None: where the release was measured serving it on CPU (the fake: always)."""
     fake_args: tuple[str, ...] = ()
     _skip: str | None = field(default=None, init=False)
     _checked: bool = field(default=False, init=False)
@@ -95,19 +98,25 @@ class SglangSuite:
 
         needs = getattr(SCENARIOS[scenario], "needs", None) if scenario in SCENARIOS else None
         lora = needs.get("lora") if isinstance(needs, dict) else getattr(needs, "lora", False)
-        return lora_on_cpu(self.release) if lora and not self.enable_lora else None
+        return lora_on_cpu(self.release) if lora and not self.lora else None
+
+    @property
+    def lora(self) -> bool:
+        """Whether the engines serve LoRA."""
+        return self.release in SGLANG_FACTS.lora_cpu_releases if self.enable_lora is None else self.enable_lora
 
     # -- engines ---------------------------------------------------------------------------------------------
 
     def config(self) -> Any:
         from .backend import RayBackendConfig
-        from .sglang_cpu import CPU_ENV, CPU_FLAGS, default_venv, python_of
+        from .sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, default_venv, python_of
         from .tiny_model import write_model
 
         if self._model_dir is None:
             self._model_dir = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-sglang-model-")) / "model"))
-        spec = EngineSpec(model_path=self._model_dir, enable_lora=self.enable_lora, random_seed=self.seed,
-                          disable_cuda_graph=False, extra_args=CPU_FLAGS, fake_args=self.fake_args)
+        flags = CPU_FLAGS + (CPU_LORA_FLAGS if self.lora and self.program == SGLANG else ())
+        spec = EngineSpec(model_path=self._model_dir, enable_lora=self.lora, random_seed=self.seed,
+                          disable_cuda_graph=False, extra_args=flags, fake_args=self.fake_args)
         python = self.python or str(python_of(Path(self.venv) if self.venv else default_venv(self.release)))
         return RayBackendConfig(spec, engines=self.engines, nodes=2, program=self.program, python=python,
                                 resources_per_engine={"CPU": 1}, health_timeout_s=self.health_timeout_s,

@@ -88,6 +88,8 @@ class Release:
     label: str
     real_on_cpu: bool = False
     """Whether the real engine of this release installs and serves on a CPU-only machine (``gpu.sglang_cpu``)."""
+    lora_on_cpu: bool = False
+    """Whether it was measured serving LoRA there (host memory unpinned, the torch-native LoRA backend)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,11 @@ class EngineFamily:
     def cpu_releases(self) -> tuple[str, ...]:
         """The releases whose real engine runs on a CPU-only machine, oldest first."""
         return tuple(r.label for r in self.rows if r.real_on_cpu)
+
+    @property
+    def lora_cpu_releases(self) -> tuple[str, ...]:
+        """The releases whose real engine was measured serving LoRA on a CPU-only machine, oldest first."""
+        return tuple(r.label for r in self.rows if r.lora_on_cpu)
 
     def fact(self, name: str, version: str | tuple[int, ...]) -> Any:
         """The value of fact ``name`` on ``version`` (``KeyError`` for a fact not in the table)."""

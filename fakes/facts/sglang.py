@@ -179,7 +179,7 @@ _ROWS = (
     Release("0.5.4"),
     Release("0.5.10", real_on_cpu=True),
     Release("0.5.15", real_on_cpu=True),  # read from the 0.5.15.post1 wheel (fakes/snapshots)
-    Release("0.5.23", real_on_cpu=True),
+    Release("0.5.23", real_on_cpu=True, lora_on_cpu=True),
 )
 
 _ANSWERS: dict[str, Answer] = {

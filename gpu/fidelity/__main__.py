@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from fakes.facts import SGLANG as SGLANG_FACTS
 from gpu.engine import EngineProcess, EngineStartError
 from gpu.launch import FAKE, SGLANG, EngineSpec
-from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, RELEASES, python_of, status
+from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_of, status
 
 from .script import diff, run_script
 
@@ -86,9 +87,12 @@ def compare(found: list[dict[str, Any]], listed: list[dict[str, Any]]) -> tuple[
 
 
 def spec(model_dir: Path, fake: bool, release: str) -> EngineSpec:
-    flags = tuple(f for f in CPU_FLAGS if f != "--disable-cuda-graph")
+    """One launch line for both engines; LoRA on where the release was measured serving it on CPU (real SGLang
+    there with its torch-native LoRA backend)."""
+    lora = release in SGLANG_FACTS.lora_cpu_releases
+    flags = tuple(f for f in CPU_FLAGS if f != "--disable-cuda-graph") + (CPU_LORA_FLAGS if lora and not fake else ())
     fake_args = ("--fake-profile", release, "--fake-tokens-per-second", "1000") if fake else ()
-    return EngineSpec(model_path=str(model_dir), extra_args=flags, fake_args=fake_args)
+    return EngineSpec(model_path=str(model_dir), extra_args=flags, fake_args=fake_args, enable_lora=lora)
 
 
 def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path | None) -> tuple[dict, dict]:
@@ -101,7 +105,8 @@ def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path
         engine.start(START_TIMEOUT_S)
         cost = {"start_s": round(time.monotonic() - started, 1), "rss_gb": rss_gb(engine.process.pid)}
         began = time.monotonic()
-        seen = asyncio.run(run_script(engine.url, model_dir, work / ("fake" if fake else "real"), release))
+        seen = asyncio.run(run_script(engine.url, model_dir, work / ("fake" if fake else "real"), release,
+                                      lora=engine.spec.enable_lora))
         cost["script_s"] = round(time.monotonic() - began, 1)
         return seen, cost
     finally:

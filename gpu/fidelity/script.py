@@ -65,7 +65,9 @@ def normalise(response: httpx.Response) -> Observation:
         for key in ("success", "num_paused_requests", "new_version", "status", "object", "type", "code"):
             if key in body:
                 seen["body." + key] = body[key]
-        for key in ("message", "detail", "error"):
+        if isinstance(body.get("loaded_adapters"), dict):
+            seen["loaded adapters"] = sorted(body["loaded_adapters"])
+        for key in ("message", "detail", "error", "error_message"):
             if key in body:
                 seen["body." + key] = message_class(body[key] if isinstance(body[key], str) else json.dumps(body[key]))
     else:
@@ -203,19 +205,20 @@ def safetensors_b64(named: list[tuple[str, torch.Tensor]]) -> str:
     return encode_safetensors_b64(named)
 
 
-async def run_script(url: str, model_dir: Path, work: Path, release: str) -> dict[str, Observation]:
-    """Drive the engine at ``url`` (serving ``model_dir``, label ``default``) through the script; a connection
-    lost mid-script ends it, recorded as ``server lost`` at the step it happened."""
+async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: bool = False) \
+        -> dict[str, Observation]:
+    """Drive the engine at ``url`` (serving ``model_dir``, label ``default``; with ``lora``, started with LoRA on)
+    through the script; a connection lost mid-script ends it, recorded as ``server lost`` at the step it happened."""
     out: dict[str, Observation] = {}
     try:
-        return await _script(url, model_dir, work, release, out)
+        return await _script(url, model_dir, work, release, out, lora)
     except httpx.HTTPError as error:
         out["server lost"] = {"at": list(out)[-1] if out else None, "error": type(error).__name__}
         return out
 
 
-async def _script(url: str, model_dir: Path, work: Path, release: str,
-                  out: dict[str, Observation]) -> dict[str, Observation]:
+async def _script(url: str, model_dir: Path, work: Path, release: str, out: dict[str, Observation],
+                  lora: bool) -> dict[str, Observation]:
     ckpt = Checkpoints(model_dir, work)
     sessions = bool(SGLANG.fact("weight_update_sessions", release))
     timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
@@ -341,6 +344,8 @@ async def _script(url: str, model_dir: Path, work: Path, release: str,
                    {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "v5"})
         await weights("weights after disk m0")
         await label("label after disk v5")
+        if lora:
+            await lora_steps(call, ckpt, work, release, out)
 
         # -- last, the calls that end a real server; the first one that does ends the script ("server lost"). Why
         # each exits, in SGLang's table (fakes.facts.SGLANG): the flushing update where post_update_flush_failure is
@@ -394,6 +399,52 @@ async def distributed_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt
     await call("destroy group", "/destroy_weights_update_group", {"group_name": name})
     await call("destroy group again", "/destroy_weights_update_group", {"group_name": name})
     group.shutdown()
+
+
+async def lora_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Checkpoints, work: Path,
+                     release: str, out: dict[str, Observation]) -> None:
+    """LoRA on an engine started with ``--enable-lora`` (rank ≤ 8, attention projections): adapters loaded from
+    disk and from tensors, used by ``/generate``, refused by the memory-pool checks, unloaded."""
+    from conformance.reference.transports import write_checkpoint_atomic
+    from conformance.scenarios.trainer import Trainer
+
+    trainer = Trainer(ckpt.weights["m0"], seed=0)
+    root = work / "lora"
+
+    def adapter_dir(name: str, rank: int = 2, modules: tuple[str, ...] = ("q_proj",)) -> str:
+        adapter = trainer.lora(1, rank=rank)
+        config = {**adapter.config, "target_modules": list(modules)}
+        return str(write_checkpoint_atomic(root, name, adapter.tensors, config,
+                                           weights_file="adapter_model.safetensors", config_file="adapter_config.json"))
+
+    def generate(lora_path: str) -> dict[str, Any]:
+        return {"input_ids": [1, 2, 3], "lora_path": lora_path,
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+
+    a1 = adapter_dir("a1")
+    await call("lora load a1 from disk", "/load_lora_adapter", {"lora_name": "a1", "lora_path": a1})
+    await call("lora load a1 again", "/load_lora_adapter", {"lora_name": "a1", "lora_path": a1})
+    response = await call("generate with lora a1", "/generate", generate("a1"))
+    if response.status_code == 200:
+        out["generate with lora a1"].update(generation(response.json().get("meta_info"), 4))
+    await call("generate with an adapter not loaded", "/generate", generate("nope"))
+    await call("lora load rank 16 (above --max-lora-rank)", "/load_lora_adapter",
+               {"lora_name": "big", "lora_path": adapter_dir("big", rank=16)})
+    await call("lora load a module outside --lora-target-modules", "/load_lora_adapter",
+               {"lora_name": "mlp", "lora_path": adapter_dir("mlp", modules=("gate_proj",))})
+    await call("lora load a missing path", "/load_lora_adapter", {"lora_name": "gone", "lora_path": str(root / "gone")})
+    field = SGLANG.fact("lora_from_tensors_field", release)
+    if field is not None:
+        adapter = trainer.lora(2)
+        payload = forking_pickle_b64(list(adapter.tensors.items()))
+        await call("lora load a2 from tensors", "/load_lora_adapter_from_tensors", {
+            "lora_name": "a2", "config_dict": dict(adapter.config),
+            field: payload if field == "serialized_tensors" else [payload]})
+        await call("generate with lora a2", "/generate", generate("a2"))
+        await call("lora unload a2", "/unload_lora_adapter", {"lora_name": "a2"})
+    await call("lora unload a1", "/unload_lora_adapter", {"lora_name": "a1"})
+    await call("lora unload a1 again", "/unload_lora_adapter", {"lora_name": "a1"})
+    await call("generate with a1 after its unload", "/generate", generate("a1"))
 
 
 PRECONDITIONS = ("running_at_pause",)

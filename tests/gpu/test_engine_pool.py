@@ -137,7 +137,7 @@ def test_a_scenario_after_a_dirty_one_sees_a_clean_engine(kind: str, tmp_path: P
         initial = dict(first.initial_weights())
         initial_digests = first.digests()[0]
         pids = first.pool.backend.engine_pids()
-        dirty(first.urls, model, tmp_path, initial, lora=suite.enable_lora)
+        dirty(first.urls, model, tmp_path, initial, lora=suite.lora)
         assert first.digests()[0] != initial_digests  # it was dirty
         first.stop()  # the reset
         second = suite.backend_factory()()

@@ -221,3 +221,24 @@ def test_the_torchvision_fix_fails_plainly_when_the_file_changed(tmp_path: Path)
     (root / "_meta_registrations.py").write_text("import torch\n")
     with pytest.raises(InstallError, match="found 0 nms/qnms fake registrations"):
         Installer("0.5.23", tmp_path / "v").patch_torchvision()
+
+
+@pytest.mark.slow  # a second Python process (the patch is process-wide)
+@pytest.mark.parametrize("unpinned", ["1", None])
+def test_the_environment_s_sitecustomize_unpins_host_memory_only_when_asked(unpinned: str | None) -> None:
+    """SGLang's LoRA layers pin host memory, which torch refuses without an accelerator: with WEIGHTSYNC_UNPINNED=1
+    the release environment's sitecustomize drops the pinning; without it torch is untouched (and refuses)."""
+    from gpu.sglang_cpu import CPU_ENV, UNPINNED
+
+    assert CPU_ENV.get("WEIGHTSYNC_UNPINNED") == "1"
+    probe = (f"import runpy; runpy.run_path({str(UNPINNED)!r}); import torch\n"
+             "t = torch.zeros(3, pin_memory=True)\n"
+             "print(t.pin_memory() is t, torch.tensor([1, 2], pin_memory=True).tolist())")
+    env = {k: v for k, v in os.environ.items() if k != "WEIGHTSYNC_UNPINNED"}
+    if unpinned:
+        env["WEIGHTSYNC_UNPINNED"] = unpinned
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    if unpinned:
+        assert done.returncode == 0 and done.stdout.split() == ["True", "[1,", "2]"], done.stderr[-800:]
+    else:
+        assert done.returncode != 0 and "pin" in done.stderr.lower(), (done.stdout, done.stderr[-800:])

@@ -151,6 +151,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         self.session_open = False
         self._parked: list[str] = []
         self._loras: OrderedDict[str, _Adapter] = OrderedDict()
+        self._lora_refs: dict[str, tuple[str, bool]] = {}  # every adapter loaded once: name -> (path, pinned)
         self._groups: dict[str, list[Any]] = {}  # group name -> one DistributedGroup per TP rank
         self._sinks: dict[Request, _Sink] = {}
         self._sink_rids: dict[str, int] = {}  # rid -> how many of ``_sinks`` carry it (O(1) rid lookups)

@@ -3,7 +3,8 @@
 Kinds: ``request.submit``, ``request.parked``, ``request.admit``, ``request.token`` (trace mode only),
 ``request.retract``, ``request.finish``, ``control``, ``version.change``, ``weights.load``, ``weights.skipped``
 (a name the model lacks, with SGLang's warning), ``memory.release``, ``memory.resume``, ``lora.load``,
-``lora.unload``, ``engine.crash``, ``fault``.
+``lora.unload``, ``lora.implicit_reload`` (a request named an adapter unloaded since: reloaded first),
+``engine.crash``, ``fault``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ KINDS = frozenset(
         "memory.resume",
         "lora.load",
         "lora.unload",
+        "lora.implicit_reload",
         "engine.crash",
         "fault",
     }

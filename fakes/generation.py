@@ -257,8 +257,8 @@ class GenerationMixin:
             yield {"error": {"message": str(e)}}
 
     async def run_generate(self, specs: list[_Spec], final_only: bool = True) -> AsyncIterator[tuple[int, dict]]:
-        """``TokenizerManager.generate_request``: pause gate → reader lock → LoRA/rid checks → scheduler,
-        yielding ``(index, body)`` as outputs arrive. Leaving early (client gone) aborts what is unfinished."""
+        """``TokenizerManager.generate_request``: pause gate → reader lock → LoRA (implicit reload)/rid checks →
+        scheduler, yielding ``(index, body)`` as outputs arrive. Leaving early (client gone) aborts what is unfinished."""
         self._bind()
         self._raise_if_dead()
         if self.paused:  # _pass_gate returns at once otherwise
@@ -267,6 +267,7 @@ class GenerationMixin:
         call = _Call()
         reqs: list[Request] = []
         try:
+            await self._resolve_loras([s.lora for s in specs])
             reqs = self._dispatch(specs, call)
             remaining = len(reqs)
             while remaining:

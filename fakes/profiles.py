@@ -45,6 +45,7 @@ class Profile:
     model_info_route: bool
     model_info_keys: tuple[str, ...]
     lora_from_tensors_field: str | None
+    lora_implicit_reload: bool
     destroy_group_route: bool
     ready_route: bool
 

@@ -50,6 +50,14 @@ def _pickled(obj: Any, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def encode_lora_tensor_payload(blobs: Mapping[str, Any], fmt: str = "pickle") -> str:
+    """One ``/load_lora_adapter_from_tensors`` payload: a ``{name: tensor}`` dict pickled as ``fmt`` (``"torch"``
+    or ``"pickle"``, as :func:`encode_tensor_payload`)."""
+    if fmt not in ("torch", "pickle"):
+        raise ValueError(f"fmt must be 'torch' or 'pickle', got {fmt!r}")
+    return base64.b64encode(_pickled(dict(_named_tensors(blobs)), fmt)).decode("ascii")
+
+
 def encode_tensor_payload(blobs: Mapping[str, Any], fmt: str = "safetensors") -> str:
     """One ``serialized_named_tensors`` item (a base64 str) for ``/update_weights_from_tensor``.
 
@@ -286,6 +294,25 @@ def _raw_payload(item: Any) -> bytes:
 
 #: ``load_format`` values of ``/update_weights_from_tensor`` the fake decodes (SGLang also takes custom loaders).
 TENSOR_LOAD_FORMATS = (None, "direct", "flattened_bucket")
+
+
+def decode_lora_tensor_payload(item: str | bytes, *, tp_rank: int = 0) -> dict[str, TensorBlob]:
+    """Decode one ``/load_lora_adapter_from_tensors`` payload: a pickled ``{name: tensor}`` dict
+    (``tp_worker.load_lora_adapter_from_tensors`` reads ``tensors = data`` and the adapter iterates
+    ``tensors.items()``); a pickled list fails there as it does in SGLang, with ``AttributeError``. Plus the
+    fake-only safetensors buffer (a mapping of its own)."""
+    raw = _raw_payload(item)
+    if _looks_like_safetensors(raw):
+        try:
+            return decode_safetensors(raw, source="tensor payload")[0]
+        except CheckpointError as e:
+            raise WeightError(f"undecodable safetensors tensor payload: {e}") from None
+    if raw[:1] != b"\x80":
+        raise WeightError("undecodable tensor payload: neither a safetensors buffer nor a (torch) pickle")
+    obj = _unpickle(raw)
+    if not isinstance(obj, Mapping):
+        raise AttributeError(f"'{type(obj).__name__}' object has no attribute 'items'")
+    return _named_blobs(list(obj.items()), tp_rank)
 
 
 def decode_tensor_payload(item: str | bytes, *, tp_rank: int = 0,

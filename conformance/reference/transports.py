@@ -95,6 +95,17 @@ def encode_pickle_b64(named_tensors: NamedTensors) -> str:
     return base64.b64encode(pickle.dumps([(n, host_copy(t)) for n, t in named_tensors], protocol=4)).decode()
 
 
+def encode_pickle_dict_b64(named_tensors: NamedTensors) -> str:
+    """:func:`encode_pickle_b64` as a ``{name: tensor}`` dict: the form ``/load_lora_adapter_from_tensors`` reads
+    (SGLang's ``tp_worker.load_lora_adapter_from_tensors`` takes the payload as the adapter's tensor dict)."""
+    return base64.b64encode(pickle.dumps({n: host_copy(t) for n, t in named_tensors}, protocol=4)).decode()
+
+
+LORA_FORMS: dict[TensorEncoder, TensorEncoder] = {encode_pickle_b64: encode_pickle_dict_b64}
+"""A weight-update encoder → the one that writes the same tensors as an adapter payload (a safetensors buffer is
+a mapping already; any other encoder is used as it is)."""
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -337,7 +348,7 @@ class LoraTransport:
         if not adapter.tensors:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no tensors (P5)")
         name = self.versioned_name(adapter, version)
-        payload = [self.encoder(list(adapter.tensors.items()))]
+        payload = [LORA_FORMS.get(self.encoder, self.encoder)(list(adapter.tensors.items()))]
         from_disk = [(await release_of(e)).lora_tensor_field is None for e in engines]
         path: Path | None = None
         if any(from_disk):

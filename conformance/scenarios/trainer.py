@@ -58,12 +58,16 @@ class Trainer:
         return weights
 
     def lora(self, step: int, rank: int = 2) -> LoraAdapter:
+        """A rank-``rank`` adapter of the first layer's q_proj and v_proj (SGLang stacks q, k and v: an adapter with
+        q_proj needs v_proj, ``lora/lora.py`` normalize_qkv_proj), seeded by the step."""
         q_proj = next(n for n in self.initial if "q_proj" in n)
-        out_dim, in_dim = self.initial[q_proj].shape
-        prefix = "base_model.model." + q_proj.removesuffix(".weight")
-        shapes = {f"{prefix}.lora_A.weight": (rank, in_dim), f"{prefix}.lora_B.weight": (out_dim, rank)}
-        return LoraAdapter(name="policy", config={"r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj"],
-                                                  "peft_type": "LORA"},
+        shapes = {}
+        for name in (q_proj, q_proj.replace("q_proj", "v_proj")):
+            out_dim, in_dim = self.initial[name].shape
+            prefix = "base_model.model." + name.removesuffix(".weight")
+            shapes.update({f"{prefix}.lora_A.weight": (rank, in_dim), f"{prefix}.lora_B.weight": (out_dim, rank)})
+        return LoraAdapter(name="policy", config={"r": rank, "lora_alpha": 2 * rank,
+                                                  "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA"},
                            tensors=self._gaussian(shapes, step))
 
     def _gaussian(self, shapes: Mapping[str, tuple[int, ...]], step: int) -> dict[str, Any]:

@@ -105,6 +105,13 @@ _FACTS: dict[str, Fact] = {
         "/v1/models lists every loaded LoRA adapter (id its name, root its path, parent the served model)",
         _SRT + "entrypoints/http_server.py available_models",
         (("0.5.4", False), ("0.5.10", True))),
+    "lora_implicit_reload": Fact(
+        "a /generate naming an adapter that was loaded once and unloaded since reloads it from its path first "
+        "('Reloading evicted adapter'); one never loaded is refused with 'Got LoRA adapter that has never been "
+        "loaded' (read in 0.5.23, compared on real 0.5.23 on CPU; older releases not compared: they refuse it as "
+        "lora_registry.acquire does)",
+        _SRT + "managers/tokenizer_manager.py _resolve_lora_path (lora_ref_cache)",
+        (("0.5.4", False), ("0.5.23", True))),
     # -- weight-update sessions --
     "weight_update_sessions": Fact(
         "/begin_weight_update and /end_weight_update, required around distributed and tensor updates",

@@ -187,9 +187,10 @@ def _digest(tensor: torch.Tensor) -> str:
     return TensorBlob.from_torch(tensor).digest()
 
 
-def forking_pickle_b64(named: list[tuple[str, torch.Tensor]]) -> str:
+def forking_pickle_b64(named: list[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]) -> str:
     """SGLang's ``MultiprocessingSerializer.serialize(named, output_str=True)`` from this process: a ForkingPickler
-    pickle (tensors in shared memory, ``file_system`` strategy: doc §8), base64."""
+    pickle (tensors in shared memory, ``file_system`` strategy: doc §8), base64; a weight update sends a list of
+    pairs, an adapter a dict."""
     import torch.multiprocessing as mp
     from multiprocessing.reduction import ForkingPickler
 
@@ -436,10 +437,14 @@ async def lora_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Check
     field = SGLANG.fact("lora_from_tensors_field", release)
     if field is not None:
         adapter = trainer.lora(2)
-        payload = forking_pickle_b64(list(adapter.tensors.items()))
-        await call("lora load a2 from tensors", "/load_lora_adapter_from_tensors", {
-            "lora_name": "a2", "config_dict": dict(adapter.config),
-            field: payload if field == "serialized_tensors" else [payload]})
+
+        def from_tensors(name: str, payload: str) -> dict[str, Any]:
+            return {"lora_name": name, "config_dict": dict(adapter.config),
+                    field: payload if field == "serialized_tensors" else [payload]}
+        await call("lora load from tensors sent as pairs", "/load_lora_adapter_from_tensors",
+                   from_tensors("pairs", forking_pickle_b64(list(adapter.tensors.items()))))
+        await call("lora load a2 from tensors", "/load_lora_adapter_from_tensors",
+                   from_tensors("a2", forking_pickle_b64(dict(adapter.tensors))))
         await call("generate with lora a2", "/generate", generate("a2"))
         await call("lora unload a2", "/unload_lora_adapter", {"lora_name": "a2"})
     await call("lora unload a1", "/unload_lora_adapter", {"lora_name": "a1"})

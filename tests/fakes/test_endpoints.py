@@ -424,7 +424,7 @@ async def test_lora_not_enabled(connect, profile_version: str) -> None:
     assert resp.json() == {
         "success": False,
         "error_message": "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.",
-        "loaded_adapters": None,
+        "loaded_adapters": None, "rid": None, "http_worker_ipc": None,
     }
 
 
@@ -435,23 +435,32 @@ async def test_lora_load_duplicate_use_unload(connect, profile_version: str, tmp
     path = str(tmp_path / "ad")
     ok = await wire.post("/load_lora_adapter", json={"lora_name": "ad", "lora_path": path})
     assert ok.status_code == 200
-    assert ok.json() == {"success": True, "error_message": None, "loaded_adapters": {"ad": path}}
+    assert ok.json() == {"success": True, "error_message": "", "loaded_adapters": {"ad": path}, "rid": None,
+                         "http_worker_ipc": None}
     dup = await wire.post("/load_lora_adapter", json={"lora_name": "ad", "lora_path": path})
     assert dup.status_code == 400
     assert dup.json()["error_message"] == "Failed to load LoRA adapter ad because it is already loaded"
     bad = await wire.post("/load_lora_adapter", json={"lora_name": "b", "lora_path": str(tmp_path / "none")})
-    assert bad.status_code == 400 and bad.json()["error_message"].startswith("Failed to load LoRA adapter b: ")
+    assert bad.status_code == 400 and bad.json()["error_message"].startswith(  # taken for a Hub repo id
+        "Repo id must be in the form 'repo_name' or 'namespace/repo_name': ")
     unknown = await wire.post("/generate", json={"text": "x", "lora_path": "zz"})
     assert unknown.status_code == 400
-    assert unknown.json()["error"]["message"].startswith("The following requested LoRA adapters are not loaded: zz\n")
+    reloads = wire.engine.profile.lora_implicit_reload
+    assert unknown.json()["error"]["message"] == (
+        "Got LoRA adapter that has never been loaded: zz\nAll loaded adapters: dict_keys(['ad'])." if reloads else
+        "The following requested LoRA adapters are not loaded: zz\nLoaded adapters: odict_keys(['ad']).")
     use = wire.spawn_generate(None, 2, lora_path="ad")
     (resp,) = await wire.step_until_done([use])
     assert resp.status_code == 200
     gone = await wire.post("/unload_lora_adapter", json={"lora_name": "ad"})
-    assert (gone.status_code, gone.json()) == (200, {"success": True, "error_message": None, "loaded_adapters": {}})
+    assert (gone.status_code, gone.json()["loaded_adapters"]) == (200, {})
     again = await wire.post("/unload_lora_adapter", json={"lora_name": "ad"})
     assert again.status_code == 400 and "does not exist" in again.json()["error_message"]
-    assert [e.kind for e in wire.engine.events.of_kind("lora.load", "lora.unload")] == ["lora.load", "lora.unload"]
+    after = wire.spawn_generate(None, 2, lora_path="ad")  # 0.5.23 reloads it from its path first
+    (resp,) = await wire.step_until_done([after])
+    assert resp.status_code == (200 if reloads else 400)
+    kinds = [e.kind for e in wire.engine.events.of_kind("lora.load", "lora.unload", "lora.implicit_reload")]
+    assert kinds == ["lora.load", "lora.unload"] + (["lora.implicit_reload", "lora.load"] if reloads else [])
     assert wire.engine.weight_version == "default"  # LoRA never stamps a version (spec §4)
 
 
@@ -459,11 +468,20 @@ async def test_lora_load_duplicate_use_unload(connect, profile_version: str, tmp
 @pytest.mark.parametrize("profile", ["0.5.10", "0.5.23"])
 async def test_lora_from_tensors(connect, profile: str) -> None:
     wire = await connect(FakeEngine(profile, enable_lora=True))
-    payload = W.encode_tensor_payload(W.tiny_lora(0), fmt="safetensors")
     field = "serialized_tensors" if profile == "0.5.10" else "serialized_named_tensors"
-    body = {"lora_name": "t", "config_dict": {"r": 4}, field: payload if profile == "0.5.10" else [payload]}
-    resp = await wire.post("/load_lora_adapter_from_tensors", json=body)
+
+    def body(name: str, payload: str) -> dict:
+        return {"lora_name": name, "config_dict": {"r": 4}, field: payload if profile == "0.5.10" else [payload]}
+    resp = await wire.post("/load_lora_adapter_from_tensors", json=body("t", W.encode_lora_tensor_payload(
+        W.tiny_lora(0))))
     assert (resp.status_code, resp.json()["loaded_adapters"]) == (200, {"t": "__tensor__"})
+    pairs = W.encode_tensor_payload(W.tiny_lora(0), fmt="pickle")  # the weight route's list of pairs
+    resp = await wire.post("/load_lora_adapter_from_tensors", json=body("p", pairs))
+    assert (resp.status_code, resp.json()["error_message"]) == (400, "'list' object has no attribute 'items'")
+    q_only = {n: t for n, t in W.tiny_lora(0).items() if "v_proj" not in n}  # SGLang stacks q with v
+    resp = await wire.post("/load_lora_adapter_from_tensors", json=body("q", W.encode_lora_tensor_payload(q_only)))
+    assert (resp.status_code, resp.json()["error_message"]) == (
+        400, "'base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight'")
 
 
 @pytest.mark.asyncio

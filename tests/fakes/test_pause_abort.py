@@ -281,22 +281,32 @@ async def test_update_while_paused_skips_the_lock(connect, tmp_path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_lora_unload_waits_for_in_flight_users(connect, tmp_path) -> None:
-    wire = await connect(FakeEngine(enable_lora=True))
+@pytest.mark.parametrize("profile", ["0.5.15", "0.5.23"])
+async def test_lora_unload_waits_for_in_flight_users(connect, tmp_path, profile: str) -> None:
+    """The unload unregisters the adapter, then waits for its users. A request naming it meanwhile is refused
+    before 0.5.23; on 0.5.23 it reloads the adapter (fact ``lora_implicit_reload``), which waits for the unload to
+    finish first (both hold the LoRA update lock)."""
+    wire = await connect(FakeEngine(profile, enable_lora=True))
     W.save_lora_adapter(str(tmp_path / "ad"), W.tiny_lora(0))
     await wire.post("/load_lora_adapter", json={"lora_name": "ad", "lora_path": str(tmp_path / "ad")})
     users = await wire.start_generates(2, max_new_tokens=4, lora_path="ad")
     unload = wire.spawn("POST", "/unload_lora_adapter", json={"lora_name": "ad"})
     await wire.wait(lambda: wire.engine.snapshot()["loras"] == {})  # unregistered first
-    refused = await wire.post("/generate", json={"text": "x", "lora_path": "ad"})
-    assert refused.status_code == 400
+    reloads = wire.engine.profile.lora_implicit_reload
+    late = wire.spawn_generate(None, 2, lora_path="ad")
+    if not reloads:
+        assert (await wire.result(late)).status_code == 400
     await wire.engine.step(2)
     assert not unload.done()  # waits, does not fail
     await wire.step_until_done(users)
     resp = await wire.result(unload)
     assert (resp.status_code, resp.json()["success"]) == (200, True)
-    kinds = [e.kind for e in wire.engine.events if e.kind in ("request.finish", "lora.unload")]
-    assert kinds == ["request.finish", "request.finish", "lora.unload"]
+    if reloads:
+        (answer,) = await wire.step_until_done([late])
+        assert answer.status_code == 200
+    kinds = [e.kind for e in wire.engine.events if e.kind in ("request.finish", "lora.unload", "lora.load")]
+    assert kinds[:4] == ["lora.load", "request.finish", "request.finish", "lora.unload"]
+    assert kinds[4:] == (["lora.load", "request.finish"] if reloads else [])
 
 
 # -- rejected requests change nothing ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ def _python(code: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # a second Python process
 def test_main_job_modules_import_no_extra() -> None:
     """Importing the main job's modules imports no package of an extra (torch is imported where it is used)."""
     loaded = json.loads(_python(
@@ -50,6 +51,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a second Python process
 def test_reference_passes_on_the_fake_without_extras() -> None:
     """Disk, tensor and LoRA updates pass every check without torch; the distributed transport, which needs it, is
     not declared, so its scenario is skipped with the reason."""

@@ -78,6 +78,7 @@ def cli_factory() -> Iterator[type[Cli]]:
         cli.stop(signal.SIGKILL)
 
 
+@pytest.mark.slow  # a second Python process
 def test_two_engines_and_a_router_then_sigterm_exits_zero(cli_factory) -> None:
     cli = cli_factory("--engines", "2", "--router", "--tokens-per-second", "5000", "--weight-version", "v0")
     urls = cli.read_urls(3)
@@ -96,6 +97,7 @@ def test_two_engines_and_a_router_then_sigterm_exits_zero(cli_factory) -> None:
     assert "Traceback" not in "".join(cli.stderr)
 
 
+@pytest.mark.slow  # a second Python process
 def test_profile_lora_faults_and_sigint(cli_factory) -> None:
     cli = cli_factory("--engines", "1", "--profile", "0.5.4", "--enable-lora", "--max-running-requests", "4",
                       "--seed", "3", "--faults", '[{"endpoint": "/flush_cache", "kind": "flush_fail", "times": 1}]')
@@ -130,6 +132,7 @@ def _consecutive_free_ports(n: int) -> int:
     pytest.skip("no run of free consecutive ports")
 
 
+@pytest.mark.slow  # a second Python process
 def test_fixed_base_port(cli_factory) -> None:
     base = _consecutive_free_ports(2)
     cli = cli_factory("--engines", "1", "--router", "--port", str(base))
@@ -137,6 +140,7 @@ def test_fixed_base_port(cli_factory) -> None:
     assert cli.stop() == 0
 
 
+@pytest.mark.slow  # a second Python process
 def test_help_documents_every_option() -> None:
     out = subprocess.run([sys.executable, "-m", "fakes", "--help"], cwd=REPO, capture_output=True, text=True,
                          timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -147,6 +151,7 @@ def test_help_documents_every_option() -> None:
         assert option in out.stdout, option
 
 
+@pytest.mark.slow  # a second Python process
 def test_bad_arguments_fail_fast() -> None:
     out = subprocess.run([sys.executable, "-m", "fakes", "--profile", "9.9.9"], cwd=REPO, capture_output=True,
                          text=True, timeout=30, env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -28,6 +28,7 @@ async def test_text_and_input_ids_together_generate_from_the_input_ids(connect, 
     assert both.json()["meta_info"]["prompt_tokens"] == 2
 
 
+@pytest.mark.slow  # a second Python process
 def test_the_drop_in_server_exits_when_its_engine_crashes() -> None:
     # real 0.5.15: an unknown group's assert kills the scheduler; the call gets no answer, the server exits
     port = free_port("127.0.0.1")

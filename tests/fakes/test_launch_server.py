@@ -83,6 +83,7 @@ async def test_health_is_503_until_the_warmup_succeeded(connect) -> None:
     assert resp.status_code == 200
 
 
+@pytest.mark.slow  # a second Python process
 def test_launch_serves_the_model_dir_then_sigterm_exits_zero(tmp_path: Path) -> None:
     """A framework's launcher: start with SGLang flags, wait for the readiness line, use it, SIGTERM."""
     model = {"model.embed_tokens.weight": TensorBlob.from_values("bfloat16", (8, 4), [0.5] * 32),

@@ -158,6 +158,7 @@ def _post_ignoring_errors(url: str) -> None:
         pass
 
 
+@pytest.mark.slow  # a second Python process
 def test_process_mode_reads_the_printed_url_and_exits_zero() -> None:
     import requests
     server = LoopbackServer(mode="process", cli_args=["--engines", "1", "--tokens-per-second", "2000"])

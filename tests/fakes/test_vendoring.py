@@ -74,6 +74,7 @@ def test_no_absolute_self_imports_inside_fakes() -> None:
     assert forbidden == []
 
 
+@pytest.mark.slow  # a second Python process
 def test_lazy_exports_resolve_and_importing_the_package_stays_light() -> None:
     code = ("import sys, fakes; light = not {'uvicorn', 'httpx', 'torch'} & set(sys.modules); "
             "names = [n for n in fakes.__all__ if n != '__version__']; [getattr(fakes, n) for n in names]; "
@@ -85,6 +86,7 @@ def test_lazy_exports_resolve_and_importing_the_package_stays_light() -> None:
     assert light == "True" and version == "0.1.0" and int(count) >= 10
 
 
+@pytest.mark.slow  # a second Python process
 def test_a_vendored_copy_runs_a_weight_sync_cycle(tmp_path: Path) -> None:
     shutil.copytree(FAKES, tmp_path / "vendored_fakes", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"}}

@@ -656,6 +656,7 @@ def _same(a, b):
 # --- vendoring ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a second Python process
 def test_weights_work_without_torch_numpy_or_safetensors():
     code = (
         "import sys\n"

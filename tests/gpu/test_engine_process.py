@@ -39,6 +39,7 @@ def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
     return True
 
 
+@pytest.mark.slow  # a second Python process
 def test_a_healthy_engine_is_reachable_and_stops_with_its_process_group() -> None:
     engine = EngineProcess(SPEC, STUB, env={"STUB_MODE": "spawn"})
     url = engine.start(health_timeout_s=10)
@@ -59,6 +60,7 @@ def test_a_healthy_engine_is_reachable_and_stops_with_its_process_group() -> Non
     assert engine.stop() is not None  # idempotent
 
 
+@pytest.mark.slow  # a second Python process
 def test_an_engine_that_exits_fails_at_once_with_its_log() -> None:
     engine = EngineProcess(SPEC, STUB, env={"STUB_MODE": "exit"})
     t0 = time.monotonic()
@@ -71,6 +73,7 @@ def test_an_engine_that_exits_fails_at_once_with_its_log() -> None:
     assert "--model-path /nonexistent/model" in message
 
 
+@pytest.mark.slow  # a second Python process
 def test_an_engine_that_never_becomes_healthy_fails_at_the_deadline_with_its_log() -> None:
     engine = EngineProcess(SPEC, STUB, env={"STUB_MODE": "never_healthy"})
     t0 = time.monotonic()
@@ -95,6 +98,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow  # a second Python process
 def test_the_engine_dies_with_the_process_that_supervises_it() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}

@@ -83,6 +83,7 @@ def test_cases_that_no_longer_run_are_regressions_unless_the_run_was_a_subset(ba
         "V1-lora [fake]: passed in the baseline, now skipped (integration does not declare capability 'lora')"]
 
 
+@pytest.mark.slow  # a second Python process
 def test_the_cli_exit_codes(tmp_path: Path, base: dict) -> None:
     (tmp_path / "same.json").write_text(json.dumps(base))
     same = run_python("-m", "reports", "diff", str(BASELINE), str(tmp_path / "same.json"), cwd=tmp_path)

@@ -60,6 +60,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return out, html.read_text()
 
 
+@pytest.mark.slow  # a second Python process
 def test_markdown_summary_has_the_matrix_the_metrics_and_the_witness(rendered: tuple[Path, str]) -> None:
     md = (rendered[0] / "conformance-result.md").read_text()
     assert md.startswith("# Conformance: version_bump_aborts on fake (SGLang 0.5.23, seed 0, 1 node(s))")
@@ -69,6 +70,7 @@ def test_markdown_summary_has_the_matrix_the_metrics_and_the_witness(rendered: t
     assert re.search(r"^- \*\*I1-I2-steady-tensor-in_place\*\* \(fail\): \d+ of \d+ requests", md, re.M)
 
 
+@pytest.mark.slow  # a second Python process
 def test_html_matrix_links_every_case_and_is_self_contained(rendered: tuple[Path, str], recorded: dict) -> None:
     html = rendered[1]
     page = parse(html)
@@ -81,6 +83,7 @@ def test_html_matrix_links_every_case_and_is_self_contained(rendered: tuple[Path
     assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", html), "a URL other than the SVG namespace"
 
 
+@pytest.mark.slow  # a second Python process
 def test_html_highlights_what_the_witness_names_in_the_scenario_timeline(rendered: tuple[Path, str],
                                                                         recorded: dict) -> None:
     html = rendered[1]
@@ -112,6 +115,7 @@ def test_html_shows_the_costs_the_seed_incident_needed(rendered: tuple[Path, str
     assert row and int(row.group(2)) > 0, "the aborted requests of the failing run are counted"
 
 
+@pytest.mark.slow  # a second Python process
 def test_bad_input_is_a_one_line_error_and_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "not-a-result.json").write_text('{"hello": 1}')
     (tmp_path / "broken.json").write_text("{")

@@ -36,6 +36,8 @@ class _Hold:
     """Engines whose first held call arrived."""
     went: set[int] = field(default_factory=set)
     """Engines whose first held call went on to the engine."""
+    expired: dict[int, float] = field(default_factory=dict)
+    """Engines whose first held call went on at the bound, ``ready`` still false: when it went on."""
 
 
 _GENERATE = frozenset({"/generate"})
@@ -127,12 +129,15 @@ class WireControl:
             self._answers = hold
         return hold
 
-    def release_holds(self) -> None:
+    def release_holds(self) -> dict[int, float]:
+        """End every hold; the engines whose first call :meth:`hold_first` held went on at its bound, not ready (and
+        when)."""
         with self._lock:
-            self._hold = None
+            hold, self._hold = self._hold, None
             answers, self._answers = self._answers, None
         if answers is not None:
             answers.go("end", self.clock())
+        return dict(hold.expired) if hold is not None else {}
 
     async def answer_held(self, call: WireCall) -> None:
         """Wait while the answer to ``call`` is held (:meth:`hold_answers`)."""
@@ -162,9 +167,11 @@ class WireControl:
                 return False
             hold.passed.add(call.engine)
         deadline = self.clock() + hold.timeout_s
-        while self._hold is hold and self.clock() < deadline and not hold.ready(call.engine,
-                                                                                 bool(hold.went - {call.engine})):
+        while not (ready := hold.ready(call.engine, bool(hold.went - {call.engine}))) and self._hold is hold \
+                and self.clock() < deadline:
             await asyncio.sleep(0.001)
         with self._lock:
             hold.went.add(call.engine)
+            if not ready and self._hold is hold:
+                hold.expired[call.engine] = self.clock()
         return True

@@ -148,6 +148,29 @@ def test_the_first_held_call_per_engine_goes_on_when_ready_and_tells_the_next_th
     assert control.holding() is None
 
 
+def test_a_held_call_that_goes_on_at_the_bound_is_reported_when_the_holds_end() -> None:
+    """A call whose ``ready`` never came true goes on at the bound, and :meth:`release_holds` names its engine (and
+    when), so the run can record that the situation it aimed at was not built there; one that was ready is not
+    named."""
+    log, engines = WireLog(), [CountingApp(), CountingApp()]
+    control = WireControl(log.clock)
+    apps = [WireRecorder(engine, i, log, control) for i, engine in enumerate(engines)]
+    control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: engine == 1, timeout_s=0.05)
+
+    async def run() -> None:
+        clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") for app in apps]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(c.post("/pause_generation", json={}) for c in clients)), 5)
+        finally:
+            for client in clients:
+                await client.aclose()
+    t0 = log.clock()
+    asyncio.run(run())
+    expired = control.release_holds()
+    assert list(expired) == [0] and t0 + 0.05 <= expired[0] <= log.clock()
+    assert control.release_holds() == {}
+
+
 def test_frozen_calls_keep_their_times_when_the_call_is_answered_later() -> None:
     log = WireLog()
     call = log.open(0, "POST", "/generate", {"text": "x"})

@@ -192,11 +192,16 @@ class Run:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             t1 = time.monotonic()
-            control.release_holds()
+            expired = control.release_holds()
             unfollow()
             unfollow_window()
             fed = await asyncio.gather(feeder, return_exceptions=True) if feeder is not None else [None]
             await sentinels.release()
+        for engine, t in sorted(expired.items()):  # a hold that went on at its bound built less than it aimed at
+            self.history.injected.append(Injected(t, "hold-expired", engine, (
+                f"update cycle {index}: the first pause, bump or transfer was held until one of the integration's "
+                f"requests was decoding there" if resident else f"update cycle {index}: the continue was held until "
+                f"the integration sent a request while paused") + "; none was, it went on at the hold's bound"))
         left = set(control.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
         unused = sorted(left - {key for keys in refused if not set(keys) <= left for key in keys})
         if unused and error is None:  # a cycle that failed at the first refusal need not reach the others

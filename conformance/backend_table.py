@@ -48,8 +48,7 @@ BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
                options=("nodes", "ray_address", "model_path", "profile", "seed"), bounds_aborted_rate=True),
     BackendRow("sglang", "sglang",
                "real SGLang on CPU from a release's environment (python -m gpu.sglang_cpu install)",
-               "gpu.sglang_suite:SglangSuite", options=("release", "venv", "ray", "seed"),
-               adapt="gpu.trainer:for_real_sglang", bounds_aborted_rate=True),
+               "gpu.sglang_suite:SglangSuite", options=("release", "venv", "ray", "seed"), bounds_aborted_rate=True),
 )}
 """The table: name → row, in the order a case's backends are parametrised in."""
 REFERENCE_BACKEND = "fake"

@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from . import weights as W
 from .asgi import Reply
-from .failures import success_reply
+from .failures import EngineCrashed, success_reply
 
 LORA_NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
 
@@ -90,6 +90,9 @@ class LoraMixin:
                 return self._lora_body(False, f"Failed to load LoRA adapter {name} because it is already loaded")
             try:
                 await read()
+            except W.UndecodablePayload as e:  # deserialized in the TP worker outside any try: the scheduler dies
+                self.crash(f"{type(e).__name__} in load_lora_adapter_from_tensors: {e}")
+                raise EngineCrashed(self.crash_reason) from None
             except W.WeightError as e:
                 return self._lora_body(False, f"Failed to load LoRA adapter {name}: {e}")
             except (ValueError, AttributeError) as e:  # validate_new_adapter; a payload that is no dict

@@ -1,12 +1,15 @@
-"""Tensor payloads of ``/update_weights_from_tensor`` (``serialized_named_tensors``, one item per TP rank).
+"""Tensor payloads of ``/update_weights_from_tensor`` (``serialized_named_tensors``, one item per TP rank) and
+``/load_lora_adapter_from_tensors``.
 
-Encodings (the decoder detects which it got): ``"torch"`` -- what SGLang's ``MultiprocessingSerializer.serialize(
-named_tensors, output_str=True)`` produces: a ``ForkingPickler`` pickle of ``(name, tensor)`` pairs whose CPU
-tensors are moved to shared memory (handles served by the sender: decodable once, same host, sender alive);
-``"pickle"`` -- the same list pickled with tensors inline (real SGLang accepts it too); ``"safetensors"`` -- fake-only,
-for trainers without torch. Also what SGLang's ``weight_sync`` helper sends (``LocalSerializedTensor`` per TP rank)
-and ``load_format="flattened_bucket"``, decoded without importing sglang. Pickles are read with an allow-list
-unpickler, as SGLang's ``SafeUnpickler`` does (not a security boundary: torch's rebuild functions are allowed)."""
+Encodings: ``"torch"`` -- what SGLang's ``MultiprocessingSerializer.serialize(named_tensors, output_str=True)``
+produces: a ``ForkingPickler`` pickle of ``(name, tensor)`` pairs whose CPU tensors are moved to shared memory
+(handles served by the sender: decodable once, same host, sender alive); ``"pickle"`` -- the same list pickled with
+tensors inline (real SGLang accepts it too). Also what SGLang's ``weight_sync`` helper sends
+(``LocalSerializedTensor`` per TP rank) and ``load_format="flattened_bucket"``, decoded without importing sglang.
+Pickles are read with an allow-list unpickler, as SGLang's ``SafeUnpickler`` does (not a security boundary: torch's
+rebuild functions are allowed). Anything else -- a safetensors buffer included -- is what ``deserialize`` cannot
+read: :class:`~.weight_errors.UndecodablePayload`, which kills SGLang's scheduler (``utils/common.py``
+``MultiprocessingSerializer.deserialize``, 0.5.10–0.5.23), so it kills the fake."""
 
 from __future__ import annotations
 
@@ -17,12 +20,12 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
-from .safetensors_format import _looks_like_safetensors, decode_safetensors, encode_safetensors
+from .safetensors_format import _looks_like_safetensors
 from .tensors import TensorBlob, _as_blobs
-from .weight_errors import CheckpointError, WeightError, first_line as _first_line
+from .weight_errors import UndecodablePayload, WeightError, first_line as _first_line
 
 
-PAYLOAD_FORMATS = ("safetensors", "torch", "pickle")
+PAYLOAD_FORMATS = ("pickle", "torch")
 _SAFE_BUILTINS = frozenset({"list", "tuple", "dict", "set", "frozenset", "bytearray", "bytes", "int", "float",
                             "complex", "bool", "str", "slice", "range"})
 
@@ -58,19 +61,15 @@ def encode_lora_tensor_payload(blobs: Mapping[str, Any], fmt: str = "pickle") ->
     return base64.b64encode(_pickled(dict(_named_tensors(blobs)), fmt)).decode("ascii")
 
 
-def encode_tensor_payload(blobs: Mapping[str, Any], fmt: str = "safetensors") -> str:
-    """One ``serialized_named_tensors`` item (a base64 str) for ``/update_weights_from_tensor``.
+def encode_tensor_payload(blobs: Mapping[str, Any], fmt: str = "pickle") -> str:
+    """One ``serialized_named_tensors`` item (a base64 str) for ``/update_weights_from_tensor`` (needs torch).
 
-    ``fmt``: ``"torch"`` (SGLang's ``MultiprocessingSerializer.serialize(list_of_(name, tensor),
-    output_str=True)``: shared-memory handles, decode once, same host, sender alive), ``"pickle"``
-    (tensors inline, any process), ``"safetensors"`` (fake-only, no torch needed)."""
-    if fmt == "safetensors":
-        raw = encode_safetensors(blobs, keep_order=True)
-    elif fmt in ("torch", "pickle"):
-        raw = _pickled(_named_tensors(blobs), fmt)
-    else:
+    ``fmt``: ``"pickle"`` (tensors inline, any process), ``"torch"`` (SGLang's
+    ``MultiprocessingSerializer.serialize(list_of_(name, tensor), output_str=True)``: shared-memory handles, decode
+    once, same host, sender alive)."""
+    if fmt not in PAYLOAD_FORMATS:
         raise ValueError(f"fmt must be one of {PAYLOAD_FORMATS}, got {fmt!r}")
-    return base64.b64encode(raw).decode("ascii")
+    return base64.b64encode(_pickled(_named_tensors(blobs), fmt)).decode("ascii")
 
 
 def encode_weight_sync_payload(blobs: Mapping[str, Any], tp_size: int = 1, fmt: str = "torch") -> list[str]:
@@ -201,23 +200,24 @@ def _unpickle(raw: bytes) -> Any:
         import torch  # noqa: F401  lazy
         import torch.multiprocessing  # noqa: F401  (rebuild functions for shared-memory handles)
     except ImportError:
-        raise WeightError("this payload is a torch pickle; decoding it needs torch, which is not installed") from None
+        raise UndecodablePayload("this payload is a torch pickle; decoding it needs torch, which is not "
+                                 "installed") from None
     try:
         return _PayloadUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as e:
-        raise WeightError(f"undecodable tensor payload: {e}") from None
+        raise UndecodablePayload(f"undecodable tensor payload: {e}") from None
     except (EOFError, ConnectionError, OSError) as e:
-        raise WeightError(
+        raise UndecodablePayload(
             f"tensor payload holds shared-memory handles that cannot be opened ({type(e).__name__}: {e}): a "
             f"MultiprocessingSerializer payload is decodable once, on the sender's host, while the sender "
             f"process lives (use fmt='pickle' for a self-contained payload)") from None
     except Exception as e:  # noqa: BLE001 - arbitrary bytes can fail unpickling in many ways
         name = type(e).__name__
         if name == "AuthenticationError":
-            raise WeightError(
+            raise UndecodablePayload(
                 "tensor payload holds shared-memory handles of another process family "
                 "(multiprocessing authkey mismatch); use fmt='pickle' for a self-contained payload") from None
-        raise WeightError(f"undecodable tensor payload ({name}: {e})") from None
+        raise UndecodablePayload(f"undecodable tensor payload ({name}: {e})") from None
 
 
 def _unwrap(value: Any, tp_rank: int, where: str) -> TensorBlob:
@@ -229,7 +229,7 @@ def _unwrap(value: Any, tp_rank: int, where: str) -> TensorBlob:
         if not isinstance(values, list) or not 0 <= tp_rank < len(values):
             count = len(values) if isinstance(values, list) else 0
             raise WeightError(f"{where}: LocalSerializedTensor has {count} rank payload(s), none for tp_rank {tp_rank}")
-        value = _unpickle(_raw_payload(values[tp_rank]))
+        value = _deserialize(values[tp_rank])
     if not isinstance(value, torch.Tensor):
         raise WeightError(f"{where} is not a (name: str, tensor) pair")
     return TensorBlob.from_torch(value)
@@ -283,13 +283,31 @@ def _raw_payload(item: Any) -> bytes:
             raise WeightError(f"serialized_named_tensors item is not valid base64: {e}") from None
     if isinstance(item, (bytes, bytearray, memoryview)):
         raw = bytes(item)
-        if not (raw[:1] == b"\x80" or _looks_like_safetensors(raw)):
+        if not _looks_like_pickle(raw):  # utils/common.py normalize_serialized_named_tensor_payload (0.5.23)
             try:
                 raw = base64.b64decode(raw, validate=True)
             except (binascii.Error, ValueError):
                 pass
         return raw
     raise WeightError(f"serialized_named_tensors item must be a str or bytes, got {type(item).__name__}")
+
+
+def _looks_like_pickle(raw: bytes) -> bool:
+    """A pickle's header: PROTO and a protocol this Python reads (``_looks_like_pickle_payload``, 0.5.23)."""
+    return len(raw) >= 2 and raw[0] == 0x80 and raw[1] <= pickle.HIGHEST_PROTOCOL
+
+
+def _deserialize(item: str | bytes) -> Any:
+    """``MultiprocessingSerializer.deserialize`` of one payload item: :class:`UndecodablePayload` for anything but
+    a pickle it reads (a safetensors buffer is named as such: a trainer's likeliest mistake)."""
+    raw = _raw_payload(item)
+    if not _looks_like_pickle(raw):
+        what = "a safetensors buffer" if _looks_like_safetensors(raw) else "not a pickle"
+        raise UndecodablePayload(
+            f"UnpicklingError: the tensor payload is {what}: SGLang reads it with MultiprocessingSerializer."
+            f"deserialize (a pickle: MultiprocessingSerializer.serialize, or pickle.dumps of (name, tensor) pairs "
+            f"with tensors inline) and its scheduler dies on anything else")
+    return _unpickle(raw)
 
 
 #: ``load_format`` values of ``/update_weights_from_tensor`` the fake decodes (SGLang also takes custom loaders).
@@ -299,17 +317,9 @@ TENSOR_LOAD_FORMATS = (None, "direct", "flattened_bucket")
 def decode_lora_tensor_payload(item: str | bytes, *, tp_rank: int = 0) -> dict[str, TensorBlob]:
     """Decode one ``/load_lora_adapter_from_tensors`` payload: a pickled ``{name: tensor}`` dict
     (``tp_worker.load_lora_adapter_from_tensors`` reads ``tensors = data`` and the adapter iterates
-    ``tensors.items()``); a pickled list fails there as it does in SGLang, with ``AttributeError``. Plus the
-    fake-only safetensors buffer (a mapping of its own)."""
-    raw = _raw_payload(item)
-    if _looks_like_safetensors(raw):
-        try:
-            return decode_safetensors(raw, source="tensor payload")[0]
-        except CheckpointError as e:
-            raise WeightError(f"undecodable safetensors tensor payload: {e}") from None
-    if raw[:1] != b"\x80":
-        raise WeightError("undecodable tensor payload: neither a safetensors buffer nor a (torch) pickle")
-    obj = _unpickle(raw)
+    ``tensors.items()``); a pickled list fails there as it does in SGLang, with ``AttributeError`` (answered), a
+    payload it cannot deserialize with :class:`UndecodablePayload` (the scheduler dies)."""
+    obj = _deserialize(item)
     if not isinstance(obj, Mapping):
         raise AttributeError(f"'{type(obj).__name__}' object has no attribute 'items'")
     return _named_blobs(list(obj.items()), tp_rank)
@@ -322,18 +332,9 @@ def decode_tensor_payload(item: str | bytes, *, tp_rank: int = 0,
     The forms SGLang takes, decoded without importing sglang: a list of ``(name, tensor)`` pairs; pairs whose
     value is a ``LocalSerializedTensor`` (what SGLang's ``weight_sync`` helper sends: ``values[tp_rank]`` is this
     rank's tensor payload); with ``load_format="flattened_bucket"`` a ``{"flattened_tensor", "metadata"}`` dict.
-    Plus the fake-only safetensors buffer. Raises ``WeightError`` for bad base64 or an undecodable payload."""
+    Raises ``WeightError`` for bad base64 or a payload of the wrong form, :class:`UndecodablePayload` for one
+    ``deserialize`` cannot read."""
     if load_format not in TENSOR_LOAD_FORMATS:
         raise WeightError(f"Unknown load_format={load_format}")
-    raw = _raw_payload(item)
-    if _looks_like_safetensors(raw):
-        if load_format == "flattened_bucket":
-            raise WeightError("load_format='flattened_bucket' needs a pickled bucket dict, got a safetensors buffer")
-        try:
-            return decode_safetensors(raw, source="tensor payload")[0]
-        except CheckpointError as e:
-            raise WeightError(f"undecodable safetensors tensor payload: {e}") from None
-    if raw[:1] != b"\x80":
-        raise WeightError("undecodable tensor payload: neither a safetensors buffer nor a (torch) pickle")
-    obj = _unpickle(raw)
+    obj = _deserialize(item)
     return _bucket_blobs(obj) if load_format == "flattened_bucket" else _named_blobs(obj, tp_rank)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 
-
-
 class WeightError(Exception):
     """A weight update cannot be applied. ``str(e)`` is what the engine puts in its 400 body."""
+
+
+class UndecodablePayload(WeightError):
+    """A tensor payload ``MultiprocessingSerializer.deserialize`` cannot read (not a pickle, a blocked global, a
+    handle that cannot be opened). SGLang deserializes in the TP worker outside any ``try``
+    (``managers/tp_worker.py`` ``load_lora_adapter_from_tensors``, ``deserialize_own_rank``; the weight updater's
+    ``update_weights_from_tensor``, 0.5.10–0.5.23): the scheduler dies and the server exits."""
 
 
 class CheckpointError(WeightError):

@@ -4,14 +4,14 @@ SGLang: the weight-update endpoints of ``python/sglang/srt/entrypoints/http_serv
 ``managers/io_struct.py``. Vendorable: stdlib only at import time;
 ``torch`` (and ``numpy``) are imported lazily, only by the code paths that need them. The pieces, one module each:
 
-* ``weight_errors`` -- ``WeightError``, ``CheckpointError`` (with the ``stage`` that picks SGLang's message);
+* ``weight_errors`` -- ``WeightError``, ``UndecodablePayload``, ``CheckpointError`` (with the ``stage`` that picks SGLang's message);
 * ``dtypes`` -- torch dtypes without torch: names, sizes, exact element codecs, vectorised float casts;
 * ``tensors`` -- ``TensorBlob``, ``WeightStore``, ``weights_digest``, ``values_preview`` (``/get_weights_by_name``);
 * ``tiny_model`` -- the built-in tiny Llama (``tiny_model``, ``TINY_SPEC``, ``TINY_CONFIG``), ``perturbed``,
   ``tiny_lora``;
 * ``safetensors_format`` -- ``encode_safetensors`` / ``decode_safetensors`` (stdlib, validated like the library);
 * ``checkpoints`` -- ``save_checkpoint`` / ``load_checkpoint`` (``/update_weights_from_disk``), LoRA adapter dirs;
-* ``tensor_payloads`` -- ``/update_weights_from_tensor`` payloads (torch, pickle, safetensors, SGLang's weight_sync
+* ``tensor_payloads`` -- ``/update_weights_from_tensor`` payloads (torch, pickle, SGLang's weight_sync
   ``LocalSerializedTensor`` form, ``flattened_bucket``);
 * ``distributed`` -- ``DistributedGroup`` over a real gloo group (``/update_weights_from_distributed``).
 """
@@ -36,11 +36,12 @@ from .tensor_payloads import (
 )
 from .tensors import TensorBlob, WeightStore, values_preview, weights_digest
 from .tiny_model import TINY_CONFIG, TINY_SPEC, perturbed, tiny_lora, tiny_model
-from .weight_errors import CheckpointError, WeightError
+from .weight_errors import CheckpointError, UndecodablePayload, WeightError
 
 __all__ = [
     "TensorBlob",
     "WeightError",
+    "UndecodablePayload",
     "CheckpointError",
     "WeightStore",
     "weights_digest",

@@ -10,7 +10,7 @@ reset that failed) is *broke* with the error.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from conformance.cases import BackendFactory, ScenarioResult, run_one
 from conformance.mutants import Mutant, invariants
@@ -40,10 +40,10 @@ class MutantOutcome:
         return f"{self.status}: {self.reason.splitlines()[0][:90]}"
 
 
-def run_mutant(mutant: Mutant, factory: BackendFactory, *, adapt: Callable[[Any], Any] = lambda i: i,
+def run_mutant(mutant: Mutant, factory: BackendFactory, *,
                why_not: Callable[[str], str | None] = lambda s: None, seed: int = 0,
                deadlines: Deadlines = DEADLINES) -> MutantOutcome:
-    """Run ``mutant`` (its integration passed through ``adapt``) on its ``shows_in`` scenarios, one after another,
+    """Run ``mutant`` on its ``shows_in`` scenarios, one after another,
     on ``factory``'s backends."""
     results: dict[str, ScenarioResult] = {}
     skipped: list[str] = []
@@ -53,7 +53,7 @@ def run_mutant(mutant: Mutant, factory: BackendFactory, *, adapt: Callable[[Any]
             skipped.append(f"{scenario}: {reason}")
             continue
         try:
-            results[scenario] = run_one(scenario, adapt(mutant.integration), factory, seed, deadlines)
+            results[scenario] = run_one(scenario, mutant.integration, factory, seed, deadlines)
         except Exception as exc:  # the backend broke: say so, never a kill
             return MutantOutcome(mutant.name, "broke", reason=f"{scenario}: {type(exc).__name__}: {exc}")
     killers = sorted({c for cases in mutant.killers(results).values() for c in cases})

@@ -8,9 +8,8 @@ one :class:`gpu.pool.EnginePool` of two engines running ``python -m sglang.launc
 (:class:`gpu.backend.RayBackend`, same proxy, placement, digests and teardown as ``-m gpu``). Every scenario
 borrows the same engines and leaves them reset (:mod:`gpu.reset`).
 
-The integration must speak to real SGLang: ``gpu.trainer:cpu_integration`` is the reference so configured
-(tensors pickled inline, the trainer's gloo group on 127.0.0.1); :func:`gpu.trainer.for_real_sglang` adapts the
-mutants the same way.
+The reference, its mutants and the fake speak to real SGLang alike (tensors pickled inline, the trainer's gloo group
+on 127.0.0.1).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ configuration only, never the cycle:
 
 * **tensor and LoRA** payloads: SGLang decodes ``serialized_named_tensors`` with its pickle-based
   ``MultiprocessingSerializer``; CUDA-IPC handles never cross nodes, so the tensors travel inline
-  (``encode_pickle_b64``) rather than as the fake's safetensors-b64;
+  (``encode_pickle_b64``, the reference's default);
 * **distributed**: the trainer is rank 0 of a group hosted on the driver (``master_address`` must be an address
   the engines' nodes reach, not 127.0.0.1). With gloo (``integration``) SGLang receives the broadcast straight into
   its CUDA parameters (the device check ran exactly that on an H200: ``gloo_into_cuda``). With NCCL
@@ -27,7 +27,7 @@ from typing import Any
 
 from conformance.interface import BuildEnv
 from conformance.reference.integration import ReferenceIntegration
-from conformance.reference.transports import DistributedTransport, WeightTransport, encode_pickle_b64
+from conformance.reference.transports import DistributedTransport, WeightTransport
 
 
 def reachable_address() -> str:
@@ -88,21 +88,7 @@ class ClusterReferenceIntegration(ReferenceIntegration):
         return transports
 
 
-integration = ClusterReferenceIntegration(name="reference-sglang", tensor_encoder=encode_pickle_b64)
+integration = ClusterReferenceIntegration(name="reference-sglang")
 """``--integration gpu.trainer:integration`` (gloo from the driver's CPU)."""
-nccl_integration = ClusterReferenceIntegration(name="reference-sglang-nccl", backend="nccl",
-                                               tensor_encoder=encode_pickle_b64)
+nccl_integration = ClusterReferenceIntegration(name="reference-sglang-nccl", backend="nccl")
 """``--integration gpu.trainer:nccl_integration`` (NCCL from a GPU of the driver's own)."""
-
-
-def for_real_sglang(integration: Any) -> Any:
-    """``integration`` configured for real SGLang engines on this machine (``-m sglang``): a reference integration
-    (or a mutant of it) that still sends the fake-only safetensors tensor encoding sends its tensors pickled inline
-    instead, the encoding real SGLang's ``MultiprocessingSerializer.deserialize`` reads. Any other integration is
-    returned as it is (it is the adopter's to configure)."""
-    from conformance.reference.transports import encode_safetensors_b64
-
-    if isinstance(integration, ReferenceIntegration) and integration.tensor_encoder is encode_safetensors_b64:
-        return replace(integration, tensor_encoder=encode_pickle_b64)
-    return integration
-

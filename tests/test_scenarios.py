@@ -110,3 +110,24 @@ def test_every_check_judges_a_scenario_and_every_situation_is_built_and_read() -
     built = {n for s in SCENARIOS.values() for n in s.situations}
     read = {n for c in REGISTRY.values() for n in c.needs}
     assert built == set(SITUATIONS) and read | {"window"} == set(SITUATIONS)
+
+
+def test_a_tensor_payload_sglang_cannot_read_breaks_the_run_with_the_engine_s_death_as_witness() -> None:
+    """An integration that pushes a safetensors buffer through ``/update_weights_from_tensor`` (the reference did
+    until the fake was compared with real SGLang, which exits on it): the fake dies as SGLang does, and every case
+    of the run fails with that death, naming the payload, as its witness."""
+    import base64
+
+    from fakes.safetensors_format import encode_safetensors
+
+    def safetensors_b64(named) -> str:
+        return base64.b64encode(encode_safetensors(dict(named))).decode()
+
+    integration = replace(load_integration(DEFAULT_INTEGRATION), tensor_encoder=safetensors_b64)
+    from conformance.cases import run_one
+
+    result = run_one("steady-tensor-retract", integration, fake_backend_factory())
+    assert result.verdicts and all(v.status == "fail" for v in result.verdicts.values())
+    witness = " ".join(result.verdicts["I1-I2"].witness)
+    assert "the run broke" in witness and "/update_weights_from_tensor" in witness
+    assert "engine crashed" in witness and "is a safetensors buffer" in witness

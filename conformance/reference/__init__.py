@@ -4,7 +4,7 @@
 up: ``concurrency`` (task helpers) → ``client`` (one engine over HTTP) → ``transports`` (disk, tensor,
 distributed, LoRA) and ``manager`` (rollout producer + consumer filters) → ``updater`` (one trainer cell's
 update cycle) → ``integration`` (builds the roles). Of ``fakes`` it uses only the release facts and the stdlib
-safetensors encoder (tensors without torch); torch only where the distributed transport runs.
+safetensors encoder (checkpoints without torch); torch where the tensor and distributed transports run.
 """
 
 from .client import EngineError, HttpEngineClient
@@ -12,7 +12,7 @@ from .integration import ReferenceIntegration, default_capabilities
 from .manager import (NegativeStaleness, PartialRolloutManager, ProtocolError, ReferenceManager, VersionRegression,
                       numeric_label)
 from .transports import (DiskTransport, DistributedTransport, LoraTransport, TensorTransport,
-                         encode_pickle_b64, encode_safetensors_b64, write_checkpoint_atomic)
+                         encode_pickle_b64, write_checkpoint_atomic)
 from .updater import ReferenceUpdater
 
 integration = ReferenceIntegration()
@@ -23,6 +23,6 @@ partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport",
     "NegativeStaleness", "PartialRolloutManager", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
-    "TensorTransport", "VersionRegression", "default_capabilities", "encode_pickle_b64", "encode_safetensors_b64", "integration", "partial_rollout",
+    "TensorTransport", "VersionRegression", "default_capabilities", "encode_pickle_b64", "integration", "partial_rollout",
     "numeric_label", "write_checkpoint_atomic",
 ]

@@ -7,7 +7,6 @@ subclass that overrides one of them.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import ssl
 
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from ..interface import ALL_TRANSPORTS, KEEPALIVE_EXPIRY_S, BuildEnv, Capabiliti
 from .client import HttpEngineClient
 from .manager import ReferenceManager
 from .transports import (CheckpointWriter, DiskTransport, DistributedTransport, LoraTransport, TensorEncoder,
-                         TORCH_EXTRA, TensorTransport, WeightTransport, encode_safetensors_b64,
+                         TORCH_EXTRA, TensorTransport, WeightTransport, encode_pickle_b64, torch_installed,
                          write_checkpoint_atomic)
 from .updater import ReferenceUpdater
 
@@ -31,12 +30,15 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def default_capabilities(**overrides: object) -> Capabilities:
-    """What the reference supports here (with ``overrides``): every transport, less ``distributed`` where torch is
-    not installed (its scenarios are then skipped, the transport undeclared; :data:`.transports.TORCH_EXTRA`)."""
-    if importlib.util.find_spec("torch"):
+    """What the reference supports here (with ``overrides``): every transport, less ``distributed`` and ``tensor``
+    where torch is not installed (SGLang reads tensor payloads as torch pickles; their scenarios are then skipped,
+    the transports undeclared; :data:`.transports.TORCH_EXTRA`). LoRA adapters then load from disk."""
+    if torch_installed():
         return Capabilities(**overrides)  # type: ignore[arg-type]
-    absent = {"distributed": f"it needs torch, which is not installed ({TORCH_EXTRA})"}
-    return Capabilities(**{"transports": ALL_TRANSPORTS - {"distributed"}, "absent_because": absent,
+    absent = {"distributed": f"it needs torch, which is not installed ({TORCH_EXTRA})",
+              "tensor": f"SGLang reads tensor payloads as torch pickles: it needs torch, which is not installed "
+                        f"({TORCH_EXTRA})"}
+    return Capabilities(**{"transports": ALL_TRANSPORTS - set(absent), "absent_because": absent,
                            **overrides})  # type: ignore[arg-type]
 
 
@@ -45,8 +47,8 @@ class ReferenceIntegration:
     """The reference :class:`~conformance.interface.Integration`.
 
     ``disk_writer`` writes checkpoints for the disk transport; ``tensor_encoder`` serializes tensors for the
-    tensor and LoRA transports (safetensors-b64 by default; real SGLang on GPU needs its
-    ``MultiprocessingSerializer`` encoding); ``backend`` is the distributed transport's ``torch.distributed``
+    tensor and LoRA transports (tensors pickled inline by default, what SGLang's ``MultiprocessingSerializer``
+    reads on CPU and GPU); ``backend`` is the distributed transport's ``torch.distributed``
     backend.
     """
 
@@ -58,7 +60,7 @@ class ReferenceIntegration:
     lora_cls: type[LoraTransport] = LoraTransport
     disk_cls: type[DiskTransport] = DiskTransport
     disk_writer: CheckpointWriter = write_checkpoint_atomic
-    tensor_encoder: TensorEncoder = encode_safetensors_b64
+    tensor_encoder: TensorEncoder = encode_pickle_b64
     backend: str = "gloo"
     timeout_s: float = 60.0
     """Bound on every control call and on every collective."""

@@ -5,14 +5,16 @@ continue). No transport stamps ``weight_version`` into its payloads: SGLang woul
 bucket, before the whole update succeeded (rl-frameworks V2 note); the bump is the updater's separate
 ``/update_weight_version`` call.
 
-Only the distributed transport and :func:`encode_pickle_b64` need torch (imported where used); the disk, tensor and
-LoRA transports write safetensors with or without it.
+The tensor transport sends what SGLang's ``MultiprocessingSerializer.deserialize`` reads, a pickle of
+``(name, tensor)`` pairs (:func:`encode_pickle_b64`): anything else kills its scheduler. That and the distributed
+transport need torch (imported where used); the disk transport and LoRA adapters loaded from disk need none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import json
 import logging
 import os
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from fakes.safetensors_format import encode_safetensors
+from fakes.tensors import TensorBlob
 
 from ..interface import LoraAdapter
 from .releases import release_of
@@ -80,30 +83,32 @@ def safetensors_bytes(tensors: Mapping[str, Tensor]) -> bytes:
     return encode_safetensors(tensors)
 
 
-def encode_safetensors_b64(named_tensors: NamedTensors) -> str:
-    """Default :data:`TensorEncoder`: base64 of the safetensors bytes of the named tensors.
-
-    Real SGLang on GPU expects base64 of its ``MultiprocessingSerializer`` payload instead (CUDA IPC handles);
-    pass that encoder to the integration there.
-    """
-    return base64.b64encode(safetensors_bytes(dict(named_tensors))).decode("ascii")
+def _inline(t: Tensor) -> Tensor:
+    """A torch tensor that pickles inline (a ``TensorBlob`` converted; needs torch)."""
+    return t.to_torch() if isinstance(t, TensorBlob) else host_copy(t)
 
 
 def encode_pickle_b64(named_tensors: NamedTensors) -> str:
-    """Alternative :data:`TensorEncoder`: base64 of a plain pickle of ``[(name, tensor), ...]`` (tensors
-    inline), which SGLang's pickle-based deserializer also reads."""
-    return base64.b64encode(pickle.dumps([(n, host_copy(t)) for n, t in named_tensors], protocol=4)).decode()
+    """Default :data:`TensorEncoder`: base64 of a plain pickle of ``[(name, tensor), ...]`` (tensors inline), what
+    SGLang's ``MultiprocessingSerializer.deserialize`` reads (needs torch; on GPU, SGLang's own
+    ``MultiprocessingSerializer.serialize`` sends CUDA IPC handles instead)."""
+    return base64.b64encode(pickle.dumps([(n, _inline(t)) for n, t in named_tensors], protocol=4)).decode()
 
 
 def encode_pickle_dict_b64(named_tensors: NamedTensors) -> str:
     """:func:`encode_pickle_b64` as a ``{name: tensor}`` dict: the form ``/load_lora_adapter_from_tensors`` reads
     (SGLang's ``tp_worker.load_lora_adapter_from_tensors`` takes the payload as the adapter's tensor dict)."""
-    return base64.b64encode(pickle.dumps({n: host_copy(t) for n, t in named_tensors}, protocol=4)).decode()
+    return base64.b64encode(pickle.dumps({n: _inline(t) for n, t in named_tensors}, protocol=4)).decode()
 
 
 LORA_FORMS: dict[TensorEncoder, TensorEncoder] = {encode_pickle_b64: encode_pickle_dict_b64}
-"""A weight-update encoder → the one that writes the same tensors as an adapter payload (a safetensors buffer is
-a mapping already; any other encoder is used as it is)."""
+"""A weight-update encoder → the one that writes the same tensors as an adapter payload (any other encoder is used
+as it is)."""
+
+
+def torch_installed() -> bool:
+    """Whether torch can be imported here (never imports it)."""
+    return importlib.util.find_spec("torch") is not None
 
 
 def _fsync(path: Path) -> None:
@@ -215,7 +220,7 @@ class TensorTransport(_Staging):
 
     needs_session = True
 
-    def __init__(self, encoder: TensorEncoder = encode_safetensors_b64) -> None:
+    def __init__(self, encoder: TensorEncoder = encode_pickle_b64) -> None:
         self.encoder = encoder
 
     async def _build(self, weights: Mapping[str, Tensor], version: int) -> list[str]:
@@ -332,10 +337,10 @@ class DistributedTransport:
 class LoraTransport:
     """``/load_lora_adapter_from_tensors`` under a versioned name ``f"{name}-v{version}"``: requests in flight
     keep the adapter they named, so nothing unloads an adapter a paused request still uses (P7). On a release
-    without that route (≤0.5.4) the adapter is written, atomically, as a PEFT directory under ``root`` and loaded
-    with ``/load_lora_adapter``."""
+    without that route (≤0.5.4), or where the default encoder cannot run (no torch), the adapter is written,
+    atomically, as a PEFT directory under ``root`` and loaded with ``/load_lora_adapter``."""
 
-    def __init__(self, encoder: TensorEncoder = encode_safetensors_b64, root: Path | None = None) -> None:
+    def __init__(self, encoder: TensorEncoder = encode_pickle_b64, root: Path | None = None) -> None:
         self.encoder = encoder
         self.root = root
 
@@ -348,8 +353,9 @@ class LoraTransport:
         if not adapter.tensors:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no tensors (P5)")
         name = self.versioned_name(adapter, version)
-        payload = [LORA_FORMS.get(self.encoder, self.encoder)(list(adapter.tensors.items()))]
-        from_disk = [(await release_of(e)).lora_tensor_field is None for e in engines]
+        encodes = self.encoder is not encode_pickle_b64 or torch_installed()
+        from_disk = [not encodes or (await release_of(e)).lora_tensor_field is None for e in engines]
+        payload = None if all(from_disk) else [LORA_FORMS.get(self.encoder, self.encoder)(list(adapter.tensors.items()))]
         path: Path | None = None
         if any(from_disk):
             if self.root is None:

@@ -201,9 +201,10 @@ def forking_pickle_b64(named: list[tuple[str, torch.Tensor]] | dict[str, torch.T
 
 
 def safetensors_b64(named: list[tuple[str, torch.Tensor]]) -> str:
-    from conformance.reference.transports import encode_safetensors_b64
+    """A safetensors buffer as a tensor payload: what ``MultiprocessingSerializer.deserialize`` cannot read."""
+    from safetensors.torch import save
 
-    return encode_safetensors_b64(named)
+    return base64.b64encode(save({n: t.contiguous() for n, t in named})).decode()
 
 
 async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: bool = False) \

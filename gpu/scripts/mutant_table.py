@@ -36,24 +36,22 @@ COLUMNS = ("fake", *SGLANG.cpu_releases)
 def measure(backend: str, names: list[str], reference: bool, seed: int) -> dict[str, Any]:
     """One column: each mutant's outcome on ``backend`` (``fake`` or a real release)."""
     from gpu.sglang_suite import SglangSuite
-    from gpu.trainer import for_real_sglang
 
     t0 = time.monotonic()
     suite = None if backend == "fake" else SglangSuite(release=backend, seed=seed)
     if suite is not None and suite.skip_reason():
         raise SystemExit(f"mutant_table: {suite.skip_reason()}")
     factory = fake_backend_factory(seed=seed) if suite is None else suite.backend_factory()
-    adapt = (lambda i: i) if suite is None else for_real_sglang
     why_not = (lambda s: None) if suite is None else suite.why_not
     column: dict[str, Any] = {"cells": {}, "killers": {}}
     try:
         deadlines = DEADLINES if suite is None else suite.deadlines()
         column["deadline_scale"] = round(deadlines.update_s / DEADLINES.update_s, 2)
         if reference:
-            column["reference"] = run_reference(factory, adapt, why_not, seed, deadlines)
+            column["reference"] = run_reference(factory, why_not, seed, deadlines)
             print(f"{backend}: reference {column['reference']['summary']}", flush=True)
         for name in names:
-            outcome = run_mutant(MUTANTS[name], factory, adapt=adapt, why_not=why_not, seed=seed,
+            outcome = run_mutant(MUTANTS[name], factory, why_not=why_not, seed=seed,
                                  deadlines=deadlines)
             column["cells"][name], column["killers"][name] = outcome.cell(), outcome.killers
             print(f"{backend}: {name}: {outcome.cell()}", flush=True)
@@ -66,12 +64,12 @@ def measure(backend: str, names: list[str], reference: bool, seed: int) -> dict[
     return column
 
 
-def run_reference(factory: Any, adapt: Any, why_not: Any, seed: int, deadlines: Any) -> dict[str, Any]:
+def run_reference(factory: Any, why_not: Any, seed: int, deadlines: Any) -> dict[str, Any]:
     """The reference on every scenario: cases passed / failed / skipped, and which failed."""
     from conformance import DEFAULT_INTEGRATION
     from conformance.cases import load_integration
 
-    integration = adapt(load_integration(DEFAULT_INTEGRATION))
+    integration = load_integration(DEFAULT_INTEGRATION)
     t0, counts, failed = time.monotonic(), {"passed": 0, "failed": 0, "skipped": 0}, []
     for scenario in SCENARIOS.values():
         if why_not(scenario.name):

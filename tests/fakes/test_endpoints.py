@@ -31,7 +31,7 @@ def disk_body(path, weight_version: str | None = None, **fields) -> dict:
 def tensor_payload(step: int = 1) -> tuple[str, str]:
     """A tensor-update payload of perturbed tiny weights and the digest the engine must hold after it."""
     blobs = W.perturbed(W.tiny_model(0), step)
-    return W.encode_tensor_payload(blobs, fmt="safetensors"), W.WeightStore(blobs).digest()
+    return W.encode_tensor_payload(blobs), W.WeightStore(blobs).digest()
 
 
 # -- routes per profile -----------------------------------------------------------------------------------
@@ -482,6 +482,27 @@ async def test_lora_from_tensors(connect, profile: str) -> None:
     resp = await wire.post("/load_lora_adapter_from_tensors", json=body("q", W.encode_lora_tensor_payload(q_only)))
     assert (resp.status_code, resp.json()["error_message"]) == (
         400, "'base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight'")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("route", ["/update_weights_from_tensor", "/load_lora_adapter_from_tensors"])
+async def test_a_payload_sglang_cannot_deserialize_kills_the_engine(connect, route: str) -> None:
+    """A safetensors buffer where SGLang reads a pickle: ``MultiprocessingSerializer.deserialize`` raises in the TP
+    worker outside any try (``managers/tp_worker.py``, 0.5.10–0.5.23), the scheduler dies and the server exits
+    (measured on real 0.5.23, python -m gpu.fidelity): so does the fake, with the reason naming the buffer."""
+    import base64
+
+    wire = await connect(FakeEngine("0.5.23", enable_lora=True))
+    payload = base64.b64encode(W.encode_safetensors(W.tiny_lora(0))).decode()
+    if route == "/update_weights_from_tensor":
+        await wire.post("/begin_weight_update", json={})
+        body = {"serialized_named_tensors": [payload], "flush_cache": False}
+    else:
+        body = {"lora_name": "st", "config_dict": {"r": 4}, "serialized_named_tensors": [payload]}
+    answer = await wire.post(route, json=body)
+    assert answer.status_code == 500 and wire.engine.crashed
+    assert "UndecodablePayload" in wire.engine.crash_reason and "is a safetensors buffer" in wire.engine.crash_reason
+    assert (await wire.get("/health")).status_code == 503
 
 
 @pytest.mark.asyncio

@@ -98,7 +98,7 @@ def _trained(step: int) -> dict[str, W.TensorBlob]:
 
 @functools.lru_cache(maxsize=None)
 def _payload(step: int) -> str:
-    return W.encode_tensor_payload(_trained(step), fmt="safetensors")
+    return W.encode_tensor_payload(_trained(step))
 
 
 @functools.lru_cache(maxsize=None)

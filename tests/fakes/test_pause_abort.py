@@ -29,7 +29,7 @@ async def decoding(wire, n: int = 8, max_new_tokens: int = 16) -> list[asyncio.T
 
 async def tensor_update(wire, step: int, **fields) -> None:
     """A complete tensor update (inside a begin/end session where the profile requires one)."""
-    payload = W.encode_tensor_payload(W.perturbed(W.tiny_model(0), step), fmt="safetensors")
+    payload = W.encode_tensor_payload(W.perturbed(W.tiny_model(0), step))
     sessions = wire.engine.profile.weight_update_sessions
     if sessions:
         assert (await wire.post("/begin_weight_update", json={})).status_code == 200
@@ -217,7 +217,7 @@ async def test_flush_under_in_place_with_resident_requests(connect, profile) -> 
     await wire.post("/pause_generation", json={"mode": "in_place"})
     flush = await wire.post("/flush_cache")
     assert (flush.status_code, flush.text) == (400, "Flush cache failed.\n")
-    payload = W.encode_tensor_payload(W.perturbed(W.tiny_model(0), 1), fmt="safetensors")
+    payload = W.encode_tensor_payload(W.perturbed(W.tiny_model(0), 1))
     digest = W.WeightStore(W.perturbed(W.tiny_model(0), 1)).digest()
     if profile == "0.5.23":
         await wire.post("/begin_weight_update", json={})
@@ -351,7 +351,7 @@ async def test_rejected_requests_change_nothing(connect, profile_version: str) -
 async def test_update_with_abort_all_requests_aborts_in_flight_then_updates(connect) -> None:
     wire = await connect(FakeEngine("0.5.10"))
     tasks = await decoding(wire, n=2)
-    payload = W.encode_tensor_payload(W.perturbed(W.tiny_model(0), 1), fmt="safetensors")
+    payload = W.encode_tensor_payload(W.perturbed(W.tiny_model(0), 1))
     update = wire.spawn("POST", "/update_weights_from_tensor",
                         json={"serialized_named_tensors": [payload], "abort_all_requests": True, "weight_version": "2"})
     await wire.wait(lambda: wire.engine.update_lock.writers_waiting == 1)  # not paused: waits for the readers

@@ -188,14 +188,13 @@ RUNNER = """
 import sys
 from conformance.cases import load_integration, run_one
 from gpu.sglang_suite import SglangSuite
-from gpu.trainer import for_real_sglang
 suite = SglangSuite.with_fake(engines=1) if sys.argv[1] == "fake" else SglangSuite(engines=1, release=sys.argv[2])
 factory = suite.backend_factory()
 lease = factory()
 lease.start()
 print("pids", *lease.pool.backend.engine_pids(), flush=True)
 lease.stop()
-run_one("steady-disk-retract", for_real_sglang(load_integration("conformance.reference:integration")), factory)
+run_one("steady-disk-retract", load_integration("conformance.reference:integration"), factory)
 print("ran", flush=True)
 import time
 time.sleep(600)  # sleep-ok: killed here, holding its engines

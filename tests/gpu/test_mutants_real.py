@@ -13,7 +13,6 @@ import pytest
 from conformance.cases import fake_backend_factory
 from conformance.mutants import MUTANTS
 from gpu.mutation import run_mutant
-from gpu.trainer import for_real_sglang
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
@@ -22,7 +21,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 def test_mutant_is_killed_on_real_sglang_as_on_the_fake(name: str, conformance_session) -> None:
     suite = conformance_session.setup("sglang")  # skips with the install command where the environment is missing
     mutant = MUTANTS[name]
-    real = run_mutant(mutant, suite.backend_factory(), adapt=for_real_sglang, why_not=suite.why_not,
+    real = run_mutant(mutant, suite.backend_factory(), why_not=suite.why_not,
                       deadlines=suite.deadlines())
     if real.status == "skipped":
         pytest.skip(f"{name} cannot be shown on real SGLang on CPU: {real.reason}")

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from gpu.engine import EngineProcess, EngineStartError
 from gpu.launch import FAKE, SGLANG, EngineSpec
 from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_of, status
 
-from .script import diff, run_script
+from .script import EXITED, LIFETIMES, diff, lost, run_script
 
 HERE = Path(__file__).resolve().parent
 START_TIMEOUT_S = 240.0
@@ -96,21 +97,48 @@ def spec(model_dir: Path, fake: bool, release: str) -> EngineSpec:
 
 
 def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path | None) -> tuple[dict, dict]:
-    """Start one engine, run the script on it, stop it; the observations and what the start cost."""
+    """Run each of the script's lifetimes on a fresh engine (start, run, record whether the server exited, stop);
+    the observations and what the starts and runs cost."""
     python = None if fake else str(python_of(venv))
-    engine = EngineProcess(spec(model_dir, fake, release), FAKE if fake else SGLANG, env=CPU_ENV,
-                           name=f"fidelity-{'fake' if fake else 'sglang'}-{release}", python=python)
-    started = time.monotonic()
-    try:
-        engine.start(START_TIMEOUT_S)
-        cost = {"start_s": round(time.monotonic() - started, 1), "rss_gb": rss_gb(engine.process.pid)}
-        began = time.monotonic()
-        seen = asyncio.run(run_script(engine.url, model_dir, work / ("fake" if fake else "real"), release,
-                                      lora=engine.spec.enable_lora))
-        cost["script_s"] = round(time.monotonic() - began, 1)
-        return seen, cost
-    finally:
-        engine.stop()
+    kind = "fake" if fake else "real"
+    seen: dict[str, Any] = {}
+    cost: dict[str, Any] = {"starts": 0, "start_s": 0.0, "script_s": 0.0}
+    for lifetime in LIFETIMES:
+        engine = EngineProcess(spec(model_dir, fake, release), FAKE if fake else SGLANG, env=CPU_ENV,
+                               name=f"fidelity-{kind}-{release}", python=python)
+        started = time.monotonic()
+        try:
+            engine.start(START_TIMEOUT_S)
+            cost["starts"] += 1
+            cost["start_s"] = round(cost["start_s"] + time.monotonic() - started, 1)
+            if lifetime == "main":
+                cost["rss_gb"] = rss_gb(engine.process.pid)
+            began = time.monotonic()
+            out = asyncio.run(run_script(engine.url, model_dir, work / kind / lifetime.replace(" ", "-"), release,
+                                         lora=engine.spec.enable_lora, lifetime=lifetime))
+            cost["script_s"] = round(cost["script_s"] + time.monotonic() - began, 1)
+            if lifetime != "main":
+                out[f"{EXITED} ({lifetime})"] = {"exited": exited(engine, lost(lifetime) in out)}
+            seen.update(out)
+        finally:
+            engine.stop()
+    return seen, cost
+
+
+EXIT_WAIT_S = 60.0
+"""How long a server whose connection was lost is given to exit (SGLang's launcher tears its processes down)."""
+
+
+def exited(engine: EngineProcess, lost_connection: bool) -> bool:
+    """Whether the engine's server process exited at the end of a lifetime: waited for (at most
+    :data:`EXIT_WAIT_S`) when the lifetime lost its connection, else whether it already had."""
+    if lost_connection:
+        try:
+            engine.process.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    return engine.process.poll() is not None
 
 
 def rss_gb(pid: int) -> float:

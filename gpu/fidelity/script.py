@@ -29,7 +29,7 @@ import httpx
 import torch
 
 from fakes.facts import SGLANG
-from gpu.weights import blob_from_values, parameter_specs, read_weights
+from gpu.weights import parameter_specs, read_weights
 
 Observation = dict[str, Any]
 LONG_TOKENS = 1000
@@ -207,172 +207,229 @@ def safetensors_b64(named: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(save({n: t.contiguous() for n, t in named})).decode()
 
 
-async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: bool = False) \
-        -> dict[str, Observation]:
+Call = Callable[..., Awaitable[httpx.Response]]
+
+
+class Steps:
+    """One server lifetime of the script: the client, what was observed, and the helpers every step uses."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, ckpt: "Checkpoints", work: Path, release: str,
+                 out: dict[str, Observation]) -> None:
+        self.client, self.url, self.ckpt, self.work, self.release, self.out = client, url, ckpt, work, release, out
+        self.sessions = bool(SGLANG.fact("weight_update_sessions", release))
+
+    async def call(self, step: str, path: str, body: Any = None, method: str = "POST", **extra: Any) -> httpx.Response:
+        kwargs: dict[str, Any] = {"json": body} if body is not None and not isinstance(body, bytes) else {}
+        if isinstance(body, bytes):
+            kwargs = {"content": body, "headers": {"content-type": "application/json"}}
+        try:
+            response = await self.client.request(method, self.url + path, **kwargs)
+        except httpx.HTTPError as error:
+            self.out[step] = {"error": type(error).__name__}
+            raise
+        self.out[step] = {**normalise(response), **extra}
+        return response
+
+    async def weights(self, step: str) -> None:
+        from gpu.weights import read_engine_digests
+
+        self.out[step] = {"holds": self.ckpt.held(await read_engine_digests(self.url, self.ckpt.specs))}
+
+    async def label(self, step: str) -> None:
+        info = (await self.client.get(self.url + "/model_info")).json()
+        self.out[step] = {"weight_version": info.get("weight_version")}
+
+    async def held_pause(self, mode: str, step: str) -> Held:
+        held = Held(self.client, self.url)
+        running = await held.started()  # when the pause is sent (what becomes of it: the step's held.result())
+        await self.call(step, "/pause_generation", {"mode": mode})
+        self.out[step]["running_at_pause"] = running
+        return held
+
+
+async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: bool = False,
+                     lifetime: str = "main") -> dict[str, Observation]:
     """Drive the engine at ``url`` (serving ``model_dir``, label ``default``; with ``lora``, started with LoRA on)
-    through the script; a connection lost mid-script ends it, recorded as ``server lost`` at the step it happened."""
+    through one of :data:`LIFETIMES`; a connection lost mid-way ends it, recorded as ``server lost`` (with the step
+    it happened at) under the lifetime's name."""
     out: dict[str, Observation] = {}
-    try:
-        return await _script(url, model_dir, work, release, out, lora)
-    except httpx.HTTPError as error:
-        out["server lost"] = {"at": list(out)[-1] if out else None, "error": type(error).__name__}
-        return out
-
-
-async def _script(url: str, model_dir: Path, work: Path, release: str, out: dict[str, Observation],
-                  lora: bool) -> dict[str, Observation]:
-    ckpt = Checkpoints(model_dir, work)
-    sessions = bool(SGLANG.fact("weight_update_sessions", release))
     timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
-
-        async def call(step: str, path: str, body: Any = None, method: str = "POST", **extra: Any) -> httpx.Response:
-            kwargs: dict[str, Any] = {"json": body} if body is not None and not isinstance(body, bytes) else {}
-            if isinstance(body, bytes):
-                kwargs = {"content": body, "headers": {"content-type": "application/json"}}
-            try:
-                response = await client.request(method, url + path, **kwargs)
-            except httpx.HTTPError as error:
-                out[step] = {"error": type(error).__name__}
-                raise
-            out[step] = {**normalise(response), **extra}
-            return response
-
-        async def weights(step: str) -> None:
-            from gpu.weights import read_engine_digests
-
-            out[step] = {"holds": ckpt.held(await read_engine_digests(url, ckpt.specs))}
-
-        async def label(step: str) -> None:
-            info = (await client.get(url + "/model_info")).json()
-            out[step] = {"weight_version": info.get("weight_version")}
-
-        async def held_pause(mode: str, step: str) -> tuple[Held, bool]:
-            held = Held(client, url)
-            running = await held.started()  # when the pause is sent (what becomes of it: the step's held.result())
-            await call(step, "/pause_generation", {"mode": mode})
-            out[step]["running_at_pause"] = running
-            return held, running
-
-        # -- what the engine reports at start --
-        await call("health", "/health", method="GET")
-        info = (await call("model_info", "/model_info", method="GET")).json()
-        out["model_info"].update({k: info.get(k) for k in ("weight_version", "is_generation")})
-        out["model_info"]["model_path is the served dir"] = info.get("model_path") == str(model_dir)
-        server = (await call("get_server_info", "/get_server_info", method="GET")).json()
-        out["get_server_info"] = {"status": out["get_server_info"]["status"], "version": server.get("version"),
-                                  "weight_version": server.get("weight_version"), "tp_size": server.get("tp_size"),
-                                  "dp_size": server.get("dp_size"),
-                                  "model_path is the served dir": server.get("model_path") == str(model_dir)}
-        await call("get_weight_version", "/get_weight_version", method="GET")
-        await weights("weights at start")
-
-        # -- generate --
-        for step, body in (("generate text", {"text": "hello", "sampling_params": {"max_new_tokens": 8,
-                                                                                   "temperature": 0}}),
-                           ("generate input_ids", {"input_ids": [1, 2, 3], "sampling_params": {
-                               "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})):
-            response = await call(step, "/generate", body)
-            budget = body["sampling_params"]["max_new_tokens"]
-            out[step].update(generation(response.json().get("meta_info"), budget))
-            out[step]["output_ids length"] = len(response.json().get("output_ids", []))
-        await call("generate without prompt", "/generate", {"sampling_params": {"max_new_tokens": 2}})
-        await call("generate with text and input_ids", "/generate",
-                   {"text": "a", "input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
-
-        # -- pause in_place, relabel, disk update without flush, continue --
-        held, running = await held_pause("in_place", "pause in_place (request running)")
-        await call("relabel v1 without abort (paused)", "/update_weight_version",
-                   {"new_version": "v1", "abort_all_requests": False})
-        await call("disk m1 flush_cache false (paused in place)", "/update_weights_from_disk",
-                   {"model_path": str(ckpt.paths["m1"]), "flush_cache": False})
-        await weights("weights after disk m1")
-        await call("flush_cache (paused in place, request resident)", "/flush_cache")
-        await call("continue after in_place", "/continue_generation", {})
-        out["request held across in_place"] = await held.result()
-        await label("label after v1")
-
-        # -- retract --
-        held, running = await held_pause("retract", "pause retract (request running)")
-        await call("relabel v2 without abort (retracted)", "/update_weight_version",
-                   {"new_version": "v2", "abort_all_requests": False})
-        await call("flush_cache (paused retract)", "/flush_cache")
-        await call("continue after retract", "/continue_generation", {})
-        out["request held across retract"] = await held.result()
-
-        # -- abort pause, default-abort relabel --
-        held, running = await held_pause("abort", "pause abort (request running)")
-        out["request under pause abort"] = await held.result()
-        await call("continue after abort", "/continue_generation", {})
-        held = Held(client, url)
-        running = await held.started()
-        await call("relabel v3 (abort_all_requests default)", "/update_weight_version", {"new_version": "v3"},
-                   running_at_call=running)
-        out["request under default relabel"] = await held.result()
-        await label("label after v3")
-
-        # -- tensor updates --
-        named = [(n, t) for n, t in ckpt.weights["m2"].items()]
-        if sessions:
-            await call("tensor outside a session", "/update_weights_from_tensor",
-                       {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False})
-            await call("begin_weight_update", "/begin_weight_update", {})
-            await call("begin_weight_update again", "/begin_weight_update", {})
-        await call("tensor m2 (ForkingPickler, file_system)", "/update_weights_from_tensor",
-                   {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False,
-                    "weight_version": "v4"})
-        await weights("weights after tensor m2")
-        await label("label after tensor v4")
-
-        # -- distributed (gloo) --
-        await distributed_steps(call, ckpt, out, sessions)
-        await weights("weights after distributed m1")
-        if sessions:
-            await call("end_weight_update", "/end_weight_update", {})
-            await call("end_weight_update again", "/end_weight_update", {})
-
-        # -- misc control surface --
-        await call("flush_cache idle", "/flush_cache")
-        await call("get_weights_by_name unknown", "/get_weights_by_name", {"name": "no.such.weight"})
-        await call("release_memory_occupation", "/release_memory_occupation", {})
-        await call("resume_memory_occupation", "/resume_memory_occupation", {})
-        await call("weights_checker checksum", "/weights_checker", {"action": "checksum"})
-        await call("relabel with a number", "/update_weight_version", {"new_version": 7})
-        await call("relabel without body", "/update_weight_version", b"")
-        await call("pause with a bad mode", "/pause_generation", {"mode": "bogus"})
-        await call("disk not json", "/update_weights_from_disk", b"{not json")
-        await call("disk missing path", "/update_weights_from_disk", {"model_path": str(work / "absent")})
-        await call("disk m0 flush_cache false (idle)", "/update_weights_from_disk",
-                   {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "v5"})
-        await weights("weights after disk m0")
-        await label("label after disk v5")
-        if lora:
-            await lora_steps(call, ckpt, work, release, out)
-
-        # -- last, the calls that end a real server; the first one that does ends the script ("server lost"). Why
-        # each exits, in SGLang's table (fakes.facts.SGLANG): the flushing update where post_update_flush_failure is
-        # "crash", the unknown group where distributed_receive_errors_answered is false, the wrong shape and the
-        # tensor payloads by load_failure_kills (the base64 one on the oldest CPU release: decoded in the scheduler)
-        held, running = await held_pause("in_place", "pause in_place before the flushing disk update")
-        await call("disk m1 flush_cache default (paused in place, request running)", "/update_weights_from_disk",
-                   {"model_path": str(ckpt.paths["m1"]), "weight_version": "v6"})  # exits: flush "crash"
-        await label("label after the flushing disk update")
-        await weights("weights after the flushing disk update")
-        await call("continue at the end", "/continue_generation", {})
-        out["request held across the flushing disk update"] = await held.result()
-        if sessions:
-            await call("begin_weight_update at the end", "/begin_weight_update", {})
-        await call("distributed unknown group", "/update_weights_from_distributed",  # exits: receive not answered
-                   {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "group_name": "nope",
-                    "flush_cache": False})
-        await call("disk wrong shape", "/update_weights_from_disk",  # exits: load_failure_kills
-                   {"model_path": str(ckpt.paths["wrong shape"]), "flush_cache": False})
-        await call("tensor bad base64", "/update_weights_from_tensor",  # exits on the oldest CPU release
-                   {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
-        await call("tensor safetensors payload", "/update_weights_from_tensor",  # exits: SafeUnpickler raises
-                   {"serialized_named_tensors": [safetensors_b64(named[:1])], "flush_cache": False})
-        await call("health after the safetensors payload", "/health", method="GET")
+        steps = Steps(client, url, Checkpoints(model_dir, work), work, release, out)
+        try:
+            if lifetime == "main":
+                await main_steps(steps, model_dir, lora)
+            else:
+                await ENDINGS[lifetime](steps)
+        except httpx.HTTPError as error:
+            out[lost(lifetime)] = {"at": list(out)[-1] if out else None, "error": type(error).__name__}
     return out
+
+
+def lost(lifetime: str) -> str:
+    """The step that records the server lost during ``lifetime``."""
+    return "server lost" if lifetime == "main" else f"server lost ({lifetime})"
+
+
+async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
+    """Everything but the calls that may end a server."""
+    call, weights, label, held_pause, out, ckpt = (steps.call, steps.weights, steps.label, steps.held_pause,
+                                                   steps.out, steps.ckpt)
+    sessions, work, release = steps.sessions, steps.work, steps.release
+    # -- what the engine reports at start --
+    await call("health", "/health", method="GET")
+    info = (await call("model_info", "/model_info", method="GET")).json()
+    out["model_info"].update({k: info.get(k) for k in ("weight_version", "is_generation")})
+    out["model_info"]["model_path is the served dir"] = info.get("model_path") == str(model_dir)
+    server = (await call("get_server_info", "/get_server_info", method="GET")).json()
+    out["get_server_info"] = {"status": out["get_server_info"]["status"], "version": server.get("version"),
+                              "weight_version": server.get("weight_version"), "tp_size": server.get("tp_size"),
+                              "dp_size": server.get("dp_size"),
+                              "model_path is the served dir": server.get("model_path") == str(model_dir)}
+    await call("get_weight_version", "/get_weight_version", method="GET")
+    await weights("weights at start")
+
+    # -- generate --
+    for step, body in (("generate text", {"text": "hello", "sampling_params": {"max_new_tokens": 8,
+                                                                               "temperature": 0}}),
+                       ("generate input_ids", {"input_ids": [1, 2, 3], "sampling_params": {
+                           "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})):
+        response = await call(step, "/generate", body)
+        budget = body["sampling_params"]["max_new_tokens"]
+        out[step].update(generation(response.json().get("meta_info"), budget))
+        out[step]["output_ids length"] = len(response.json().get("output_ids", []))
+    await call("generate without prompt", "/generate", {"sampling_params": {"max_new_tokens": 2}})
+    await call("generate with text and input_ids", "/generate",
+               {"text": "a", "input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
+
+    # -- pause in_place, relabel, disk update without flush, continue --
+    held = await held_pause("in_place", "pause in_place (request running)")
+    await call("relabel v1 without abort (paused)", "/update_weight_version",
+               {"new_version": "v1", "abort_all_requests": False})
+    await call("disk m1 flush_cache false (paused in place)", "/update_weights_from_disk",
+               {"model_path": str(ckpt.paths["m1"]), "flush_cache": False})
+    await weights("weights after disk m1")
+    await call("flush_cache (paused in place, request resident)", "/flush_cache")
+    await call("continue after in_place", "/continue_generation", {})
+    out["request held across in_place"] = await held.result()
+    await label("label after v1")
+
+    # -- retract --
+    held = await held_pause("retract", "pause retract (request running)")
+    await call("relabel v2 without abort (retracted)", "/update_weight_version",
+               {"new_version": "v2", "abort_all_requests": False})
+    await call("flush_cache (paused retract)", "/flush_cache")
+    await call("continue after retract", "/continue_generation", {})
+    out["request held across retract"] = await held.result()
+
+    # -- abort pause, default-abort relabel --
+    held = await held_pause("abort", "pause abort (request running)")
+    out["request under pause abort"] = await held.result()
+    await call("continue after abort", "/continue_generation", {})
+    held = Held(steps.client, steps.url)
+    running = await held.started()
+    await call("relabel v3 (abort_all_requests default)", "/update_weight_version", {"new_version": "v3"},
+               running_at_call=running)
+    out["request under default relabel"] = await held.result()
+    await label("label after v3")
+
+    # -- tensor updates --
+    named = [(n, t) for n, t in ckpt.weights["m2"].items()]
+    if sessions:
+        await call("tensor outside a session", "/update_weights_from_tensor",
+                   {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False})
+        await call("begin_weight_update", "/begin_weight_update", {})
+        await call("begin_weight_update again", "/begin_weight_update", {})
+    await call("tensor m2 (ForkingPickler, file_system)", "/update_weights_from_tensor",
+               {"serialized_named_tensors": [forking_pickle_b64(named)], "flush_cache": False,
+                "weight_version": "v4"})
+    await weights("weights after tensor m2")
+    await label("label after tensor v4")
+
+    # -- distributed (gloo) --
+    await distributed_steps(call, ckpt, out, sessions)
+    await weights("weights after distributed m1")
+    if sessions:
+        await call("end_weight_update", "/end_weight_update", {})
+        await call("end_weight_update again", "/end_weight_update", {})
+
+    # -- misc control surface --
+    await call("flush_cache idle", "/flush_cache")
+    await call("get_weights_by_name unknown", "/get_weights_by_name", {"name": "no.such.weight"})
+    await call("release_memory_occupation", "/release_memory_occupation", {})
+    await call("resume_memory_occupation", "/resume_memory_occupation", {})
+    await call("weights_checker checksum", "/weights_checker", {"action": "checksum"})
+    await call("relabel with a number", "/update_weight_version", {"new_version": 7})
+    await call("relabel without body", "/update_weight_version", b"")
+    await call("pause with a bad mode", "/pause_generation", {"mode": "bogus"})
+    await call("disk not json", "/update_weights_from_disk", b"{not json")
+    await call("disk missing path", "/update_weights_from_disk", {"model_path": str(work / "absent")})
+    await call("disk m0 flush_cache false (idle)", "/update_weights_from_disk",
+               {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "v5"})
+    await weights("weights after disk m0")
+    await label("label after disk v5")
+    if lora:
+        await lora_steps(call, ckpt, work, release, out)
+
+
+# -- the calls that may end a real server, each in a server lifetime of its own (the driver starts a fresh server
+# for each and records whether it exited), so none is dead behind another. Why each exits, in SGLang's table
+# (fakes.facts.SGLANG): the flushing update where post_update_flush_failure is "crash", the unknown group where
+# distributed_receive_errors_answered is false, the wrong shape and the tensor payloads by load_failure_kills.
+
+
+async def _flushing_disk_update(steps: Steps) -> None:
+    held = await steps.held_pause("in_place", "pause in_place before the flushing disk update")
+    await steps.call("disk m1 flush_cache default (paused in place, request running)", "/update_weights_from_disk",
+                     {"model_path": str(steps.ckpt.paths["m1"]), "weight_version": "v6"})
+    await steps.label("label after the flushing disk update")
+    await steps.weights("weights after the flushing disk update")
+    await steps.call("continue after the flushing disk update", "/continue_generation", {})
+    steps.out["request held across the flushing disk update"] = await held.result()
+
+
+async def _in_a_session(steps: Steps, lifetime: str) -> None:
+    if steps.sessions:
+        await steps.call(f"begin_weight_update ({lifetime})", "/begin_weight_update", {})
+
+
+async def _unknown_group(steps: Steps) -> None:
+    await _in_a_session(steps, "unknown group")
+    await steps.call("distributed unknown group", "/update_weights_from_distributed",
+                     {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "group_name": "nope",
+                      "flush_cache": False})
+
+
+async def _wrong_shape(steps: Steps) -> None:
+    await steps.call("disk wrong shape", "/update_weights_from_disk",
+                     {"model_path": str(steps.ckpt.paths["wrong shape"]), "flush_cache": False})
+
+
+async def _bad_base64(steps: Steps) -> None:
+    await _in_a_session(steps, "bad base64")
+    await steps.call("tensor bad base64", "/update_weights_from_tensor",
+                     {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
+
+
+async def _safetensors_payload(steps: Steps) -> None:
+    await _in_a_session(steps, "safetensors payload")
+    named = list(steps.ckpt.weights["m2"].items())[:1]
+    await steps.call("tensor safetensors payload", "/update_weights_from_tensor",
+                     {"serialized_named_tensors": [safetensors_b64(named)], "flush_cache": False})
+
+
+ENDINGS: dict[str, Callable[[Steps], Awaitable[None]]] = {
+    "flushing disk update": _flushing_disk_update,
+    "unknown group": _unknown_group,
+    "wrong shape": _wrong_shape,
+    "bad base64": _bad_base64,
+    "safetensors payload": _safetensors_payload,
+}
+"""The calls that may end a real server, by the lifetime each runs in."""
+LIFETIMES = ("main", *ENDINGS)
+"""The server lifetimes of the script, in order: each starts a fresh server."""
+EXITED = "server exited"
+"""The step recording, after each lifetime, whether the server process exited (:func:`gpu.fidelity.__main__.run_engine`)."""
 
 
 async def distributed_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Checkpoints,

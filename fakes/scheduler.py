@@ -344,8 +344,10 @@ class Scheduler:
             [lp, tok, decode_ids([tok]) if req.return_text_in_logprobs else None]
             for lp, tok in zip(req.token_logprobs[first:], req.output_ids[first:])
         ]
-        # input_token_logprobs is empty with the default logprob_start_len=-1 (0.5.10 scheduler.py:1877).
-        return {"output_token_logprobs": triples, "input_token_logprobs": []}
+        # input_token_logprobs is empty with the default logprob_start_len=-1 (0.5.10 scheduler.py:1877); the length
+        # is tokenizer_manager.py's add_logprob_to_meta_info (0.5.10-0.5.23; found by python -m gpu.fidelity).
+        return {"output_token_logprobs": triples, "input_token_logprobs": [],
+                "output_token_logprobs_length": len(triples)}
 
     def _latency(self, req: Request) -> float:
         end = req.finished_at if req.finished_at is not None else self.clock.now()

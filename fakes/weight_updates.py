@@ -174,9 +174,12 @@ class WeightUpdatesMixin:
                 if len(items) < self.tp_size:
                     raise IndexError(f"list index out of range: {len(items)} serialized_named_tensors item(s) "
                                      f"for tp_size {self.tp_size}")
-                # load_format "direct" copies into params_dict[name] (_model_load_weights_direct): no skipping
+                if load_format == "direct":  # _model_load_weights_direct: params_dict[name], the model's own names
+                    stacked = next((n for n in blobs if any(part in n for part in _STACKED)), None)
+                    if stacked is not None:  # q/k/v and gate/up live stacked (qkv_proj, gate_up_proj): a KeyError
+                        raise KeyError(repr(stacked))  # (measured on real 0.5.23: the server exits)
                 return self._merged(blobs, "update_weights_from_tensor", strict=load_format == "direct")
-            except (W.WeightError, IndexError) as e:
+            except (W.WeightError, IndexError, KeyError) as e:
                 self.crash(f"{type(e).__name__} in update_weights_from_tensor: {e}")
                 raise EngineCrashed(self.crash_reason) from None
 

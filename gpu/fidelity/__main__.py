@@ -27,7 +27,7 @@ from gpu.engine import EngineProcess, EngineStartError
 from gpu.launch import FAKE, SGLANG, EngineSpec
 from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_of, status
 
-from .script import EXITED, LIFETIMES, diff, lost, run_script
+from .script import EXITED, LIFETIMES, Sent, diff, lost, run_script
 
 HERE = Path(__file__).resolve().parent
 START_TIMEOUT_S = 240.0
@@ -44,10 +44,17 @@ def known(release: str) -> list[dict[str, Any]]:
 
 
 def script_digest() -> str:
-    """The fidelity script's digest: a list measured with another script compares other steps."""
+    """The digest of what a list was measured with: the fidelity script and the fake's sources (its modules, the
+    facts table, the snapshots). A list measured with another script compares other steps; with another fake, other
+    answers."""
     import hashlib
 
-    return hashlib.sha256((HERE / "script.py").read_bytes()).hexdigest()[:12]
+    fakes = HERE.parent.parent / "fakes"
+    sources = [HERE / "script.py", *sorted(p for p in fakes.rglob("*") if p.suffix in (".py", ".json"))]
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.relative_to(HERE.parent.parent).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def staleness(release: str) -> str | None:
@@ -58,8 +65,9 @@ def staleness(release: str) -> str | None:
     if measured == script_digest():
         return None
     was = f"script {measured}" if measured else "a script of before the lists were stamped"
-    return (f"{path.name} was measured with {was}, not this one ({script_digest()}): its steps (and the fake) "
-            f"may have changed since; re-measure with python -m gpu.fidelity --release {release} --update")
+    return (f"{path.name} was measured with {was}, not this one ({script_digest()}: the script and the fake's "
+            f"sources): its steps or the fake's answers may have changed since; re-measure with python -m "
+            f"gpu.fidelity --release {release} --update")
 
 
 def key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -96,9 +104,10 @@ def spec(model_dir: Path, fake: bool, release: str) -> EngineSpec:
     return EngineSpec(model_path=str(model_dir), extra_args=flags, fake_args=fake_args, enable_lora=lora)
 
 
-def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path | None) -> tuple[dict, dict]:
+def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path | None,
+               sent: list[Sent] | None = None) -> tuple[dict, dict]:
     """Run each of the script's lifetimes on a fresh engine (start, run, record whether the server exited, stop);
-    the observations and what the starts and runs cost."""
+    the observations and what the starts and runs cost. Every request sent is appended to ``sent``."""
     python = None if fake else str(python_of(venv))
     kind = "fake" if fake else "real"
     seen: dict[str, Any] = {}
@@ -115,7 +124,7 @@ def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path
                 cost["rss_gb"] = rss_gb(engine.process.pid)
             began = time.monotonic()
             out = asyncio.run(run_script(engine.url, model_dir, work / kind / lifetime.replace(" ", "-"), release,
-                                         lora=engine.spec.enable_lora, lifetime=lifetime))
+                                         lora=engine.spec.enable_lora, lifetime=lifetime, sent=sent))
             cost["script_s"] = round(cost["script_s"] + time.monotonic() - began, 1)
             if lifetime != "main":
                 out[f"{EXITED} ({lifetime})"] = {"exited": exited(engine, lost(lifetime) in out)}
@@ -155,14 +164,41 @@ def rss_gb(pid: int) -> float:
     return round(total / 1e9, 2)
 
 
+def coverage_main(releases: Sequence[str]) -> int:
+    """The script on the fake alone, per release: what of the fake's surface it leaves uncompared, against the
+    committed list (exit 1 on an unexplained or stale entry)."""
+    from gpu.tiny_model import write_model
+
+    from .coverage import listed, report, uncovered
+
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-") as tmp:
+        work = Path(tmp)
+        model_dir = write_model(work / "model")
+        for release in releases:
+            sent: list[Sent] = []
+            run_engine(model_dir, work / release, release, True, None, sent)
+            found[release] = uncovered(release, sent)
+    text, holds = report(found, listed())
+    print(text)
+    return 0 if holds else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpu.fidelity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--release", required=True, choices=RELEASES)
+    parser.add_argument("--release", choices=RELEASES, help="the release to compare (required but with --coverage)")
     parser.add_argument("--venv", type=Path, help="the release's real-SGLang environment (default: the installer's)")
     parser.add_argument("--json", type=Path, help="write both engines' observations and the diff here")
     parser.add_argument("--update", action="store_true",
                         help="rewrite the committed list with what was found (keeps the explanations)")
+    parser.add_argument("--coverage", action="store_true",
+                        help="no real engine: what of the fake's routes and fields the script leaves uncompared "
+                             "(every release, or --release), against gpu/fidelity/uncovered.json")
     args = parser.parse_args(argv)
+    if args.coverage:
+        return coverage_main([args.release] if args.release else RELEASES)
+    if args.release is None:
+        parser.error("--release is required (but with --coverage)")
     env = status(args.release, args.venv, import_check=False)
     if not env.usable:
         print(f"gpu.fidelity: {env.reason}", file=sys.stderr)

@@ -29,6 +29,7 @@ import httpx
 import torch
 
 from fakes.facts import SGLANG
+from fakes.tensor_payloads import encode_flattened_bucket, encode_weight_sync_payload
 from gpu.weights import parameter_specs, read_weights
 
 Observation = dict[str, Any]
@@ -96,14 +97,20 @@ def generation(meta: Mapping[str, Any] | None, budget: int) -> Observation:
     for key in ("num_retractions", "total_retractions"):
         if key in meta:
             seen[key] = min(int(meta[key]), 1)
+    for key in ("input_token_logprobs", "output_token_logprobs"):
+        if isinstance(meta.get(key), list):
+            entries = meta[key]
+            seen[key] = {"entries": len(entries), "arity": sorted({len(e) for e in entries if isinstance(e, list)}),
+                         "text": sorted({type(e[2]).__name__ for e in entries if isinstance(e, list) and len(e) > 2})}
     return seen
 
 
 class Held:
     """A streamed ``/generate`` kept running in the background; :meth:`started` once its first chunk arrived."""
 
-    def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS) -> None:
-        self.budget = budget
+    def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS, rid: str | None = None) -> None:
+        self.budget, self.rid = budget, rid
+        self.rid_seen: str | None = None
         self.first = asyncio.Event()
         self.meta: dict[str, Any] | None = None
         self.status: int | None = None
@@ -111,7 +118,8 @@ class Held:
 
     async def _run(self, client: httpx.AsyncClient, url: str) -> None:
         body = {"input_ids": [5, 6, 7, 8], "stream": True,
-                "sampling_params": {"max_new_tokens": self.budget, "temperature": 0, "ignore_eos": True}}
+                "sampling_params": {"max_new_tokens": self.budget, "temperature": 0, "ignore_eos": True},
+                **({"rid": self.rid} if self.rid else {})}
         try:
             async with client.stream("POST", url + "/generate", json=body) as response:
                 self.status = response.status_code
@@ -121,6 +129,7 @@ class Held:
                     chunk = json.loads(line[5:])
                     self.first.set()
                     self.meta = chunk.get("meta_info", self.meta)
+                    self.rid_seen = (self.meta or {}).get("id")
         except httpx.HTTPError:
             pass  # the server went away mid-answer: result() shows it unfinished
         finally:
@@ -210,12 +219,26 @@ def safetensors_b64(named: list[tuple[str, torch.Tensor]]) -> str:
 Call = Callable[..., Awaitable[httpx.Response]]
 
 
+Sent = tuple[str, str, frozenset[str]]
+"""A request the script sent: method, path, the top-level fields of its JSON body."""
+
+
+def sent_by(request: httpx.Request) -> Sent:
+    """What ``request`` sent (no fields when its body is not a JSON object)."""
+    try:
+        body = json.loads(request.content) if request.content else None
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    return request.method, request.url.path, frozenset(body) if isinstance(body, dict) else frozenset()
+
+
 class Steps:
     """One server lifetime of the script: the client, what was observed, and the helpers every step uses."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, ckpt: "Checkpoints", work: Path, release: str,
-                 out: dict[str, Observation]) -> None:
+                 out: dict[str, Observation], sent: list[Sent]) -> None:
         self.client, self.url, self.ckpt, self.work, self.release, self.out = client, url, ckpt, work, release, out
+        self.sent = sent
         self.sessions = bool(SGLANG.fact("weight_update_sessions", release))
 
     async def call(self, step: str, path: str, body: Any = None, method: str = "POST", **extra: Any) -> httpx.Response:
@@ -234,6 +257,7 @@ class Steps:
         from gpu.weights import read_engine_digests
 
         self.out[step] = {"holds": self.ckpt.held(await read_engine_digests(self.url, self.ckpt.specs))}
+        self.sent.append(("POST", "/get_weights_by_name", frozenset({"name", "truncate_size"})))  # its own client
 
     async def label(self, step: str) -> None:
         info = (await self.client.get(self.url + "/model_info")).json()
@@ -248,14 +272,18 @@ class Steps:
 
 
 async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: bool = False,
-                     lifetime: str = "main") -> dict[str, Observation]:
+                     lifetime: str = "main", sent: list[Sent] | None = None) -> dict[str, Observation]:
     """Drive the engine at ``url`` (serving ``model_dir``, label ``default``; with ``lora``, started with LoRA on)
     through one of :data:`LIFETIMES`; a connection lost mid-way ends it, recorded as ``server lost`` (with the step
-    it happened at) under the lifetime's name."""
+    it happened at) under the lifetime's name. Every request the script sends is appended to ``sent``."""
     out: dict[str, Observation] = {}
     timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout) as client:
-        steps = Steps(client, url, Checkpoints(model_dir, work), work, release, out)
+    sent = [] if sent is None else sent
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(sent_by(request))
+    async with httpx.AsyncClient(timeout=timeout, event_hooks={"request": [record]}) as client:
+        steps = Steps(client, url, Checkpoints(model_dir, work), work, release, out, sent)
         try:
             if lifetime == "main":
                 await main_steps(steps, model_dir, lora)
@@ -287,6 +315,16 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
                               "dp_size": server.get("dp_size"),
                               "model_path is the served dir": server.get("model_path") == str(model_dir)}
     await call("get_weight_version", "/get_weight_version", method="GET")
+    for path in ("/weight_version", "/health_generate", "/ready", "/v1/models", "/v1/models/nope"):
+        await call(f"GET {path}", path, method="GET")
+    for path, alias in (("/get_model_info", "model_info"), ("/server_info", "get_server_info")):  # the same answer
+        body = (await call(f"GET {path}", path, method="GET")).json()
+        out[f"GET {path}"] = {"status": out[f"GET {path}"]["status"],
+                              "same as " + alias: all(body.get(k) == out[alias].get(k) for k in (
+                                  "weight_version", "is_generation", "version", "tp_size", "dp_size")
+                                  if k in out[alias])}
+    served = str(info.get("served_model_name") or model_dir)
+    await call("GET /v1/models/<served model>", f"/v1/models/{served}", method="GET")
     await weights("weights at start")
 
     # -- generate --
@@ -298,6 +336,13 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
         budget = body["sampling_params"]["max_new_tokens"]
         out[step].update(generation(response.json().get("meta_info"), budget))
         out[step]["output_ids length"] = len(response.json().get("output_ids", []))
+    response = await call("generate with logprobs and a rid", "/generate", {
+        "input_ids": [1, 2, 3], "rid": "fidelity-logprobs", "return_logprob": True, "return_text_in_logprobs": True,
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+    if response.status_code == 200:
+        meta = response.json().get("meta_info")
+        out["generate with logprobs and a rid"].update(generation(meta, 3))
+        out["generate with logprobs and a rid"]["id is the rid sent"] = (meta or {}).get("id") == "fidelity-logprobs"
     await call("generate without prompt", "/generate", {"sampling_params": {"max_new_tokens": 2}})
     await call("generate with text and input_ids", "/generate",
                {"text": "a", "input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
@@ -333,6 +378,17 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
     out["request under default relabel"] = await held.result()
     await label("label after v3")
 
+    # -- abort_request: one request by its rid, then every request --
+    held = Held(steps.client, steps.url, rid="fidelity-held")
+    running = await held.started()
+    await call("abort_request by rid", "/abort_request", {"rid": "fidelity-held"}, running_at_call=running)
+    out["request aborted by rid"] = await held.result()
+    out["request aborted by rid"]["id is the rid sent"] = held.rid_seen == "fidelity-held"
+    held = Held(steps.client, steps.url)
+    running = await held.started()
+    await call("abort_request abort_all", "/abort_request", {"abort_all": True}, running_at_call=running)
+    out["request aborted by abort_all"] = await held.result()
+
     # -- tensor updates --
     named = [(n, t) for n, t in ckpt.weights["m2"].items()]
     if sessions:
@@ -345,10 +401,23 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
                 "weight_version": "v4"})
     await weights("weights after tensor m2")
     await label("label after tensor v4")
+    held = Held(steps.client, steps.url)
+    running = await held.started()
+    await call("tensor m1 flattened_bucket, abort_all_requests (request running)", "/update_weights_from_tensor",
+               {"serialized_named_tensors": [encode_flattened_bucket(ckpt.weights["m1"], fmt="pickle")],
+                "load_format": "flattened_bucket", "abort_all_requests": True, "flush_cache": False},
+               running_at_call=running)
+    out["request under the aborting tensor update"] = await held.result()
+    await weights("weights after tensor m1 flattened_bucket")
+    await call("tensor m2 weight_sync LocalSerializedTensor", "/update_weights_from_tensor",
+               {"serialized_named_tensors": encode_weight_sync_payload(ckpt.weights["m2"], fmt="pickle"),
+                "flush_cache": False})
+    await weights("weights after tensor m2 weight_sync")
 
     # -- distributed (gloo) --
     await distributed_steps(call, ckpt, out, sessions)
     await weights("weights after distributed m1")
+    await label("label after distributed v4d")
     if sessions:
         await call("end_weight_update", "/end_weight_update", {})
         await call("end_weight_update again", "/end_weight_update", {})
@@ -358,6 +427,8 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
     await call("get_weights_by_name unknown", "/get_weights_by_name", {"name": "no.such.weight"})
     await call("release_memory_occupation", "/release_memory_occupation", {})
     await call("resume_memory_occupation", "/resume_memory_occupation", {})
+    await call("release_memory_occupation kv_cache", "/release_memory_occupation", {"tags": ["kv_cache"]})
+    await call("resume_memory_occupation kv_cache", "/resume_memory_occupation", {"tags": ["kv_cache"]})
     await call("weights_checker checksum", "/weights_checker", {"action": "checksum"})
     await call("relabel with a number", "/update_weight_version", {"new_version": 7})
     await call("relabel without body", "/update_weight_version", b"")
@@ -368,6 +439,13 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
                {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "v5"})
     await weights("weights after disk m0")
     await label("label after disk v5")
+    held = Held(steps.client, steps.url)
+    running = await held.started()
+    await call("disk m2 load_format auto, abort_all_requests (request running)", "/update_weights_from_disk",
+               {"model_path": str(ckpt.paths["m2"]), "load_format": "auto", "abort_all_requests": True,
+                "flush_cache": False}, running_at_call=running)
+    out["request under the aborting disk update"] = await held.result()
+    await weights("weights after disk m2")
     if lora:
         await lora_steps(call, ckpt, work, release, out)
 
@@ -411,6 +489,14 @@ async def _bad_base64(steps: Steps) -> None:
                      {"serialized_named_tensors": ["not base64!"], "flush_cache": False})
 
 
+async def _direct_checkpoint_names(steps: Steps) -> None:
+    await _in_a_session(steps, "direct with checkpoint names")
+    named = list(steps.ckpt.weights["m2"].items())
+    await steps.call("tensor load_format direct with checkpoint names", "/update_weights_from_tensor",
+                     {"serialized_named_tensors": [forking_pickle_b64(named)], "load_format": "direct",
+                      "flush_cache": False})  # the model's parameters are stacked (qkv_proj): a KeyError
+
+
 async def _safetensors_payload(steps: Steps) -> None:
     await _in_a_session(steps, "safetensors payload")
     named = list(steps.ckpt.weights["m2"].items())[:1]
@@ -424,6 +510,7 @@ ENDINGS: dict[str, Callable[[Steps], Awaitable[None]]] = {
     "wrong shape": _wrong_shape,
     "bad base64": _bad_base64,
     "safetensors payload": _safetensors_payload,
+    "direct with checkpoint names": _direct_checkpoint_names,
 }
 """The calls that may end a real server, by the lifetime each runs in."""
 LIFETIMES = ("main", *ENDINGS)
@@ -432,7 +519,7 @@ EXITED = "server exited"
 """The step recording, after each lifetime, whether the server process exited (:func:`gpu.fidelity.__main__.run_engine`)."""
 
 
-async def distributed_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Checkpoints,
+async def distributed_steps(call: Call, ckpt: Checkpoints,
                             out: dict[str, Observation], sessions: bool) -> None:
     """A one-engine gloo group (this process is rank 0, keyed as SGLang keys its ranks), m1 broadcast into it."""
     import torch.distributed as dist
@@ -451,7 +538,8 @@ async def distributed_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt
     names = list(ckpt.weights["m1"])
     tensors = [ckpt.weights["m1"][n].contiguous() for n in names]
     body = {"names": names, "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
-            "shapes": [list(t.shape) for t in tensors], "group_name": name, "flush_cache": False}
+            "shapes": [list(t.shape) for t in tensors], "group_name": name, "flush_cache": False,
+            "weight_version": "v4d", "abort_all_requests": False}
     broadcast = loop.run_in_executor(None, transport._broadcast, group, tensors)
     await call("distributed m1", "/update_weights_from_distributed", body)
     await asyncio.wait_for(broadcast, 60.0)
@@ -460,7 +548,7 @@ async def distributed_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt
     group.shutdown()
 
 
-async def lora_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Checkpoints, work: Path,
+async def lora_steps(call: Call, ckpt: Checkpoints, work: Path,
                      release: str, out: dict[str, Observation]) -> None:
     """LoRA on an engine started with ``--enable-lora`` (rank ≤ 8, attention projections): adapters loaded from
     disk and from tensors, used by ``/generate``, refused by the memory-pool checks, unloaded."""
@@ -481,7 +569,7 @@ async def lora_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Check
                 "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
 
     a1 = adapter_dir("a1")
-    await call("lora load a1 from disk", "/load_lora_adapter", {"lora_name": "a1", "lora_path": a1})
+    await call("lora load a1 from disk", "/load_lora_adapter", {"lora_name": "a1", "lora_path": a1, "pinned": True})
     await call("lora load a1 again", "/load_lora_adapter", {"lora_name": "a1", "lora_path": a1})
     response = await call("generate with lora a1", "/generate", generate("a1"))
     if response.status_code == 200:
@@ -502,7 +590,8 @@ async def lora_steps(call: Callable[..., Awaitable[httpx.Response]], ckpt: Check
         await call("lora load from tensors sent as pairs", "/load_lora_adapter_from_tensors",
                    from_tensors("pairs", forking_pickle_b64(list(adapter.tensors.items()))))
         await call("lora load a2 from tensors", "/load_lora_adapter_from_tensors",
-                   from_tensors("a2", forking_pickle_b64(dict(adapter.tensors))))
+                   {**from_tensors("a2", forking_pickle_b64(dict(adapter.tensors))), "pinned": False,
+                    "load_format": None})
         await call("generate with lora a2", "/generate", generate("a2"))
         await call("lora unload a2", "/unload_lora_adapter", {"lora_name": "a2"})
     await call("lora unload a1", "/unload_lora_adapter", {"lora_name": "a1"})

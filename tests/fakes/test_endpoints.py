@@ -506,6 +506,23 @@ async def test_a_payload_sglang_cannot_deserialize_kills_the_engine(connect, rou
 
 
 @pytest.mark.asyncio
+async def test_a_direct_tensor_load_of_checkpoint_names_the_model_stacks_kills_the_engine(connect) -> None:
+    """``load_format="direct"`` copies into ``params_dict[name]``: the model's own parameters, where q/k/v and gate/up
+    are stacked (``qkv_proj``, ``gate_up_proj``), so a checkpoint name is a KeyError outside any try (measured on
+    real 0.5.23: the server exits); the model's own names load."""
+    wire = await connect(FakeEngine("0.5.10"))
+    model = W.tiny_model(0)
+    own = {n: t for n, t in W.perturbed(model, 1).items() if not any(p in n for p in ("_proj.",))}
+    answer = await wire.post("/update_weights_from_tensor", json={
+        "serialized_named_tensors": [W.encode_tensor_payload(own)], "load_format": "direct", "flush_cache": False})
+    assert answer.status_code == 200 and not wire.engine.crashed
+    answer = await wire.post("/update_weights_from_tensor", json={
+        "serialized_named_tensors": [W.encode_tensor_payload(W.perturbed(model, 2))], "load_format": "direct",
+        "flush_cache": False})
+    assert answer.status_code == 500 and wire.engine.crashed and "KeyError" in wire.engine.crash_reason
+
+
+@pytest.mark.asyncio
 async def test_lora_lru_eviction(connect, tmp_path) -> None:
     wire = await connect(FakeEngine(enable_lora=True, max_loras=2))
     W.save_lora_adapter(str(tmp_path / "ad"), W.tiny_lora(0))

@@ -226,7 +226,7 @@ def test_finished_body_keys_in_sglang_order(profile: str) -> None:
     keys += [get_profile(profile).retraction_key] if get_profile(profile).retraction_key else []
     keys += ["completion_tokens", "cached_tokens"]
     keys += ["reasoning_tokens"] if profile != "0.5.4" else []
-    keys += ["output_token_logprobs", "input_token_logprobs"]
+    keys += ["output_token_logprobs", "input_token_logprobs", "output_token_logprobs_length"]
     keys += ["weight_versions"] if profile == "0.5.23" else []
     keys += ["cached_tokens_details", "dp_rank"] if profile != "0.5.4" else []  # measured, gpu.fidelity
     keys += ["e2e_latency"]

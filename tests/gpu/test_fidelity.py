@@ -126,3 +126,45 @@ def test_the_fake_diverges_from_real_sglang_only_where_listed(pytestconfig: pyte
         pytest.skip(f"-m sglang needs a real-SGLang environment: {env.reason}")
     args = ["--release", release] + (["--venv", str(env.venv)] if venv else [])
     assert fidelity_main(args) == 0, f"new or gone divergences on {release}: see the output above ({HERE})"
+
+
+@pytest.mark.cpu
+def test_coverage_names_each_route_and_acted_on_field_no_request_sent() -> None:
+    """The surface is the fake's route table as the release serves it, each with the body fields the fake acts on
+    (its ignored fields left out); a route no request called, or a field none sent to it, is uncovered."""
+    from gpu.fidelity.coverage import surface, uncovered
+
+    routes = surface("0.5.23")
+    assert "http_worker_ipc" not in routes["/pause_generation"] and "mode" in routes["/pause_generation"]
+    assert "/get_weight_version" not in routes and "/get_weight_version" in surface("0.5.10")
+    sent = [("POST", "/pause_generation", frozenset({"mode"})), ("GET", "/v1/models/tiny", frozenset())]
+    found = uncovered("0.5.23", sent)
+    assert ("/pause_generation", None) not in found and ("/pause_generation", "mode") not in found
+    assert ("/pause_generation", "rid") in found and ("/continue_generation", None) in found
+    assert ("/v1/models/{model:path}", None) not in found and ("/v1/models", None) in found
+
+
+@pytest.mark.cpu
+def test_coverage_holds_only_when_every_uncovered_item_is_listed_and_no_listing_is_stale() -> None:
+    from gpu.fidelity.coverage import Listed, judge, report
+
+    found = {"9.1": [("/a", None), ("/b", "x"), ("/b", "rid")], "9.2": [("/b", "rid")]}
+    entries = [Listed("/a", None, "why a"), Listed("*", ("rid",), "why rid"), Listed("/c", ("y",), "why c")]
+    unexplained, stale = judge(found, entries)
+    assert unexplained == [("9.1", ("/b", "x"))] and stale == ["/c y"]
+    text, holds = report(found, entries)
+    assert not holds and "UNCOMPARED 9.1 /b x" in text and "STALE   /c y" in text
+
+
+@pytest.mark.cpu
+@pytest.mark.slow  # the script on the fake, per release (six server lifetimes each)
+def test_what_the_script_leaves_uncompared_is_listed_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """No route or acted-on field of the fake goes uncompared with real SGLang unless gpu/fidelity/uncovered.json
+    says why; a listed one that is compared now must go."""
+    from gpu.fidelity.__main__ import coverage_main
+
+    code = coverage_main(RELEASES)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for release in RELEASES:
+        assert f"sglang {release}: " in out

@@ -92,6 +92,9 @@ def encode_pickle_b64(named_tensors: NamedTensors) -> str:
     """Default :data:`TensorEncoder`: base64 of a plain pickle of ``[(name, tensor), ...]`` (tensors inline), what
     SGLang's ``MultiprocessingSerializer.deserialize`` reads (needs torch; on GPU, SGLang's own
     ``MultiprocessingSerializer.serialize`` sends CUDA IPC handles instead)."""
+    if not torch_installed():
+        raise ModuleNotFoundError(f"tensor payloads are torch pickles (what SGLang's MultiprocessingSerializer reads): "
+                                  f"they need torch, which is not installed ({TORCH_EXTRA})")
     return base64.b64encode(pickle.dumps([(n, _inline(t)) for n, t in named_tensors], protocol=4)).decode()
 
 

@@ -1,8 +1,7 @@
 """Our integration for weightsync-conformance: the reference cycle, except that we never stamp the engines (our
 versions live on the client side, in each turn's ``policy_version``)."""
 
-from conformance.interface import Capabilities
-from conformance.reference import ReferenceIntegration, ReferenceUpdater
+from conformance.reference import ReferenceIntegration, ReferenceUpdater, default_capabilities
 
 
 class OurUpdater(ReferenceUpdater):
@@ -10,5 +9,5 @@ class OurUpdater(ReferenceUpdater):
         return None  # no /update_weight_version: our rollout records carry the version instead
 
 
-integration = ReferenceIntegration(name="ourframework", capabilities=Capabilities(stamps_engines=False),
+integration = ReferenceIntegration(name="ourframework", capabilities=default_capabilities(stamps_engines=False),
                                    updater_cls=OurUpdater)

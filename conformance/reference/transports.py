@@ -340,7 +340,7 @@ class DistributedTransport:
 class LoraTransport:
     """``/load_lora_adapter_from_tensors`` under a versioned name ``f"{name}-v{version}"``: requests in flight
     keep the adapter they named, so nothing unloads an adapter a paused request still uses (P7). On a release
-    without that route (≤0.5.4), or where the default encoder cannot run (no torch), the adapter is written,
+    without that route (≤0.5.4), or without torch (a payload is a torch pickle), the adapter is written,
     atomically, as a PEFT directory under ``root`` and loaded with ``/load_lora_adapter``."""
 
     def __init__(self, encoder: TensorEncoder = encode_pickle_b64, root: Path | None = None) -> None:
@@ -356,8 +356,8 @@ class LoraTransport:
         if not adapter.tensors:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no tensors (P5)")
         name = self.versioned_name(adapter, version)
-        encodes = self.encoder is not encode_pickle_b64 or torch_installed()
-        from_disk = [not encodes or (await release_of(e)).lora_tensor_field is None for e in engines]
+        tensors = torch_installed()  # SGLang reads adapter payloads as torch pickles, whatever the encoder
+        from_disk = [not tensors or (await release_of(e)).lora_tensor_field is None for e in engines]
         payload = None if all(from_disk) else [LORA_FORMS.get(self.encoder, self.encoder)(list(adapter.tensors.items()))]
         path: Path | None = None
         if any(from_disk):

@@ -45,6 +45,8 @@ class DirectoryWatch:
         self._followed: set[str] = set()
         """The checkpoints whose inside is watched (read from other threads)."""
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        """Held while events are read: by the watching thread, or by :meth:`sync` from a recorder's."""
         self._thread: threading.Thread | None = None
 
     def start(self) -> "DirectoryWatch":
@@ -65,11 +67,24 @@ class DirectoryWatch:
         self._thread.start()
         return self
 
+    def sync(self) -> None:
+        """Read the events the kernel has queued so far, so each is stamped no later than now: a stamp read after
+        this call (a wire call's start or answer) orders every change made before it after the change."""
+        if self._thread is not None:
+            self._drain()
+
     def _drain(self) -> None:
-        try:
-            data = os.read(self._fd, 65536)
-        except BlockingIOError:
-            return
+        with self._lock:
+            if self._fd < 0:
+                return
+            while True:
+                try:
+                    data = os.read(self._fd, 65536)
+                except BlockingIOError:
+                    return
+                self._record(data)
+
+    def _record(self, data: bytes) -> None:
         offset = 0
         while offset < len(data):
             wd, mask, _, length = _HEADER.unpack_from(data, offset)
@@ -116,7 +131,8 @@ class DirectoryWatch:
             os.write(self._wake_w, b"x")
             self._thread.join(timeout=5)
             self._drain()
-            for fd in (self._fd, self._wake_r, self._wake_w):
-                os.close(fd)
-            self._thread = None
+            with self._lock:
+                for fd in (self._fd, self._wake_r, self._wake_w):
+                    os.close(fd)
+                self._fd, self._thread = -1, None
         return self.events

@@ -52,6 +52,26 @@ class WireLog:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._listeners: list[Callable[[WireCall, bool], None]] = []
+        self._syncs: list[Callable[[], None]] = []
+
+    def sync_with(self, sync: Callable[[], None]) -> Callable[[], None]:
+        """Call ``sync()`` before each stamp, so what another recorder saw happen before a call's start or answer is
+        stamped before it (:meth:`conformance.fswatch.DirectoryWatch.sync`); returns the function that stops."""
+        with self._lock:
+            self._syncs.append(sync)
+
+        def stop() -> None:
+            with self._lock:
+                if sync in self._syncs:
+                    self._syncs.remove(sync)
+        return stop
+
+    def _sync(self) -> None:
+        """Run every :meth:`sync_with` function (before a stamp is read)."""
+        with self._lock:
+            syncs = list(self._syncs)
+        for sync in syncs:
+            sync()
 
     def listen(self, listener: Callable[[WireCall, bool], None]) -> Callable[[], None]:
         """Call ``listener(call, answered)`` (from the recorder's thread) when a call is sent (``answered`` False)
@@ -66,6 +86,7 @@ class WireLog:
         return stop
 
     def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration") -> WireCall:
+        self._sync()
         with self._lock:
             call = WireCall(next(self._seq), engine, method, path, payload, self.clock(), origin=origin)
             self.calls.append(call)
@@ -74,10 +95,12 @@ class WireLog:
 
     def restart(self, call: WireCall) -> None:
         """Stamp ``call``'s start now: it was held before it went on to its engine."""
+        self._sync()
         with self._lock:
             call.t_start = self.clock()
 
     def close(self, call: WireCall, status: int | None, response: Any) -> None:
+        self._sync()
         with self._lock:
             call.t_end, call.status, call.response = self.clock(), status, response
         self._notify(call, True)

@@ -75,3 +75,35 @@ def test_a_removal_shows_from_its_first_deleted_file(tmp_path: Path) -> None:
     events = [e for e in _watch(tmp_path, act) if e.name == "v1"]
     assert [(e.kind, e.inner) for e in events] == [("moved_in", None), ("deleted_inside", "model.safetensors"),
                                                    ("deleted", None)], events
+
+
+def test_a_change_made_before_a_wire_stamp_is_stamped_before_it_however_late_the_watch_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded machine lets the watching thread read its events late; a checkpoint removed before an engine answered
+    must still be stamped before that answer (F3's witness is the order), so the wire reads the queue first."""
+    import threading
+
+    from conformance import fswatch
+    from conformance.wire import WireLog
+    stalled, select = threading.Event(), fswatch.select.select
+
+    def late(*args, **kwargs):
+        stalled.wait(10)  # the watching thread reads nothing until the wire has stamped
+        return select(*args, **kwargs)
+    monkeypatch.setattr(fswatch.select, "select", late)
+    _publish(tmp_path, "v1", b"v1")
+    log = WireLog()
+    watch = DirectoryWatch(tmp_path).start()
+    if watch.events is None:
+        pytest.skip("no inotify on this platform")
+    unsync = log.sync_with(watch.sync)
+    try:
+        shutil.rmtree(tmp_path / "v1")
+        call = log.open(0, "POST", "/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})
+        log.close(call, 400, {"success": False})
+    finally:
+        unsync()
+        stalled.set()
+        events = watch.stop()
+    removed = [e for e in events if e.name == "v1" and e.kind == "deleted"]
+    assert removed and removed[0].t <= call.t_start, (removed, call)

@@ -67,6 +67,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
     with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
         env = build_env(scenario, backend, Path(tmp), history)
         watch = DirectoryWatch(env.checkpoint_dir).start()
+        unsync = backend.wire.sync_with(watch.sync)  # a checkpoint's change is stamped before the answers after it
         roles: Roles | None = None
         try:
             roles = await bounded(integration.build(env), deadlines.wait_s, "Integration.build()", backend.wire)
@@ -91,6 +92,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
                     except Exception as exc:
                         history.breaks.append(Breakage("error", f"{name} failed: {type(exc).__name__}: {exc}",
                                                        time.monotonic(), open_calls(backend.wire)))
+            unsync()
             history.fs = watch.stop()
     history.wire = backend.wire.frozen()
     history.final_labels = await probe_labels(list(backend.urls))

@@ -76,7 +76,8 @@ class LoraMixin:
 
         async def read() -> None:
             payload = obj["serialized_tensors"] if "serialized_tensors" in obj else obj["serialized_named_tensors"]
-            _stack_qkv(W.decode_lora_tensor_payload(payload[0] if isinstance(payload, list) else payload))
+            _stack_qkv(W.decode_lora_tensor_payload(payload[0] if isinstance(payload, list) else payload,
+                                                   release=self.profile.version))
 
         return await self._load_lora(obj["lora_name"], "__tensor__", bool(obj.get("pinned")), read)
 

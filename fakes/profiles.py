@@ -46,6 +46,7 @@ class Profile:
     model_info_keys: tuple[str, ...]
     lora_from_tensors_field: str | None
     lora_implicit_reload: bool
+    local_serialized_tensor_module: str
     destroy_group_route: bool
     ready_route: bool
 

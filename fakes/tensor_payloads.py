@@ -20,6 +20,7 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
+from .facts import SGLANG
 from .safetensors_format import _looks_like_safetensors
 from .tensors import TensorBlob, _as_blobs
 from .weight_errors import UndecodablePayload, WeightError, first_line as _first_line
@@ -37,9 +38,10 @@ def _named_tensors(blobs: Mapping[str, Any]) -> list:
     return out
 
 
-def _pickled(obj: Any, fmt: str) -> bytes:
+def _pickled(obj: Any, fmt: str, local_module: str | None = None) -> bytes:
     """``fmt="torch"``: ``MultiprocessingSerializer.serialize`` (a ForkingPickler: tensors as shared-memory
-    handles); ``"pickle"``: tensors inline. The SGLang stand-ins below are written under SGLang's own names."""
+    handles); ``"pickle"``: tensors inline. The SGLang stand-ins below are written under SGLang's own names
+    (``LocalSerializedTensor`` under ``local_module``, the newest release's by default)."""
     import torch  # lazy  # noqa: F401
     import torch.multiprocessing  # noqa: F401  (registers torch's ForkingPickler reductions)
 
@@ -49,7 +51,7 @@ def _pickled(obj: Any, fmt: str) -> bytes:
 
         ForkingPickler(buf).dump(obj)
     else:
-        _SGLangPickler(buf, shared=fmt == "torch").dump(obj)
+        _SGLangPickler(buf, shared=fmt == "torch", local_module=local_module or _local_module(None)).dump(obj)
     return buf.getvalue()
 
 
@@ -72,10 +74,13 @@ def encode_tensor_payload(blobs: Mapping[str, Any], fmt: str = "pickle") -> str:
     return base64.b64encode(_pickled(_named_tensors(blobs), fmt)).decode("ascii")
 
 
-def encode_weight_sync_payload(blobs: Mapping[str, Any], tp_size: int = 1, fmt: str = "torch") -> list[str]:
+def encode_weight_sync_payload(blobs: Mapping[str, Any], tp_size: int = 1, fmt: str = "torch",
+                               release: str | None = None) -> list[str]:
     """``serialized_named_tensors`` as SGLang's ``weight_sync.utils.update_weights`` builds it for ``tp_size`` ranks:
     one item per rank, each ``[(name, LocalSerializedTensor(values=[payload of rank 0, ..., rank tp_size-1]))]``,
-    every value a ``MultiprocessingSerializer`` payload of the tensor (``fmt="pickle"``: inline)."""
+    every value a ``MultiprocessingSerializer`` payload of the tensor (``fmt="pickle"``: inline). The class is
+    pickled under its module in SGLang ``release`` (the newest by default): an engine of a release where it lives
+    elsewhere cannot read it, and dies (fact ``local_serialized_tensor_module``)."""
     if fmt not in ("torch", "pickle"):
         raise ValueError(f"fmt must be 'torch' or 'pickle', got {fmt!r}")
     if tp_size < 1:
@@ -85,7 +90,7 @@ def encode_weight_sync_payload(blobs: Mapping[str, Any], tp_size: int = 1, fmt: 
         wrapped = LocalSerializedTensor()
         wrapped.values = [_pickled(tensor, fmt) for _ in range(tp_size)]
         named.append((name, wrapped))
-    item = base64.b64encode(_pickled(named, "pickle")).decode("ascii")
+    item = base64.b64encode(_pickled(named, "pickle", _local_module(release))).decode("ascii")
     return [item] * tp_size
 
 
@@ -134,17 +139,13 @@ class FlattenedTensorMetadata:
     numel: int
 
 
-# SafeUnpickler.ALLOWED_GLOBALS (utils/common.py, 0.5.23) admits these SGLang data containers in weight payloads.
-_SGLANG_CLASSES = {
-    ("sglang.srt.model_executor.model_runner_components.weight_updater",
-     "LocalSerializedTensor"): LocalSerializedTensor,
-    ("sglang.srt.model_executor.model_runner", "LocalSerializedTensor"): LocalSerializedTensor,
-    ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
-}
+_BUCKET_METADATA = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
+"""Where SGLang's ``FlattenedTensorMetadata`` lives (every release with ``flattened_bucket``)."""
 
 
-_SGLANG_NAMES = {cls: path for path, cls in _SGLANG_CLASSES.items()
-                 if path[0] != "sglang.srt.model_executor.model_runner"}  # the 0.5.23 paths
+def _local_module(release: str | None) -> str:
+    """The module ``LocalSerializedTensor`` lives in, in SGLang ``release`` (the newest by default)."""
+    return SGLANG.fact("local_serialized_tensor_module", release or SGLANG.default_release)
 
 
 def _has_standin(obj: Any) -> bool:
@@ -161,8 +162,10 @@ class _SGLangPickler(pickle._Pickler):  # type: ignore[name-defined]
     """A pickler that writes the stand-in classes under SGLang's module paths (sglang need not be importable), with
     torch's shared-memory reductions when ``shared`` (what ForkingPickler adds)."""
 
-    def __init__(self, file: Any, shared: bool) -> None:
+    def __init__(self, file: Any, shared: bool, local_module: str) -> None:
         super().__init__(file, protocol=4)
+        self._names = {LocalSerializedTensor: (local_module, "LocalSerializedTensor"),
+                       FlattenedTensorMetadata: _BUCKET_METADATA}
         if shared:
             import copyreg
             from multiprocessing.reduction import ForkingPickler
@@ -170,7 +173,7 @@ class _SGLangPickler(pickle._Pickler):  # type: ignore[name-defined]
             self.dispatch_table = {**copyreg.dispatch_table, **ForkingPickler._extra_reducers}
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
-        path = _SGLANG_NAMES.get(obj)
+        path = self._names.get(obj)
         if path is None:
             super().save_global(obj, name)
             return
@@ -181,8 +184,16 @@ class _SGLangPickler(pickle._Pickler):  # type: ignore[name-defined]
 
 
 class _PayloadUnpickler(pickle.Unpickler):
+    """SGLang's ``SafeUnpickler`` of one release: its data containers where they live (``LocalSerializedTensor`` in
+    ``local_module``: any other path fails in SGLang, be it blocked or no longer there), torch's rebuilds."""
+
+    def __init__(self, file: Any, local_module: str) -> None:
+        super().__init__(file)
+        self._standins = {(local_module, "LocalSerializedTensor"): LocalSerializedTensor,
+                          _BUCKET_METADATA: FlattenedTensorMetadata}
+
     def find_class(self, module: str, name: str) -> Any:
-        standin = _SGLANG_CLASSES.get((module, name))
+        standin = self._standins.get((module, name))
         if standin is not None:
             return standin
         if (module == "torch" or module.startswith("torch.")
@@ -194,7 +205,7 @@ class _PayloadUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"blocked unpickle of {module}.{name}: not allowed in a weight payload")
 
 
-def _unpickle(raw: bytes) -> Any:
+def _unpickle(raw: bytes, local_module: str) -> Any:
     """``MultiprocessingSerializer.deserialize``: the object in a (torch) pickle, tensors rebuilt."""
     try:
         import torch  # noqa: F401  lazy
@@ -203,7 +214,7 @@ def _unpickle(raw: bytes) -> Any:
         raise UndecodablePayload("this payload is a torch pickle; decoding it needs torch, which is not "
                                  "installed") from None
     try:
-        return _PayloadUnpickler(io.BytesIO(raw)).load()
+        return _PayloadUnpickler(io.BytesIO(raw), local_module).load()
     except pickle.UnpicklingError as e:
         raise UndecodablePayload(f"undecodable tensor payload: {e}") from None
     except (EOFError, ConnectionError, OSError) as e:
@@ -220,7 +231,7 @@ def _unpickle(raw: bytes) -> Any:
         raise UndecodablePayload(f"undecodable tensor payload ({name}: {e})") from None
 
 
-def _unwrap(value: Any, tp_rank: int, where: str) -> TensorBlob:
+def _unwrap(value: Any, tp_rank: int, where: str, local_module: str) -> TensorBlob:
     """``weight_updater._unwrap_tensor``: a tensor, or a ``LocalSerializedTensor`` whose ``values[tp_rank]`` is."""
     import torch
 
@@ -229,13 +240,13 @@ def _unwrap(value: Any, tp_rank: int, where: str) -> TensorBlob:
         if not isinstance(values, list) or not 0 <= tp_rank < len(values):
             count = len(values) if isinstance(values, list) else 0
             raise WeightError(f"{where}: LocalSerializedTensor has {count} rank payload(s), none for tp_rank {tp_rank}")
-        value = _deserialize(values[tp_rank])
+        value = _deserialize(values[tp_rank], local_module)
     if not isinstance(value, torch.Tensor):
         raise WeightError(f"{where} is not a (name: str, tensor) pair")
     return TensorBlob.from_torch(value)
 
 
-def _named_blobs(obj: Any, tp_rank: int) -> dict[str, TensorBlob]:
+def _named_blobs(obj: Any, tp_rank: int, local_module: str) -> dict[str, TensorBlob]:
     if isinstance(obj, Mapping):
         raise WeightError(
             "tensor payload is a dict; SGLang expects a list of (name, tensor) pairs "
@@ -246,7 +257,7 @@ def _named_blobs(obj: Any, tp_rank: int) -> dict[str, TensorBlob]:
     for i, item in enumerate(obj):
         if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
             raise WeightError(f"tensor payload item {i} is not a (name: str, tensor) pair")
-        out[item[0]] = _unwrap(item[1], tp_rank, f"tensor payload item {i}")
+        out[item[0]] = _unwrap(item[1], tp_rank, f"tensor payload item {i}", local_module)
     return out
 
 
@@ -297,7 +308,7 @@ def _looks_like_pickle(raw: bytes) -> bool:
     return len(raw) >= 2 and raw[0] == 0x80 and raw[1] <= pickle.HIGHEST_PROTOCOL
 
 
-def _deserialize(item: str | bytes) -> Any:
+def _deserialize(item: str | bytes, local_module: str) -> Any:
     """``MultiprocessingSerializer.deserialize`` of one payload item: :class:`UndecodablePayload` for anything but
     a pickle it reads (a safetensors buffer is named as such: a trainer's likeliest mistake)."""
     raw = _raw_payload(item)
@@ -307,34 +318,38 @@ def _deserialize(item: str | bytes) -> Any:
             f"UnpicklingError: the tensor payload is {what}: SGLang reads it with MultiprocessingSerializer."
             f"deserialize (a pickle: MultiprocessingSerializer.serialize, or pickle.dumps of (name, tensor) pairs "
             f"with tensors inline) and its scheduler dies on anything else")
-    return _unpickle(raw)
+    return _unpickle(raw, local_module)
 
 
 #: ``load_format`` values of ``/update_weights_from_tensor`` the fake decodes (SGLang also takes custom loaders).
 TENSOR_LOAD_FORMATS = (None, "direct", "flattened_bucket")
 
 
-def decode_lora_tensor_payload(item: str | bytes, *, tp_rank: int = 0) -> dict[str, TensorBlob]:
+def decode_lora_tensor_payload(item: str | bytes, *, tp_rank: int = 0, release: str | None = None
+                               ) -> dict[str, TensorBlob]:
     """Decode one ``/load_lora_adapter_from_tensors`` payload: a pickled ``{name: tensor}`` dict
     (``tp_worker.load_lora_adapter_from_tensors`` reads ``tensors = data`` and the adapter iterates
     ``tensors.items()``); a pickled list fails there as it does in SGLang, with ``AttributeError`` (answered), a
-    payload it cannot deserialize with :class:`UndecodablePayload` (the scheduler dies)."""
-    obj = _deserialize(item)
+    payload it cannot deserialize with :class:`UndecodablePayload` (the scheduler dies), as SGLang ``release``
+    reads it (the newest by default)."""
+    local_module = _local_module(release)
+    obj = _deserialize(item, local_module)
     if not isinstance(obj, Mapping):
         raise AttributeError(f"'{type(obj).__name__}' object has no attribute 'items'")
-    return _named_blobs(list(obj.items()), tp_rank)
+    return _named_blobs(list(obj.items()), tp_rank, local_module)
 
 
-def decode_tensor_payload(item: str | bytes, *, tp_rank: int = 0,
-                          load_format: str | None = None) -> dict[str, TensorBlob]:
+def decode_tensor_payload(item: str | bytes, *, tp_rank: int = 0, load_format: str | None = None,
+                          release: str | None = None) -> dict[str, TensorBlob]:
     """Decode one ``serialized_named_tensors`` item (the one of ``tp_rank``) -> name -> blob (in payload order).
 
     The forms SGLang takes, decoded without importing sglang: a list of ``(name, tensor)`` pairs; pairs whose
     value is a ``LocalSerializedTensor`` (what SGLang's ``weight_sync`` helper sends: ``values[tp_rank]`` is this
     rank's tensor payload); with ``load_format="flattened_bucket"`` a ``{"flattened_tensor", "metadata"}`` dict.
     Raises ``WeightError`` for bad base64 or a payload of the wrong form, :class:`UndecodablePayload` for one
-    ``deserialize`` cannot read."""
+    ``deserialize`` cannot read, as SGLang ``release`` reads it (the newest by default)."""
     if load_format not in TENSOR_LOAD_FORMATS:
         raise WeightError(f"Unknown load_format={load_format}")
-    obj = _deserialize(item)
-    return _bucket_blobs(obj) if load_format == "flattened_bucket" else _named_blobs(obj, tp_rank)
+    local_module = _local_module(release)
+    obj = _deserialize(item, local_module)
+    return _bucket_blobs(obj) if load_format == "flattened_bucket" else _named_blobs(obj, tp_rank, local_module)

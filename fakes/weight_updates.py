@@ -170,7 +170,8 @@ class WeightUpdatesMixin:
                 # is unwrapped for that rank, weight_updater._unwrap_tensor). Rank 0's item is decoded; the other
                 # ranks' items must be there (IndexError otherwise) but are not opened: a CPU shared-memory handle
                 # opens once, where CUDA IPC handles open on every rank.
-                blobs = W.decode_tensor_payload(items[0], tp_rank=0, load_format=load_format)
+                blobs = W.decode_tensor_payload(items[0], tp_rank=0, load_format=load_format,
+                                                release=self.profile.version)
                 if len(items) < self.tp_size:
                     raise IndexError(f"list index out of range: {len(items)} serialized_named_tensors item(s) "
                                      f"for tp_size {self.tp_size}")

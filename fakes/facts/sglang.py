@@ -171,6 +171,15 @@ _FACTS: dict[str, Fact] = {
         "/load_lora_adapter), serialized_tensors (one string), then serialized_named_tensors (one per TP rank)",
         _SRT + "managers/io_struct.py LoadLoRAAdapterFromTensorsReqInput",
         (("0.5.4", None), ("0.5.10", "serialized_tensors"), ("0.5.23", "serialized_named_tensors"))),
+    "local_serialized_tensor_module": Fact(
+        "the module a pickled LocalSerializedTensor (what weight_sync.utils.update_weights sends) must name: the one "
+        "the class lives in. SafeUnpickler resolves it there; elsewhere it raises (≤0.5.15: outside its module "
+        "prefixes; 0.5.23: the old path is allow-listed but model_runner no longer holds the class), in the TP "
+        "worker, outside any try, and the server exits (measured on 0.5.15 with the 0.5.23 path)",
+        _SRT + "model_executor/model_runner.py (≤0.5.15), model_executor/model_runner_components/weight_updater.py "
+               "(0.5.23) LocalSerializedTensor; utils/common.py SafeUnpickler.find_class",
+        (("0.5.4", "sglang.srt.model_executor.model_runner"),
+         ("0.5.23", "sglang.srt.model_executor.model_runner_components.weight_updater"))),
     "destroy_group_route": Fact(
         "/destroy_weights_update_group",
         _SRT + "entrypoints/http_server.py destroy_weights_update_group",

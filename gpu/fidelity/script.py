@@ -410,7 +410,8 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
     out["request under the aborting tensor update"] = await held.result()
     await weights("weights after tensor m1 flattened_bucket")
     await call("tensor m2 weight_sync LocalSerializedTensor", "/update_weights_from_tensor",
-               {"serialized_named_tensors": encode_weight_sync_payload(ckpt.weights["m2"], fmt="pickle"),
+               {"serialized_named_tensors": encode_weight_sync_payload(ckpt.weights["m2"], fmt="pickle",
+                                                                       release=release),
                 "flush_cache": False})
     await weights("weights after tensor m2 weight_sync")
 
@@ -504,6 +505,18 @@ async def _safetensors_payload(steps: Steps) -> None:
                      {"serialized_named_tensors": [safetensors_b64(named)], "flush_cache": False})
 
 
+async def _local_tensor_of_another_release(steps: Steps) -> None:
+    """The weight_sync helper's payload as another SGLang release pickles it (LocalSerializedTensor under the module
+    it lives in there): a trainer whose sglang is not the engine's."""
+    await _in_a_session(steps, "LocalSerializedTensor of another release")
+    fact = "local_serialized_tensor_module"
+    other = next(r for r in reversed(SGLANG.releases) if SGLANG.fact(fact, r) != SGLANG.fact(fact, steps.release))
+    await steps.call("tensor weight_sync LocalSerializedTensor pickled by another release", "/update_weights_from_tensor",
+                     {"serialized_named_tensors": encode_weight_sync_payload(
+                         dict(list(steps.ckpt.weights["m2"].items())[:1]), fmt="pickle", release=other),
+                      "flush_cache": False})
+
+
 ENDINGS: dict[str, Callable[[Steps], Awaitable[None]]] = {
     "flushing disk update": _flushing_disk_update,
     "unknown group": _unknown_group,
@@ -511,6 +524,7 @@ ENDINGS: dict[str, Callable[[Steps], Awaitable[None]]] = {
     "bad base64": _bad_base64,
     "safetensors payload": _safetensors_payload,
     "direct with checkpoint names": _direct_checkpoint_names,
+    "LocalSerializedTensor of another release": _local_tensor_of_another_release,
 }
 """The calls that may end a real server, by the lifetime each runs in."""
 LIFETIMES = ("main", *ENDINGS)

@@ -1,7 +1,6 @@
 """The mutant × backend table: every mutant of the reference on the fake and on real SGLang on CPU, per release.
 
-    python gpu/scripts/mutant_table.py --backend fake --backend RELEASE [--record gpu/scripts/mutant-table.json]
-    python gpu/scripts/mutant_table.py --backend RELEASE --record gpu/scripts/mutant-table.json   # adds a column
+    python gpu/scripts/mutant_table.py --backend fake --backend RELEASE --reference --record gpu/scripts/mutant-table.json
     python gpu/scripts/mutant_table.py --record gpu/scripts/mutant-table.json --print            # the table only
 
 Each mutant runs on the scenarios built to expose it (``Mutant.shows_in``), as ``tests/test_mutants.py`` runs it
@@ -10,13 +9,15 @@ with the reason (a scenario real SGLang on CPU cannot run) or ``broke`` with the
 share one pair of engines, reset between scenarios (:mod:`gpu.pool`), from the release's environment
 (``python -m gpu.sglang_cpu install --release V``); RELEASE is one of ``fakes.facts.SGLANG.cpu_releases``
 (``--help`` lists them). With ``--reference`` the reference runs every scenario first
-(its cases must all pass). The record keeps every column measured so far, with when and how long it took.
+(its cases must all pass). The record is one run of one commit: every column it holds was measured by the command
+that wrote it, at the commit it names (``dirty`` when the tree had changes); a new run replaces it, never merges.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -111,6 +112,16 @@ def table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str:
+    """The commit measured (``+dirty`` when the work tree differs from it)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
+    return git("rev-parse", "--short=12", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no")
+                                                    else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", action="append", default=[], metavar="fake|RELEASE",
@@ -127,21 +138,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutant_table: unknown {unknown}; mutants: {', '.join(sorted(MUTANTS))}; backends: "
               f"{', '.join(COLUMNS)}", file=sys.stderr)
         return 2
-    record = json.loads(args.record.read_text()) if args.record and args.record.exists() else {}
-    if not args.print:
+    if args.print:
+        if not args.record or not args.record.exists():
+            print("mutant_table: --print needs an existing --record", file=sys.stderr)
+            return 2
+        run = json.loads(args.record.read_text())
+    else:
         if not args.backend:
             print("mutant_table: give --backend (or --print with --record)", file=sys.stderr)
             return 2
+        run = {"commit": _commit(), "command": " ".join(["python", "gpu/scripts/mutant_table.py", *(argv or sys.argv[1:])]),
+               "columns": {}}
         for backend in args.backend:
-            column = measure(backend, names, args.reference, args.seed)
-            previous = record.get(backend, {})
-            column["cells"] = {**previous.get("cells", {}), **column["cells"]}
-            column["killers"] = {**previous.get("killers", {}), **column["killers"]}
-            if "reference" not in column and "reference" in previous:
-                column["reference"] = previous["reference"]
-            record[backend] = column
+            run["columns"][backend] = measure(backend, names, args.reference, args.seed)
             if args.record:
-                args.record.write_text(json.dumps(record, indent=1) + "\n")
+                args.record.write_text(json.dumps(run, indent=1) + "\n")
+    record = run["columns"]
+    print(f"one run at {run['commit']}: {run['command']}")
     print(table(record))
     survived = [f"{c}: {n}" for c, col in record.items() for n, cell in col["cells"].items()
                 if cell.startswith(("SURVIVED", "broke"))]

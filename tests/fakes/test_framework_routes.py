@@ -156,6 +156,20 @@ async def test_weight_sync_helper_payload_local_serialized_tensor_per_rank(conne
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(("engine", "trainer"), [("0.5.15", "0.5.23"), ("0.5.23", "0.5.15")])
+async def test_a_local_serialized_tensor_pickled_by_another_release_kills_the_engine(connect, engine, trainer) -> None:
+    """SafeUnpickler resolves LocalSerializedTensor only in the module it lives in, in the engine's release (0.5.15:
+    model_runner; 0.5.23: model_runner_components.weight_updater); any other path raises in the TP worker, outside
+    any try: the server exits (measured on real 0.5.15 with the 0.5.23 path)."""
+    new = perturbed(tiny_model(0), step=5)
+    own = await connect(FakeEngine(engine))
+    assert (await _push(own, encode_weight_sync_payload(new, fmt="pickle", release=engine))).status_code == 200
+    wire = await connect(FakeEngine(engine))
+    assert (await _push(wire, encode_weight_sync_payload(new, fmt="pickle", release=trainer))).status_code == 500
+    assert "LocalSerializedTensor" in wire.engine.crash_reason, wire.engine.crash_reason
+
+
+@pytest.mark.asyncio
 async def test_flattened_bucket_payload(connect) -> None:
     wire = await connect(FakeEngine("0.5.23"))
     new = perturbed(tiny_model(0), step=6)
@@ -192,7 +206,7 @@ async def test_lora_adapter_must_fit_max_rank_and_target_modules(connect, tmp_pa
 async def test_tp_ranks_each_need_their_tensor_payload_item(connect) -> None:
     new = perturbed(tiny_model(0), step=7)
     wire = await connect(FakeEngine("0.5.10", tp_size=2))
-    body = {"serialized_named_tensors": encode_weight_sync_payload(new, tp_size=2, fmt="pickle")}
+    body = {"serialized_named_tensors": encode_weight_sync_payload(new, tp_size=2, fmt="pickle", release="0.5.10")}
     assert (await wire.post("/update_weights_from_tensor", json=body)).status_code == 200
     assert wire.engine.weights.digest() == weights_digest(new)
     one_item = {"serialized_named_tensors": [encode_tensor_payload(new)]}  # tp rank 1 has no item: IndexError

@@ -172,10 +172,11 @@ def test_what_the_script_leaves_uncompared_is_listed_with_its_reason(capsys: pyt
 
 
 @pytest.mark.cpu
-def test_the_list_ci_compares_was_measured_with_this_script_and_this_fake() -> None:
-    """CI's real stage compares 0.5.23 (.ci/real-sglang.sh): its list must be stamped with the digest of the current
-    script and fake sources, so a change to either is re-measured before it lands (the command says how)."""
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_list_ci_compares_was_measured_with_this_script_and_this_fake(release: str) -> None:
+    """CI's real stage compares every release of RELEASES (.ci/real-sglang.sh): each list must be stamped with the
+    digest of the current script and fake sources, so a change to either is re-measured before it lands (the command
+    says how)."""
     import gpu.fidelity.__main__ as fidelity
 
-    release = "0.5.23"
     assert fidelity.staleness(release) is None, fidelity.staleness(release)

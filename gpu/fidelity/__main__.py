@@ -43,14 +43,19 @@ def known(release: str) -> list[dict[str, Any]]:
     return json.loads(path.read_text())["divergences"] if path.exists() else []
 
 
+OTHER_FAMILIES = ("fakes/vllm/", "fakes/facts/vllm.py")
+"""The fake vLLM's sources: no part of the fake SGLang, so no change to them makes an SGLang list stale."""
+
+
 def script_digest() -> str:
-    """The digest of what a list was measured with: the fidelity script and the fake's sources (its modules, the
-    facts table, the snapshots). A list measured with another script compares other steps; with another fake, other
-    answers."""
+    """The digest of what a list was measured with: the fidelity script and the fake SGLang's sources (its modules,
+    the facts table, the snapshots; not another family's fake, :data:`OTHER_FAMILIES`). A list measured with another
+    script compares other steps; with another fake, other answers."""
     import hashlib
 
-    fakes = HERE.parent.parent / "fakes"
-    sources = [HERE / "script.py", *sorted(p for p in fakes.rglob("*") if p.suffix in (".py", ".json"))]
+    root = HERE.parent.parent
+    sources = [HERE / "script.py", *sorted(p for p in (root / "fakes").rglob("*") if p.suffix in (".py", ".json")
+                                          and not p.relative_to(root).as_posix().startswith(OTHER_FAMILIES))]
     digest = hashlib.sha256()
     for path in sources:
         digest.update(path.relative_to(HERE.parent.parent).as_posix().encode() + b"\0" + path.read_bytes())

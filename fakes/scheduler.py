@@ -123,7 +123,7 @@ class Scheduler:
 
     def __init__(
         self,
-        profile: Profile | str,
+        profile: Profile | str | None,
         max_running_requests: int = 64,
         clock: Clock | None = None,
         seed: int = 0,
@@ -135,7 +135,9 @@ class Scheduler:
     ) -> None:
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
-        self.profile = get_profile(profile)
+        self.profile = get_profile(profile) if profile is not None else None
+        """The SGLang release's switches (the flush predicate, abort and render rules); None for an engine of
+        another family, which renders its own answers and ends requests with :meth:`finish_now`."""
         self.max_running_requests = max_running_requests
         self.clock: Clock = clock if clock is not None else ManualClock()
         self.seed = seed
@@ -146,6 +148,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.waiting: list[Request] = []
         self.pause_mode: str | None = None
+        self.hold_new = False
+        """Admit nothing from the waiting queue while the running batch goes on decoding (vLLM's ``PAUSED_NEW``:
+        ``vllm/v1/core/sched/scheduler.py`` schedules no waiting request unless ``UNPAUSED``)."""
         self._serial = 0
 
     # -- state queries ------------------------------------------------------------------------
@@ -163,7 +168,8 @@ class Scheduler:
         return next((r for r in self.live() if r.rid == rid), None)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        """Whether a step would do anything (a held waiting queue is no work: :attr:`hold_new`)."""
+        return bool(self.running or (self.waiting and not self.hold_new))
 
     def is_idle_for_flush(self) -> bool:
         """``Scheduler.flush_cache``'s idle predicate for this profile (is_fully_idle)."""
@@ -251,6 +257,15 @@ class Scheduler:
             self._finish(req, {"type": "abort", "message": message})
             done.append(req)
         return done
+
+    def finish_now(self, reqs: list[Request], reason: dict[str, Any]) -> None:
+        """End ``reqs`` (running or waiting) at once with ``reason``, without another decode step (vLLM's
+        ``Scheduler.finish_requests``: an aborted request ends with the tokens it has)."""
+        gone = set(reqs)
+        self.running[:] = [r for r in self.running if r not in gone]
+        self.waiting[:] = [r for r in self.waiting if r not in gone]
+        for req in reqs:
+            self._finish(req, reason, detach=False)
 
     def pause(self, mode: str) -> list[Request]:
         """``_engine_paused = True`` in ``in_place`` or ``retract`` mode (abort mode is tokenizer-only and
@@ -355,6 +370,8 @@ class Scheduler:
 
     # -- internals ----------------------------------------------------------------------------
     def _admit(self) -> list[Request]:
+        if self.hold_new:
+            return []
         room = self.max_running_requests - len(self.running)
         if room <= 0 or not self.waiting:
             return []

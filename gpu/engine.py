@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .launch import SGLANG, EngineSpec, launch_command
 
@@ -117,10 +117,15 @@ def _die_with_parent(parent: int) -> Any:
 class EngineProcess:
     """Launches and supervises one engine server process (``program`` plus :func:`gpu.launch.launch_args`)."""
 
-    def __init__(self, spec: EngineSpec, program: Sequence[str] = SGLANG, host: str = "127.0.0.1",
+    def __init__(self, spec: EngineSpec | None, program: Sequence[str] = SGLANG, host: str = "127.0.0.1",
                  env: Mapping[str, str] | None = None, log_dir: str | None = None, name: str = "engine",
-                 python: str | None = None) -> None:
+                 python: str | None = None, args: Callable[[str, int], list[str]] | None = None) -> None:
+        if spec is None and args is None:
+            raise ValueError("EngineProcess needs a spec (an SGLang launch line) or args (any other engine's)")
         self.spec, self.program, self.host, self.name = spec, tuple(program), host, name
+        self.args = args
+        """The program's arguments for ``(host, port)`` when the engine is not started from an SGLang
+        :class:`~gpu.launch.EngineSpec` (a vLLM server)."""
         self.python = python or sys.executable
         """The interpreter that runs ``program`` (a real-SGLang environment's; default: this one)."""
         self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -141,7 +146,8 @@ class EngineProcess:
             raise RuntimeError(f"{self.name} is already started")
         port = free_port(self.host)
         self.url = url_of(self.host, port)
-        self.command = launch_command(self.spec, self.host, port, self.program, self.python)
+        self.command = ([self.python, *self.program, *self.args(self.host, port)] if self.args is not None
+                        else launch_command(self.spec, self.host, port, self.program, self.python))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT, env=self.env, start_new_session=True,

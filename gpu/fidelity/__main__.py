@@ -1,4 +1,5 @@
-"""``python -m gpu.fidelity --release V``: the fidelity script on the fake and on real SGLang, diffed.
+"""``python -m gpu.fidelity --release V``: the fidelity script on the fake and on real SGLang, diffed
+(``--engine vllm --release V``: the vLLM script on the fake vLLM and on real vLLM, :mod:`gpu.fidelity.vllm`).
 
 Both engines are started with the same launch line (:data:`gpu.sglang_cpu.CPU_FLAGS`), the fake as the drop-in
 ``python -m fakes.launch_server`` with ``--fake-profile RELEASE``, real SGLang from the release's CPU environment
@@ -27,6 +28,7 @@ from gpu.engine import EngineProcess, EngineStartError
 from gpu.launch import FAKE, SGLANG, EngineSpec
 from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_of, status
 
+from .lists import CLASSES, compare, is_race, key  # noqa: F401  (CLASSES: read by the tests from here too)
 from .script import EXITED, LIFETIMES, Sent, diff, lost, run_script
 
 HERE = Path(__file__).resolve().parent
@@ -73,31 +75,6 @@ def staleness(release: str) -> str | None:
     return (f"{path.name} was measured with {was}, not this one ({script_digest()}: the script and the fake's "
             f"sources): its steps or the fake's answers may have changed since; re-measure with python -m "
             f"gpu.fidelity --release {release} --update")
-
-
-def key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
-    return (entry["step"], entry["field"], json.dumps(entry["fake"], sort_keys=True),
-            json.dumps(entry["real"], sort_keys=True))
-
-
-CLASSES = ("fake-only", "CPU artefact", "not modelled", "race")
-"""What a listed divergence is: the fake's own extension or wording, an artefact of real SGLang on CPU, behaviour the
-fake does not model, or one of the answers real SGLang gives run to run."""
-
-
-def is_race(entry: dict[str, Any]) -> bool:
-    """Whether a listed divergence is one of the answers real SGLang gives only on some runs (class ``race``)."""
-    return entry.get("class") == "race"
-
-
-def compare(found: list[dict[str, Any]], listed: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
-    """The divergences found that are not listed, and the listed ones not found (a ``race`` entry never counts as
-    gone: real SGLang gives that answer only on some runs). A step not built on either side is always new: no list
-    excuses a comparison that did not happen."""
-    listed_keys, found_keys = {key(e) for e in listed}, {key(d) for d in found}
-    new = [d for d in found if key(d) not in listed_keys or d.get("not_built")]
-    gone = [e for e in listed if key(e) not in found_keys and not is_race(e)]
-    return new, gone
 
 
 def spec(model_dir: Path, fake: bool, release: str) -> EngineSpec:
@@ -190,6 +167,19 @@ def coverage_main(releases: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--engine" in argv:  # another family's differential: gpu.fidelity.vllm
+        at = argv.index("--engine")
+        engine = argv[at + 1] if at + 1 < len(argv) else ""
+        rest = argv[:at] + argv[at + 2:]
+        if engine == "vllm":
+            from .vllm import main as vllm_main
+
+            return vllm_main(rest)
+        if engine != "sglang":
+            print(f"gpu.fidelity: --engine {engine!r}: choose sglang or vllm", file=sys.stderr)
+            return 2
+        argv = rest
     parser = argparse.ArgumentParser(prog="python -m gpu.fidelity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", choices=RELEASES, help="the release to compare (required but with --coverage)")
     parser.add_argument("--venv", type=Path, help="the release's real-SGLang environment (default: the installer's)")

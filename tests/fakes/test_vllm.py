@@ -1,0 +1,182 @@
+"""The fake vLLM (``fakes.vllm``): vLLM 0.32.0's pause modes, version labels, aborts, disk reload, weight-transfer
+routes, LoRA and errors, each as measured on real vLLM on CPU (``gpu/fidelity/vllm.py``) and read in its source.
+The engine runs on a manual clock: tokens come only when a test steps it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from fakes.checkpoints import save_checkpoint, save_lora_adapter
+from fakes.facts import VLLM
+from fakes.tiny_model import perturbed, tiny_lora, tiny_model
+from fakes.vllm import FakeVLLMEngine
+
+pytestmark = pytest.mark.cpu
+
+PROMPT = [5, 6, 7, 8]
+
+
+def _completion(engine: FakeVLLMEngine, max_tokens: int = 50, **extra: object) -> dict:
+    return {"model": engine.served_model_name, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
+            "return_token_ids": True, **extra}
+
+
+async def _running(wire, max_tokens: int = 50) -> asyncio.Task:
+    """A completion the engine is decoding (admitted, one token out)."""
+    task = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, max_tokens))
+    await wire.wait(lambda: bool(wire.engine.scheduler.live()))
+    await wire.engine.step(2)
+    assert wire.engine.scheduler.running
+    return task
+
+
+@pytest.mark.asyncio
+async def test_the_default_pause_aborts_the_request_in_flight_with_the_tokens_it_had(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    task = await _running(wire)
+    assert (await wire.post("/pause")).json() == {"status": "paused"}
+    choice = (await wire.result(task)).json()["choices"][0]
+    assert choice["finish_reason"] == "abort" and 0 < len(choice["token_ids"]) < 50
+    assert (await wire.get("/is_paused")).json() == {"is_paused": True}
+
+
+@pytest.mark.asyncio
+async def test_keep_freezes_the_request_and_it_completes_after_resume(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    task = await _running(wire)
+    await wire.post("/pause", params={"mode": "keep"})
+    before = len(wire.engine.scheduler.running[0].output_ids)
+    await wire.engine.step(10)
+    assert len(wire.engine.scheduler.running[0].output_ids) == before  # frozen: no token while kept
+    await wire.post("/resume")
+    choice = (await wire.step_until_done([task]))[0].json()["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 50
+
+
+@pytest.mark.asyncio
+async def test_wait_answers_once_the_batch_drained_and_holds_new_requests(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    task = await _running(wire)
+    pause = wire.spawn("POST", "/pause", params={"mode": "wait"})
+    await wire.engine.step(5)
+    assert not pause.done()  # still decoding: the pause has not answered
+    late = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, 4))
+    done = await wire.step_until_done([task, pause])
+    assert done[0].json()["choices"][0]["finish_reason"] == "length" and done[1].json() == {"status": "paused"}
+    await wire.engine.step(20)
+    assert not late.done() and wire.engine.scheduler.waiting  # queued, not refused, not run
+    await wire.post("/resume")
+    assert (await wire.step_until_done([late]))[0].json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.asyncio
+async def test_a_bad_pause_mode_is_a_400_and_changes_nothing(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    answer = await wire.post("/pause", params={"mode": "nope"})
+    assert answer.status_code == 400 and "validation error" in answer.json()["error"]["message"]
+    assert (await wire.get("/is_paused")).json() == {"is_paused": False}
+
+
+@pytest.mark.asyncio
+async def test_a_relabel_aborts_nothing_and_the_spans_show_both_versions(connect) -> None:
+    wire = await connect(FakeVLLMEngine(enable_scale_out=True))
+    assert (await wire.get("/weight_info")).json() == {"weight_version": VLLM.fact("initial_weight_version",
+                                                                                   VLLM.default_release)}
+    task = wire.spawn("POST", "/inference/v1/generate",
+                      json={"token_ids": PROMPT, "sampling_params": {"max_tokens": 20, "ignore_eos": True}})
+    await wire.wait(lambda: bool(wire.engine.scheduler.live()))
+    await wire.engine.step(5)
+    assert (await wire.post("/update_weight_version", json={"new_version": "v1"})).json() == {
+        "success": True, "new_version": "v1"}
+    choice = (await wire.step_until_done([task]))[0].json()["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 20
+    assert [s["version"] for s in choice["weight_versions"]] == ["default", "v1"]
+    assert choice["weight_versions"][-1]["end"] == 20
+
+
+@pytest.mark.asyncio
+async def test_generate_needs_scale_out_and_completions_carry_no_version(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    answer = await wire.post("/inference/v1/generate", json={"token_ids": PROMPT, "sampling_params": {}})
+    assert answer.status_code == 403 and answer.json()["error"]["type"] == "PermissionDeniedError"
+    task = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, 4))
+    choice = (await wire.step_until_done([task]))[0].json()["choices"][0]
+    assert "weight_versions" not in choice
+
+
+@pytest.mark.asyncio
+async def test_abort_requests_without_ids_aborts_what_is_in_flight_and_with_ids_counts_them(connect) -> None:
+    """Measured on 0.32.0 with the request running in the engine (its ``/metrics``): ``{}`` aborts it, answering
+    aborted 1; ids are counted as given, found or not."""
+    wire = await connect(FakeVLLMEngine())
+    task = await _running(wire)
+    assert (await wire.post("/abort_requests", json={})).json() == {"status": "aborted", "aborted": 1}
+    assert (await wire.result(task)).json()["choices"][0]["finish_reason"] == "abort"
+    task = await _running(wire)
+    rid = wire.engine.scheduler.running[0].rid
+    assert (await wire.post("/abort_requests", json={"request_ids": [rid, "nope"]})).json()["aborted"] == 2
+    assert (await wire.result(task)).json()["choices"][0]["finish_reason"] == "abort"
+    assert (await wire.post("/abort_requests", content=b"not json")).json()["error"]["message"] == \
+        "Invalid JSON format"
+
+
+@pytest.mark.asyncio
+async def test_reload_weights_reads_the_served_directory_again(connect, tmp_path: Path) -> None:
+    save_checkpoint(str(tmp_path), tiny_model(0))
+    engine = FakeVLLMEngine(model_path=str(tmp_path))
+    wire = await connect(engine)
+    before = engine.weights.digest()
+    save_checkpoint(str(tmp_path), perturbed(tiny_model(0), step=3))  # the trainer writes the new weights there
+    answer = await wire.post("/collective_rpc", json={"method": "reload_weights"})
+    assert answer.json() == {"results": [None]} and engine.weights.digest() != before
+    assert (await wire.post("/collective_rpc", json={})).status_code == 400
+    assert (await wire.post("/collective_rpc", json={"method": "nope"})).status_code == 500
+
+
+@pytest.mark.asyncio
+async def test_weight_transfer_without_a_config_fails_and_publishes_no_version(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    for path, body in (("/start_weight_update", None), ("/update_weights", {"update_info": {}}),
+                       ("/finish_weight_update", {"weight_version": "v9"})):
+        answer = await wire.post(path, json=body)
+        assert answer.status_code == 500 and "Weight transfer not configured" in answer.json()["error"]["message"]
+    assert (await wire.get("/weight_info")).json()["weight_version"] != "v9"
+    assert (await wire.post("/shutdown_weight_transfer_engine")).json() == {"message": "Weight transfer shut down"}
+
+
+@pytest.mark.asyncio
+async def test_lora_needs_enable_lora_refuses_a_second_load_and_names_an_unknown_unload(connect, tmp_path) -> None:
+    save_lora_adapter(str(tmp_path), tiny_lora(0))
+    body = {"lora_name": "a", "lora_path": str(tmp_path)}
+    off = await connect(FakeVLLMEngine())
+    answer = await off.post("/v1/load_lora_adapter", json=body)
+    assert answer.status_code == 500 and "LoRA is not enabled" in answer.json()["error"]["message"]
+    wire = await connect(FakeVLLMEngine(enable_lora=True))
+    assert (await wire.post("/v1/load_lora_adapter", json=body)).text == \
+        "Success: LoRA adapter 'a' added successfully."
+    assert (await wire.post("/v1/load_lora_adapter", json=body)).status_code == 400
+    assert (await wire.post("/v1/load_lora_adapter", json={**body, "load_inplace": True})).status_code == 200
+    assert [m["id"] for m in (await wire.get("/v1/models")).json()["data"]][1:] == ["a"]
+    assert (await wire.post("/v1/unload_lora_adapter", json={"lora_name": "b"})).status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_model_is_a_404_naming_the_served_one(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    error = (await wire.post("/v1/completions", json={**_completion(wire.engine), "model": "nope"})).json()["error"]
+    assert error == {"message": f"The model `nope` does not exist. Valid aliases: {wire.engine.served_model_name}.",
+                     "type": "NotFoundError", "param": "model", "code": 404}
+
+
+@pytest.mark.asyncio
+async def test_sleep_pauses_and_wake_up_resumes(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    task = await _running(wire)
+    assert (await wire.post("/sleep", params={"level": "1"})).json() == {"status": "sleeping", "level": 1}
+    assert (await wire.result(task)).json()["choices"][0]["finish_reason"] == "abort"  # its pause mode: abort
+    assert (await wire.get("/is_sleeping")).json() == {"is_sleeping": True}
+    assert (await wire.post("/wake_up")).json() == {"status": "awake", "tags": None}
+    assert (await wire.get("/is_paused")).json() == {"is_paused": False}

@@ -10,7 +10,7 @@ share one pair of engines, reset between scenarios (:mod:`gpu.pool`), from the r
 (``python -m gpu.sglang_cpu install --release V``); RELEASE is one of ``fakes.facts.SGLANG.cpu_releases``
 (``--help`` lists them). With ``--reference`` the reference runs every scenario first
 (its cases must all pass). The record is one run of one commit: every column it holds was measured by the command
-that wrote it, at the commit it names (``dirty`` when the tree had changes); a new run replaces it, never merges.
+that wrote it, at the commit it names (``dirty`` when a source file had changes); a new run replaces it, never merges.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
     changed = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
-               if not line.endswith("mutant-table.json")]  # the record being rewritten is not the code measured
+               if line.endswith(".py")]  # the code measured (not a record or a list being rewritten meanwhile)
     return git("rev-parse", "--short=12", "HEAD") + ("+dirty" if changed else "")
 
 

@@ -29,7 +29,7 @@ from ..facts import VLLM
 from ..failures import EngineClosed, EngineCrashed
 from ..generation import _Call, _Sink
 from ..scheduler import Request, Scheduler, StepResult, decode_ids, encode_text
-from ..served_model import ServedModel, builtin_model, load_served_model
+from ..served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model, load_served_model
 from .app import make_app
 from .errors import answer, error_reply
 
@@ -214,7 +214,7 @@ class FakeVLLMEngine(EngineLoop):
 
     def reload_weights(self) -> None:
         """``reload_weights``: the served checkpoint read again from ``model_path`` (the trainer's new files)."""
-        if self.model_path == self.model.path and self.model.path.startswith("fake-"):
+        if self.model_path == BUILTIN_MODEL_PATH:
             blobs = dict(builtin_model(self.seed).weights.items())
         else:
             blobs = W.load_checkpoint(self.model_path)

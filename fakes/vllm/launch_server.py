@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fakes.vllm.launch_server",
                                      description="The fake vLLM server (drop-in for vllm.entrypoints.openai."
                                                  "api_server).")
-    parser.add_argument("--model", default="fake-vllm/tiny-llama",
-                        help="the model directory served (or the fake's built-in tiny model)")
+    parser.add_argument("--model", default=None,
+                        help="the model directory served (default: the fake's built-in tiny model)")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
-        builtin = args.model in ("fake-vllm/tiny-llama", BUILTIN_MODEL_PATH)
+        builtin = args.model in (None, BUILTIN_MODEL_PATH)
         model = builtin_model(args.fake_seed) if builtin else load_served_model(args.model, seed=args.fake_seed)
     except ModelPathError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")

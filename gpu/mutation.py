@@ -68,15 +68,3 @@ def run_mutant(mutant: Mutant, factory: BackendFactory, *,
     return MutantOutcome(mutant.name, "survived", failed_without_witness=bare,
                          reason="; ".join(skipped) or "no expected checker failed")
 
-
-def share(names: list[str], spec: str | None) -> list[str]:
-    """The names of share ``i/n`` (every ``n``-th from index ``i``; ``None``: all). ValueError says the form."""
-    if not spec:
-        return names
-    try:
-        i, n = (int(part) for part in spec.split("/"))
-        if not 0 <= i < n:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"mutant share {spec!r}: expected i/n with 0 <= i < n (e.g. 3/7)") from None
-    return names[i::n]

@@ -4,26 +4,21 @@ The mutants run on the session's real engines (the same pair the conformance cas
 ``conformance_session.setup("sglang")``), on the scenarios built to expose them, through :func:`gpu.mutation.run_mutant`
 as ``tests/test_mutants.py`` runs them on the fake. A mutant whose scenarios real SGLang on CPU cannot run is
 skipped with that reason, never passed. ``gpu/scripts/mutant_table.py`` prints the whole table per release.
-
-CI runs a share of them per commit (``WEIGHTSYNC_MUTANT_SHARE=i/n``: the mutants whose index in name order is ``i``
-mod ``n``; ``.ci/real-sglang.sh`` takes ``i`` from the commit count), so every mutant runs on real SGLang within
-``n`` consecutive commits; unset, every mutant runs.
+CI runs every one of them (``.ci/real-sglang.sh``).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 from conformance.cases import fake_backend_factory
 from conformance.mutants import MUTANTS
-from gpu.mutation import run_mutant, share
+from gpu.mutation import run_mutant
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("name", share(sorted(MUTANTS), os.environ.get("WEIGHTSYNC_MUTANT_SHARE")))
+@pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_is_killed_on_real_sglang_as_on_the_fake(name: str, conformance_session) -> None:
     suite = conformance_session.setup("sglang")  # skips with the install command where the environment is missing
     mutant = MUTANTS[name]

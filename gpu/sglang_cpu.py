@@ -77,24 +77,14 @@ STAMP = FAMILY.stamp
 BUILDING = FAMILY.building
 
 
-def default_venv(release: str) -> Path:
-    """Where ``install`` puts a release's environment unless ``--venv`` says otherwise (outside the repository)."""
-    return FAMILY.default_venv(release)
-
-
-def check_release(release: str) -> str:
-    """``release`` if the installer knows it, else a one-line error."""
-    return FAMILY.check_release(release)
-
-
-def read_stamp(venv: Path) -> dict | None:
-    """The stamp of a finished SGLang environment, or None."""
-    return FAMILY.read_stamp(venv)
-
-
-def status(release: str, venv: Path | None = None, import_check: bool = True) -> Status:
-    """Is the environment for ``release`` installed by this recipe (and, with ``import_check``, does sglang import)?"""
-    return FAMILY.status(release, venv, import_check)
+default_venv = FAMILY.default_venv
+"""Where ``install`` puts a release's environment unless ``--venv`` says otherwise (outside the repository)."""
+check_release = FAMILY.check_release
+"""``release`` if the installer knows it, else a one-line :class:`InstallError`."""
+read_stamp = FAMILY.read_stamp
+"""The stamp of a finished environment, or None."""
+status = FAMILY.status
+"""Is the environment for ``release`` installed by this recipe (and, with ``import_check``, does it import)?"""
 
 
 class Installer(engine_env.Installer):

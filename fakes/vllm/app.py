@@ -208,12 +208,7 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     model = body.get("model") or e.served_model_name
     if body.get("stream"):
         return Reply(200, stream=_completion_stream(e, request, call, rid, model, ids))
-    try:
-        async for out, final in e.outputs(request, call):
-            if final:
-                break
-    except (EngineCrashed, EngineClosed):
-        return e.dead_reply(req.path)
+    out = await e.finished(request, call)
     return Reply(200, {
         "id": rid, "object": "text_completion", "created": e.now(), "model": model,
         "choices": [{"index": 0, "text": e.text(out.output_ids), "logprobs": None,
@@ -256,12 +251,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     request, call = e.submit(ids, sampling, rid, None, bool(body.get("stream")))
     if body.get("stream"):
         return Reply(200, stream=_generate_stream(e, request, call, rid))
-    try:
-        async for out, final in e.outputs(request, call):
-            if final:
-                break
-    except (EngineCrashed, EngineClosed):
-        return e.dead_reply(req.path)
+    out = await e.finished(request, call)
     return Reply(200, {
         "request_id": rid, "created": e.now(), "model": e.served_model_name, "output_mode": "tokens",
         "choices": [{"index": 0, "finish_reason": e.finish_reason(out), "stop_reason": None,

@@ -161,6 +161,13 @@ class FakeVLLMEngine(EngineLoop):
             if req in self._sinks:
                 self._abort([req])
 
+    async def finished(self, req: Request, call: _Call) -> Request:
+        """The request once it finished (a non-streamed answer); the engine's death raises."""
+        async for out, final in self.outputs(req, call):
+            if final:
+                return out
+        raise EngineClosed(f"engine {self.engine_id}: request {req.rid} ended without an answer")
+
     def new_id(self, prefix: str) -> str:
         """A request id as vLLM writes one (``cmpl-<hex>``), from the engine's seeded generator."""
         return f"{prefix}-{uuid.UUID(int=self._ids.getrandbits(128)).hex}"

@@ -182,7 +182,8 @@ class FakeVLLMEngine(EngineLoop):
 
     async def pause(self, mode: str, clear_cache: bool = True) -> Reply:
         """``/pause?mode=``: abort ends what is in flight and holds new requests; wait holds new requests and answers
-        once the batch drained; keep freezes everything (``pause_scheduler``)."""
+        once the batch drained; keep freezes everything (``pause_scheduler``). ``clear_cache`` clears caches the fake
+        does not keep (the prefix cache is not modelled: ``/reset_prefix_cache`` answers from the batch alone)."""
         self._bind()
         if mode == "abort":
             self._abort(self.scheduler.live())

@@ -26,6 +26,8 @@ LONG_TOKENS = 3000
 """Budget of the request held across a pause (real vLLM decodes the tiny model at ~600 tokens/s on 2 cores: ~5 s;
 a longer one starves its API server, which then does not accept a connection for 10 s)."""
 PROMPT = [5, 6, 7, 8]
+HELD_S = 1.0
+"""How long a request sent while paused must go unanswered to count as held (a refusal answers at once)."""
 
 
 def choice(body: Any) -> Observation:
@@ -108,9 +110,10 @@ async def until_running(client: httpx.AsyncClient, url: str, within_s: float = 1
 
 async def engine_running(client: httpx.AsyncClient, url: str) -> bool:
     """Whether the engine itself has a request running (``vllm:num_requests_running`` on ``/metrics``): the client's
-    stream lags behind the engine's decode, so a request the client still reads may be finished there."""
+    stream lags behind the engine's decode, so a request the client still reads may be finished there. (Its gauges
+    move only as it steps: a request queued while paused does not show in ``vllm:num_requests_waiting``.)"""
     for line in (await client.get(url + "/metrics")).text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
+        if line.split("{", 1)[0].split(" ", 1)[0] == "vllm:num_requests_running":
             return float(line.rsplit(" ", 1)[1]) > 0
     return False
 
@@ -182,7 +185,10 @@ async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
         await get("is_paused while paused", "/is_paused")
         out["is_paused while paused"]["body"] = (await client.get(url + "/is_paused")).json()
         waiting = asyncio.ensure_future(client.post(url + "/v1/completions", json=completion()))
-        await asyncio.sleep(1.0)  # noqa: ASYNC - an observation window, not synchronisation: is it held?
+        try:  # held, not refused: no answer within HELD_S while paused (the engine's gauges do not move then)
+            await asyncio.wait_for(asyncio.shield(waiting), HELD_S)
+        except asyncio.TimeoutError:
+            pass
         out["completion sent while paused"] = {"answered while paused": waiting.done()}
         await call("resume", "/resume")
         answer = await asyncio.wait_for(waiting, CALL_TIMEOUT_S)

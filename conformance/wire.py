@@ -57,14 +57,7 @@ class WireLog:
     def sync_with(self, sync: Callable[[], None]) -> Callable[[], None]:
         """Call ``sync()`` before each stamp, so what another recorder saw happen before a call's start or answer is
         stamped before it (:meth:`conformance.fswatch.DirectoryWatch.sync`); returns the function that stops."""
-        with self._lock:
-            self._syncs.append(sync)
-
-        def stop() -> None:
-            with self._lock:
-                if sync in self._syncs:
-                    self._syncs.remove(sync)
-        return stop
+        return self._register(self._syncs, sync)
 
     def _sync(self) -> None:
         """Run every :meth:`sync_with` function (before a stamp is read)."""
@@ -76,13 +69,17 @@ class WireLog:
     def listen(self, listener: Callable[[WireCall, bool], None]) -> Callable[[], None]:
         """Call ``listener(call, answered)`` (from the recorder's thread) when a call is sent (``answered`` False)
         and when it gets its answer (True); returns the function that stops listening."""
+        return self._register(self._listeners, listener)
+
+    def _register(self, into: list[Any], item: Any) -> Callable[[], None]:
+        """Add ``item`` to ``into`` (under the lock); the function that removes it again."""
         with self._lock:
-            self._listeners.append(listener)
+            into.append(item)
 
         def stop() -> None:
             with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
+                if item in into:
+                    into.remove(item)
         return stop
 
     def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration") -> WireCall:

@@ -319,3 +319,19 @@ def main(installer: type[Installer], argv: Sequence[str] | None = None) -> int:
     else:
         print(result.line())
     return 0 if result.usable else 1
+
+
+def commands(installer: type[Installer]) -> tuple[Callable[..., Status], Callable[[Sequence[str] | None], int]]:
+    """A family module's ``install(release, venv=None, force=False, out=None)`` and ``main(argv=None)``, bound to
+    its installer."""
+    def install_release(release: str, venv: Path | None = None, force: bool = False,
+                        out: TextIO | None = None) -> Status:
+        """Build the environment for ``release`` unless it is already there (prints what it did, its time and
+        disk)."""
+        return install(installer, release, venv, force, out)
+
+    def family_main(argv: Sequence[str] | None = None) -> int:
+        """``python -m <module> install|check``; the exit status."""
+        return main(installer, argv)
+    return install_release, family_main
+

@@ -18,7 +18,6 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
 
 from fakes.facts import SGLANG
 
@@ -154,14 +153,9 @@ def install_standin(site: Path) -> Path:
     return init
 
 
-def install(release: str, venv: Path | None = None, force: bool = False, out: TextIO | None = None) -> Status:
-    """Build the environment for ``release`` unless it is already there (prints what it did, its time and disk)."""
-    return engine_env.install(Installer, release, venv, force, out)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gpu.sglang_cpu install|check``; the exit status."""
-    return engine_env.main(Installer, argv)
+install, main = engine_env.commands(Installer)
+"""``install(release, venv=None, force=False, out=None)`` builds an environment unless it is up to date;
+``main(argv)`` is ``python -m`` this module."""
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ what to run (exit 1). An engine from it is started as ``python`` :data:`PROGRAM`
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Sequence, TextIO
 
 from . import engine_env
 from .engine_env import TORCH, Family, digest
@@ -80,14 +78,9 @@ status = FAMILY.status
 """Is the environment for ``release`` installed by this recipe (and, with ``import_check``, does it import)?"""
 
 
-def install(release: str, venv: Path | None = None, force: bool = False, out: TextIO | None = None) -> Status:
-    """Build the environment for ``release`` unless it is already there (prints what it did, its time and disk)."""
-    return engine_env.install(Installer, release, venv, force, out)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gpu.vllm_cpu install|check``; the exit status."""
-    return engine_env.main(Installer, argv)
+install, main = engine_env.commands(Installer)
+"""``install(release, venv=None, force=False, out=None)`` builds an environment unless it is up to date;
+``main(argv)`` is ``python -m`` this module."""
 
 
 if __name__ == "__main__":

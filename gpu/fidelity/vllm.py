@@ -14,17 +14,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
 from .script import CALL_TIMEOUT_S, Observation, diff, message_class, normalise
 
-LONG_TOKENS = 3000
-"""Budget of the request held across a pause (real vLLM decodes the tiny model at ~600 tokens/s on 2 cores: ~5 s;
-a longer one starves its API server, which then does not accept a connection for 10 s)."""
+LONG_TOKENS = 6000
+"""Budget of a held request: ~10 s on real vLLM (~600 tokens/s on 2 cores), so a call sent while it decodes lands
+before it ends even when this machine stalls the client for seconds (measured under load: 6 s between two polls)."""
+MODEL_LEN = 8192
+"""The model's positions and ``--max-model-len`` for this script (the CPU flags' 4096 is under the held budget)."""
 PROMPT = [5, 6, 7, 8]
 HELD_S = 1.0
 """How long a request sent while paused must go unanswered to count as held (a refusal answers at once)."""
@@ -60,42 +63,31 @@ def choice(body: Any) -> Observation:
 
 
 class Held:
-    """A streamed ``/inference/v1/generate`` kept running in the background (its final chunk carries the version
-    spans); whether the engine decodes it is read on its ``/metrics`` (:func:`until_running`)."""
+    """A ``/inference/v1/generate`` kept running in the background, not streamed (a stream's per-token events load the
+    API server, which then answers control calls seconds late); its answer carries the version spans. Whether the
+    engine decodes it is read on its ``/metrics`` (:func:`until_running`)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, model: str, budget: int = LONG_TOKENS) -> None:
         self.budget = budget
-        self.tokens = 0
-        self.finish_reason: str | None = None
-        self.spans: list[Any] | None = None
-        self.done = False
-        self.status: int | None = None
+        self.answer: httpx.Response | None = None
         self.task = asyncio.ensure_future(self._run(client, url))
 
     async def _run(self, client: httpx.AsyncClient, url: str) -> None:
-        body = {"token_ids": PROMPT, "stream": True,
-                "sampling_params": {"max_tokens": self.budget, "temperature": 0, "ignore_eos": True}}
+        body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": self.budget, "temperature": 0,
+                                                         "ignore_eos": True}}
         try:
-            async with client.stream("POST", url + "/inference/v1/generate", json=body) as response:
-                self.status = response.status_code
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[5:])
-                    for c in chunk.get("choices", []):
-                        self.tokens += len(c.get("token_ids") or [])
-                        self.finish_reason = c.get("finish_reason") or self.finish_reason
-                        self.spans = c.get("weight_versions") or self.spans
-            self.done = True
+            self.answer = await client.post(url + "/inference/v1/generate", json=body)
         except httpx.HTTPError:
             pass  # the server went away mid-answer: result() shows it unfinished
 
     async def result(self) -> Observation:
         await asyncio.wait_for(self.task, CALL_TIMEOUT_S)
-        return {"finished": self.done, "finish_reason": self.finish_reason, "full budget": self.tokens == self.budget,
-                "status": self.status, "span versions": [s.get("version") for s in self.spans or []],
-                "spans cover the output": bool(self.spans) and self.spans[0].get("start") == 0
-                and self.spans[-1].get("end") == self.tokens}
+        if self.answer is None:
+            return {"finished": False}
+        seen = choice(self.answer.json())
+        tokens = seen.pop("token_ids", None)
+        return {"finished": True, "status": self.answer.status_code, "full budget": tokens == self.budget,
+                **{k: seen.get(k) for k in ("finish_reason", "span versions", "spans cover the output")}}
 
 
 async def until_running(client: httpx.AsyncClient, url: str, within_s: float = 10.0) -> bool:
@@ -127,6 +119,27 @@ async def decoding(client: httpx.AsyncClient, url: str, model: str, tries: int =
             return held, True
         await held.result()
     return held, False
+
+
+async def during_decode(client: httpx.AsyncClient, url: str, model: str, act: Callable[[Held], Awaitable[bool]],
+                        undo: Callable[[], Awaitable[Any]], tries: int = 5) -> tuple[Observation, bool]:
+    """Run ``act`` while a held request decodes on the engine, and again (after ``undo``) while it did not land
+    mid-decode: ``act`` makes its call and says, from what it measured once answered, whether the request was still
+    decoding when the engine took the call up (a call the engine takes up late may find the request finished). The
+    held request's result and whether the situation happened (a step that never built it shows as such in the
+    diff, never as agreement)."""
+    for attempt in range(tries):
+        held, running = await decoding(client, url, model)
+        acted = await act(held)  # made also when the request was never seen decoding: the step is still observed
+        landed = running and acted
+        result = await held.result()
+        if landed or attempt == tries - 1:
+            return result, landed
+        print(f"  ({act.__name__}, try {attempt + 1} of {tries}: "
+              f"{'the call found the held request finished' if running else 'the held request never seen decoding'};"
+              f" again)", file=sys.stderr)
+        await undo()
+    raise AssertionError("tries must be at least 1")
 
 
 async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
@@ -178,10 +191,13 @@ async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
         out["completion without prompt answer"] = choice(response.json())
 
         # -- pause: abort (the default), keep, wait --
-        held, running = await decoding(client, url, model)
-        await call("pause (no mode)", "/pause")
+        async def pause_default(held: Held) -> bool:
+            await call("pause (no mode)", "/pause")
+            return not (await held.result()).get("full budget")
+
+        out["request under the default pause"], running = await during_decode(
+            client, url, model, pause_default, lambda: client.post(url + "/resume"))
         out["pause (no mode)"]["running_at_pause"] = running
-        out["request under the default pause"] = await held.result()
         await get("is_paused while paused", "/is_paused")
         out["is_paused while paused"]["body"] = (await client.get(url + "/is_paused")).json()
         waiting = asyncio.ensure_future(client.post(url + "/v1/completions", json=completion()))
@@ -222,20 +238,27 @@ async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
         out["weight_info after v2"] = (await client.get(url + "/weight_info")).json()
         await call("update_weight_version without new_version", "/update_weight_version", {})
         await call("update_weight_version number", "/update_weight_version", {"new_version": 3})
-        spanning, running = await decoding(client, url, model)
-        await call("update_weight_version v3 while decoding", "/update_weight_version", {"new_version": "v3"})
+        async def relabel(held: Held) -> bool:
+            await call("update_weight_version v3 while decoding", "/update_weight_version", {"new_version": "v3"})
+            return await engine_running(client, url)  # the request decodes on, past the relabel
+
+        out["request across a relabel"], running = await during_decode(
+            client, url, model, relabel, lambda: client.post(url + "/update_weight_version", json={"new_version": "v2"}))
         out["update_weight_version v3 while decoding"]["running_at_pause"] = running
-        out["request across a relabel"] = await spanning.result()
         response = await call("generate after v3", "/inference/v1/generate",
                               {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}})
         out["generate after v3 answer"] = choice(response.json())
 
         # -- aborts --
-        held, running = await decoding(client, url, model)
-        response = await call("abort_requests all", "/abort_requests", {})
-        out["abort_requests all"].update({"running_at_pause": running, "aborted":
-                                          response.json().get("aborted") if response.status_code == 200 else None})
-        out["request under abort_requests all"] = await held.result()
+        async def abort_all(held: Held) -> bool:
+            response = await call("abort_requests all", "/abort_requests", {})
+            out["abort_requests all"]["aborted"] = response.json().get("aborted") if response.status_code == 200 \
+                else None
+            return not (await held.result()).get("full budget")  # not run to its end before the abort came
+
+        out["request under abort_requests all"], running = await during_decode(
+            client, url, model, abort_all, lambda: asyncio.sleep(0))
+        out["abort_requests all"]["running_at_pause"] = running
         response = await call("abort_requests unknown id", "/abort_requests", {"request_ids": ["nope"]})
         out["abort_requests unknown id"]["aborted"] = response.json().get("aborted") if response.status_code == 200 \
             else None
@@ -288,7 +311,7 @@ FAKE_PROGRAM = ("-m", "fakes.vllm.launch_server")
 """The fake vLLM, a drop-in for ``vllm.entrypoints.openai.api_server``."""
 LAUNCH_FLAGS = ("--enable-scale-out",)
 """Beyond the CPU flags: the token-in/token-out route, the one that answers version spans."""
-FAKE_SPEED = ("--fake-tokens-per-second", "4000")
+FAKE_SPEED = ("--fake-tokens-per-second", "8000")
 """The fake decodes the held requests in seconds (its pace changes no answer the script compares)."""
 
 
@@ -318,7 +341,8 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None) -> 
                            name=f"fidelity-vllm-{'fake' if fake else 'real'}-{release}",
                            python=None if fake or venv is None else str(python_of(venv)),
                            args=lambda host, port: ["--model", str(model_dir), "--host", host, "--port", str(port),
-                                                    *CPU_FLAGS, *LAUNCH_FLAGS, *extra])
+                                                    *CPU_FLAGS, "--max-model-len", str(MODEL_LEN), *LAUNCH_FLAGS,
+                                                    *extra])
     started = time.monotonic()
     try:
         engine.start(START_TIMEOUT_S)
@@ -334,11 +358,10 @@ START_TIMEOUT_S = 300.0
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gpu.fidelity --engine vllm --release V [--update] [--json FILE]``."""
     import argparse
-    import sys
     import tempfile
 
     from gpu.engine import EngineStartError
-    from gpu.tiny_model import write_model
+    from gpu.tiny_model import TinyModelConfig, write_model
     from gpu.vllm_cpu import RELEASES, status
 
     from .lists import compare, is_race, key
@@ -354,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu.fidelity: {env.reason}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-vllm-") as tmp:
-        model_dir = write_model(Path(tmp) / "model")
+        model_dir = write_model(Path(tmp) / "model", TinyModelConfig(max_position_embeddings=MODEL_LEN))
         try:
             fake, fake_start = run_engine(model_dir, args.release, True, None)
             real, real_start = run_engine(model_dir, args.release, False, env.venv)

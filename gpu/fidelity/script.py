@@ -447,8 +447,38 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
                 "flush_cache": False}, running_at_call=running)
     out["request under the aborting disk update"] = await held.result()
     await weights("weights after disk m2")
+    await concurrency_steps(steps)
     if lora:
         await lora_steps(call, ckpt, work, release, out)
+
+
+async def concurrency_steps(steps: Steps) -> None:
+    """Control calls at once, and during a stream. SGLang runs a weight update under the writer side of its
+    ``model_update_lock`` while every ``/generate`` holds the reader side to its end (``utils/aio_rwlock.py``,
+    ``managers/tokenizer_manager.py``); relabels and flushes take no lock. Each stream is a fresh held request, so
+    whether one call waited for its stream cannot leave the next without one."""
+    call, out, ckpt, n = steps.call, steps.out, steps.ckpt, len(steps.ckpt.specs)
+    relabel = "/update_weight_version"
+    await asyncio.gather(call("relabel c1 (two at once)", relabel, {"new_version": "c1", "abort_all_requests": False}),
+                         call("relabel c2 (two at once)", relabel, {"new_version": "c2", "abort_all_requests": False}))
+    info = (await steps.client.get(steps.url + "/model_info")).json()
+    out["label after two relabels at once"] = {"one of the two": info.get("weight_version") in ("c1", "c2")}
+    await asyncio.gather(*(call(f"disk {m} (two at once)", "/update_weights_from_disk",
+                                {"model_path": str(ckpt.paths[m]), "flush_cache": False}) for m in ("m1", "m2")))
+    await steps.weights("weights after two disk updates at once")
+    holds = out["weights after two disk updates at once"].pop("holds")
+    out["weights after two disk updates at once"]["one of the two, whole"] = holds in (f"m1:{n}", f"m2:{n}")
+    for step, path, body in (
+            ("relabel c3 during a stream", relabel, {"new_version": "c3", "abort_all_requests": False}),
+            ("flush_cache during a stream", "/flush_cache", None),
+            ("disk m0 during a stream", "/update_weights_from_disk",
+             {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "c4"})):
+        held = Held(steps.client, steps.url)
+        running = await held.started()
+        await call(step, path, body, running_at_call=running)
+        out[f"the stream under {step.removesuffix(' during a stream')}"] = await held.result()
+    await steps.weights("weights after the disk update during a stream")
+    await steps.label("label after the disk update during a stream")
 
 
 # -- the calls that may end a real server, each in a server lifetime of its own (the driver starts a fresh server
@@ -613,7 +643,7 @@ async def lora_steps(call: Call, ckpt: Checkpoints, work: Path,
     await call("generate with a1 after its unload", "/generate", generate("a1"))
 
 
-PRECONDITIONS = ("running_at_pause",)
+PRECONDITIONS = ("running_at_pause", "running_at_call")
 """Fields that record whether a step's situation happened (False: it did not)."""
 
 

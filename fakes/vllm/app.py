@@ -28,7 +28,7 @@ from ..asgi import (
 )
 from ..facts import VLLM
 from ..failures import EngineClosed, EngineCrashed
-from .errors import answer, error_reply
+from .errors import answer, error_reply, worker_failed
 
 FakeVLLMEngine = Any
 """The engine served (``fakes.vllm.engine.FakeVLLMEngine``, which builds its app: named, not imported, here)."""
@@ -123,9 +123,7 @@ async def _collective_rpc(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     if method is None:
         return answer("missing_rpc_method")
     if method != "reload_weights":
-        return error_reply(500, f"Call to collective_rpc method failed: Worker failed with error ''Worker' object "
-                                f"has no attribute '{method}'', please check the stack trace above for the root "
-                                f"cause", "InternalServerError")
+        return worker_failed("collective_rpc", f"'Worker' object has no attribute '{method}'")
     e.reload_weights()
     return Reply(200, {"results": [None]})
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
 import threading
 import time
@@ -31,7 +32,7 @@ from ..generation import _Call, _Sink
 from ..scheduler import Request, Scheduler, StepResult, decode_ids, encode_text
 from ..served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model, load_served_model
 from .app import make_app
-from .errors import answer, error_reply
+from .errors import answer, error_reply, worker_failed
 
 _STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
             "up_proj": "gate_up_proj"}
@@ -46,7 +47,7 @@ class FakeVLLMEngine(EngineLoop):
                  model_path: str | None = None, served_model_name: str | None = None,
                  tokens_per_second: float | None = None, clock: Clock | None = None, seed: int = 0,
                  engine_id: str = "e0", max_num_seqs: int = 256, enable_lora: bool = False,
-                 enable_scale_out: bool = False, max_model_len: int | None = None) -> None:
+                 enable_scale_out: bool = False, max_model_len: int | None = None, max_lora_rank: int = 16) -> None:
         if release not in VLLM.releases:
             raise ValueError(f"unknown vLLM release {release!r}; known: {', '.join(VLLM.releases)}")
         if tokens_per_second is not None and tokens_per_second <= 0:
@@ -63,6 +64,8 @@ class FakeVLLMEngine(EngineLoop):
         self.served_model_name = served_model_name or self.model_path
         self.max_model_len = max_model_len or int(self.model.config.get("max_position_embeddings") or 4096)
         self.enable_lora, self.enable_scale_out = enable_lora, enable_scale_out
+        self.max_lora_rank = max_lora_rank
+        """``--max-lora-rank`` (vLLM's ``LoRAConfig`` default: 16)."""
         self.scheduler = Scheduler(None, max_num_seqs, self.clock, seed,
                                    version=VLLM.fact("initial_weight_version", release), events=self.events,
                                    engine_id=engine_id)
@@ -277,12 +280,17 @@ class FakeVLLMEngine(EngineLoop):
                                "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
         if not self.enable_lora:
             return answer("lora_not_enabled")
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):  # the worker's open() of it raises
+            # FileNotFoundError, which vLLM answers as LoRAAdapterNotFoundError (lora/worker_manager.py, 0.32.0)
+            return error_reply(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
         try:
-            W.load_lora_adapter(path)
+            adapter = W.load_lora_adapter(path)
         except (OSError, ValueError, W.WeightError) as e:
-            return error_reply(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError"
-                               ) if isinstance(e, FileNotFoundError) else error_reply(500, str(e),
-                                                                                      "InternalServerError")
+            return error_reply(500, str(e), "InternalServerError")
+        config = adapter["config"]
+        rank = max([int(config["r"]), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+        if rank > self.max_lora_rank:  # PEFTHelper.validate_legal (lora/peft_helper.py), raised in the worker
+            return worker_failed("add_lora", f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.")
         self.adapters[name] = path
         self._event("lora.load", name=name, path=path)
         return Reply(200, f"Success: LoRA adapter '{name}' added successfully.")

@@ -21,6 +21,13 @@ def error_reply(status: int, message: str, err_type: str | None = None, param: s
     return Reply(status, error_body(status, message, err_type, param))
 
 
+def worker_failed(method: str, error: str) -> Reply:
+    """A call the engine ran on its worker that raised: ``EngineCore`` answers the ``collective_rpc`` (or
+    ``add_lora``...) with the error's text quoted (``v1/engine/core.py``, 0.32.0), the route a 500."""
+    return error_reply(500, f"Call to {method} method failed: Worker failed with error '{error}', please check the "
+                            f"stack trace above for the root cause", "InternalServerError")
+
+
 _RAISED = frozenset({"invalid_json", "missing_rpc_method", "compare_needs_baseline"})
 """Answers a route raises as FastAPI's ``HTTPException``: their ``type`` is the status phrase (``Bad Request``);
 the others are ``create_error_response`` bodies typed by kind (``BadRequestError``...)."""

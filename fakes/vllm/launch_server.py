@@ -31,10 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--enable-scale-out", action="store_true")
     for flag in ("--enforce-eager", "--disable-log-requests", "--disable-log-stats", "--trust-remote-code"):
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    for flag in ("--dtype", "--max-lora-rank", "--max-loras", "--gpu-memory-utilization", "--tensor-parallel-size",
+    for flag in ("--dtype", "--max-loras", "--gpu-memory-utilization", "--tensor-parallel-size",
                  "--seed", "--weight-transfer-config", "--uvicorn-log-level"):
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fake-release", choices=VLLM.releases, default=VLLM.default_release)
@@ -61,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = FakeVLLMEngine(args.fake_release, model=model, model_path=None if builtin else args.model,
                             served_model_name=args.served_model_name, tokens_per_second=args.fake_tokens_per_second,
                             seed=args.fake_seed, max_num_seqs=args.max_num_seqs, enable_lora=args.enable_lora,
-                            enable_scale_out=args.enable_scale_out, max_model_len=args.max_model_len)
+                            enable_scale_out=args.enable_scale_out, max_model_len=args.max_model_len,
+                            max_lora_rank=args.max_lora_rank)
     try:
         sock = bind_loopback(args.host, args.port)
     except OSError as e:

@@ -236,4 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gpu.engine import exit_on_sigterm
+
+    exit_on_sigterm()
     sys.exit(main())

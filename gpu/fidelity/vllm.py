@@ -29,6 +29,9 @@ before it ends even when this machine stalls the client for seconds (measured un
 MODEL_LEN = 8192
 """The model's positions and ``--max-model-len`` for this script (the CPU flags' 4096 is under the held budget)."""
 PROMPT = [5, 6, 7, 8]
+CONNECT_S = 30.0
+"""How long a call may wait for the API server to accept its connection (it accepts late while it decodes a long
+request on a busy machine)."""
 HELD_S = 1.0
 """How long a request sent while paused must go unanswered to count as held (a refusal answers at once)."""
 
@@ -148,7 +151,7 @@ async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
     # A connection per call: after a 500 a handler raised, vLLM's uvicorn logs "Exception in ASGI application" and
     # closes the connection, so a kept-alive one would fail the next call with a transport error (measured, 0.32.0).
     limits = httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=10.0), limits=limits) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_S), limits=limits) as client:
         async def call(step: str, path: str, body: Any = None, method: str = "POST", **params: Any) -> httpx.Response:
             kwargs: dict[str, Any] = {"params": params} if params else {}
             if body is not None:
@@ -305,12 +308,70 @@ async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
     return out
 
 
+async def run_vllm_lora_script(url: str, model: str, work: Path) -> dict[str, Observation]:
+    """Runtime LoRA on an engine started with :data:`LORA_FLAGS`: an adapter loaded from disk, loaded again under its
+    name (and in place), listed, used by a completion, refused above ``--max-lora-rank`` and from a missing path,
+    unloaded (twice), and named after its unload (``entrypoints/openai/models/serving.py``, 0.32.0)."""
+    from conformance.reference.transports import write_checkpoint_atomic
+    from conformance.scenarios.trainer import Trainer
+    from gpu.weights import read_weights
+
+    trainer = Trainer(read_weights(Path(model)), seed=0)
+
+    def adapter_dir(name: str, rank: int = 2) -> str:
+        adapter = trainer.lora(1, rank=rank)
+        return str(write_checkpoint_atomic(work, name, adapter.tensors, adapter.config,
+                                           weights_file="adapter_model.safetensors", config_file="adapter_config.json"))
+
+    out: dict[str, Observation] = {}
+    limits = httpx.Limits(max_keepalive_connections=0)  # a connection per call (see run_vllm_script)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_S), limits=limits) as client:
+        async def call(step: str, path: str, body: Any) -> httpx.Response:
+            response = await client.post(url + path, json=body)
+            out[step] = normalise(response)
+            if not response.headers.get("content-type", "").startswith("application/json"):
+                out[step]["text"] = message_class(response.text)
+            return response
+
+        async def complete(step: str, name: str) -> None:
+            response = await call(step, "/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 4,
+                                                            "temperature": 0, "return_token_ids": True})
+            out[step + " answer"] = choice(response.json())
+
+        async def listed(step: str) -> None:
+            models = (await client.get(url + "/v1/models")).json().get("data", [])
+            out[step] = {"ids": sorted("<base>" if m.get("id") == model else m.get("id") for m in models),
+                         "adapter parents are the base": all(m.get("parent") == model for m in models
+                                                             if m.get("id") != model)}
+
+        a1 = adapter_dir("a1")
+        load = "/v1/load_lora_adapter"
+        await call("lora load a1", load, {"lora_name": "a1", "lora_path": a1})
+        await call("lora load a1 again", load, {"lora_name": "a1", "lora_path": a1})
+        await call("lora load a1 again in place", load, {"lora_name": "a1", "lora_path": a1, "load_inplace": True})
+        await listed("v1/models with a1")
+        await complete("completion with a1", "a1")
+        await call("lora load rank 16 (above --max-lora-rank)", load,
+                   {"lora_name": "big", "lora_path": adapter_dir("big", rank=16)})
+        await call("lora load a missing path", load, {"lora_name": "gone", "lora_path": str(work / "gone")})
+        await call("lora load without lora_path", load, {"lora_name": "x"})
+        await call("lora load under the base model's name", load, {"lora_name": model, "lora_path": a1})
+        await listed("v1/models after the refused loads")
+        await call("lora unload a1", "/v1/unload_lora_adapter", {"lora_name": "a1"})
+        await call("lora unload a1 again", "/v1/unload_lora_adapter", {"lora_name": "a1"})
+        await complete("completion with a1 after its unload", "a1")
+        await listed("v1/models after the unload")
+    return {f"{step} (lora)": seen for step, seen in out.items()}
+
+
 # -- the differential: the script on the fake vLLM and on real vLLM, diffed --------------------------------------------
 
 FAKE_PROGRAM = ("-m", "fakes.vllm.launch_server")
 """The fake vLLM, a drop-in for ``vllm.entrypoints.openai.api_server``."""
 LAUNCH_FLAGS = ("--enable-scale-out",)
 """Beyond the CPU flags: the token-in/token-out route, the one that answers version spans."""
+LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "8", "--max-loras", "2")
+"""The LoRA lifetime's server: a second one, started with runtime LoRA on (rank 8 at most)."""
 FAKE_SPEED = ("--fake-tokens-per-second", "8000")
 """The fake decodes the held requests in seconds (its pace changes no answer the script compares)."""
 
@@ -330,15 +391,16 @@ def script_digest() -> str:
     return digest.hexdigest()[:12]
 
 
-def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None) -> tuple[dict[str, Observation], float]:
-    """Start the fake or real vLLM on ``model_dir`` with the same flags, run the script, stop it; the observations
-    and the start time."""
+def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None,
+               lora: bool = False) -> tuple[dict[str, Observation], float]:
+    """Start the fake or real vLLM on ``model_dir`` with the same flags (with ``lora``, :data:`LORA_FLAGS` too), run
+    the script (or the LoRA script), stop it; the observations and the start time."""
     from gpu.engine import EngineProcess
     from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, PROGRAM, python_of
 
-    extra = ("--fake-release", release, *FAKE_SPEED) if fake else ()
+    extra = (*(LORA_FLAGS if lora else ()), *(("--fake-release", release, *FAKE_SPEED) if fake else ()))
     engine = EngineProcess(None, FAKE_PROGRAM if fake else PROGRAM, env=CPU_ENV,
-                           name=f"fidelity-vllm-{'fake' if fake else 'real'}-{release}",
+                           name=f"fidelity-vllm-{'fake' if fake else 'real'}-{release}{'-lora' if lora else ''}",
                            python=None if fake or venv is None else str(python_of(venv)),
                            args=lambda host, port: ["--model", str(model_dir), "--host", host, "--port", str(port),
                                                     *CPU_FLAGS, "--max-model-len", str(MODEL_LEN), *LAUNCH_FLAGS,
@@ -347,7 +409,9 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None) -> 
     try:
         engine.start(START_TIMEOUT_S)
         start_s = time.monotonic() - started
-        return asyncio.run(run_vllm_script(engine.url, str(model_dir))), round(start_s, 1)
+        script = (run_vllm_lora_script(engine.url, str(model_dir), model_dir.parent / f"lora-{'fake' if fake else 'real'}")
+                  if lora else run_vllm_script(engine.url, str(model_dir)))
+        return asyncio.run(script), round(start_s, 1)
     finally:
         engine.stop()
 
@@ -381,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             fake, fake_start = run_engine(model_dir, args.release, True, None)
             real, real_start = run_engine(model_dir, args.release, False, env.venv)
+            fake.update(run_engine(model_dir, args.release, True, None, lora=True)[0])
+            real.update(run_engine(model_dir, args.release, False, env.venv, lora=True)[0])
         except EngineStartError as error:
             print(f"gpu.fidelity: an engine did not start: {str(error).splitlines()[0]}", file=sys.stderr)
             return 1

@@ -164,6 +164,23 @@ async def test_lora_needs_enable_lora_refuses_a_second_load_and_names_an_unknown
 
 
 @pytest.mark.asyncio
+async def test_an_adapter_above_max_lora_rank_or_not_on_disk_is_refused_and_not_listed(connect, tmp_path) -> None:
+    """As real vLLM 0.32.0 on CPU answered (``gpu/fidelity/vllm.py``'s LoRA lifetime): the worker's rank check is a
+    500 quoting its error; a path without an adapter a 404."""
+    save_lora_adapter(str(tmp_path / "big"), tiny_lora(0, r=16), {"r": 16, "lora_alpha": 32,
+                                                                  "target_modules": ["q_proj", "v_proj"]})
+    wire = await connect(FakeVLLMEngine(enable_lora=True, max_lora_rank=8))
+    big = await wire.post("/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": str(tmp_path / "big")})
+    assert big.status_code == 500 and big.json()["error"]["message"] == (
+        "Call to add_lora method failed: Worker failed with error 'LoRA rank 16 is greater than max_lora_rank 8.', "
+        "please check the stack trace above for the root cause")
+    gone = await wire.post("/v1/load_lora_adapter", json={"lora_name": "gone", "lora_path": str(tmp_path / "gone")})
+    assert gone.status_code == 404 and gone.json()["error"]["message"] == \
+        f"Loading lora gone failed: No adapter found for {tmp_path / 'gone'}"
+    assert [m["id"] for m in (await wire.get("/v1/models")).json()["data"]][1:] == []
+
+
+@pytest.mark.asyncio
 async def test_an_unknown_model_is_a_404_naming_the_served_one(connect) -> None:
     wire = await connect(FakeVLLMEngine())
     error = (await wire.post("/v1/completions", json={**_completion(wire.engine), "model": "nope"})).json()["error"]

@@ -134,3 +134,41 @@ def test_engine_ports_are_outside_the_range_port_0_binds_draw_from() -> None:
     ports = {free_port("127.0.0.1") for _ in range(20)}
     assert not ports & set(ephemeral_ports()) and all(1024 < p < 65536 for p in ports)
     assert len(ports) > 10, "drawn at random: concurrent launches do not pick the same port"
+
+
+RUNNER = """
+import sys, threading, time
+sys.path[:0] = [{root!r}, {here!r}]
+from gpu.engine import EngineProcess, exit_on_sigterm
+from gpu.launch import EngineSpec
+if {armed}:
+    exit_on_sigterm()
+engine = EngineProcess(EngineSpec(model_path="/nonexistent/model"), ({stub!r},), env={{"STUB_MODE": "spawn"}})
+engine.start(health_timeout_s=10)
+try:
+    while "grandchild pid" not in engine.log_tail():
+        time.sleep(0.02)
+    print(engine.log_tail().split("grandchild pid ")[1].split()[0], flush=True)
+    threading.Event().wait()
+finally:
+    engine.stop(timeout_s=5)
+"""
+
+
+@pytest.mark.slow  # a runner process and its engine
+@pytest.mark.parametrize("armed", [True, False])
+def test_a_runner_stopped_by_sigterm_stops_what_its_engine_spawned(armed: bool) -> None:
+    """``exit_on_sigterm``: the ``finally`` that stops the engine runs; unarmed (what ``timeout`` did to the
+    differential), the engine's own child outlives the runner."""
+    root = str(Path(__file__).resolve().parents[2])
+    code = RUNNER.format(root=root, here=str(Path(__file__).parent), armed=armed, stub=STUB[0])
+    runner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchild = int(runner.stdout.readline())
+    runner.send_signal(signal.SIGTERM)
+    runner.wait(15)
+    try:
+        fate = "outlived" if armed else "died with"
+        assert wait_gone(grandchild) is armed, f"armed={armed}: the engine's child {fate} the runner"
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from fakes.app import HANDLERS, IGNORED_FIELDS
 from fakes.structs import endpoints, struct_fields
@@ -52,7 +52,11 @@ def _route_of(path: str, routes: Iterable[str]) -> str | None:
 
 def uncovered(release: str, sent: Iterable[Sent]) -> list[Item]:
     """What of ``release``'s surface none of ``sent`` exercised."""
-    routes = surface(release)
+    return uncovered_in(surface(release), sent)
+
+
+def uncovered_in(routes: dict[str, frozenset[str]], sent: Iterable[Sent]) -> list[Item]:
+    """What of ``routes`` (route → the body fields the fake acts on) none of ``sent`` exercised: any family's."""
     called: dict[str, set[str]] = {}
     for _method, path, fields in sent:
         route = _route_of(path, routes)
@@ -101,19 +105,22 @@ def judge(found: dict[str, list[Item]], entries: list[Listed]) -> tuple[list[tup
     return unexplained, stale
 
 
-def report(found: dict[str, list[Item]], entries: list[Listed]) -> tuple[str, bool]:
-    """The coverage report's text, and whether it holds (every uncovered item explained, nothing stale)."""
+def report(found: dict[str, list[Item]], entries: list[Listed], family: str = "sglang",
+           surface_of: Callable[[str], dict[str, frozenset[str]]] = surface,
+           list_path: Path = UNCOVERED) -> tuple[str, bool]:
+    """The coverage report's text for ``family`` (its releases' surfaces by ``surface_of``, its list at
+    ``list_path``), and whether it holds (every uncovered item explained, nothing stale)."""
     unexplained, stale = judge(found, entries)
     lines = []
     for release, items in found.items():
         routes = sum(1 for _, f in items if f is None)
-        lines.append(f"sglang {release}: {len(surface(release))} routes served, {routes} uncovered route(s), "
+        lines.append(f"{family} {release}: {len(surface_of(release))} routes served, {routes} uncovered route(s), "
                      f"{len(items) - routes} uncovered field(s)")
     for entry in entries:
         what = "the route" if entry.fields is None else ", ".join(entry.fields)
         lines.append(f"  listed  {entry.route}: {what} — {entry.why}")
     for release, (route, field) in unexplained:
         lines.append(f"  UNCOMPARED {release} {route} {field or '(the route)'}: compare it, or list it with its "
-                     f"reason in {UNCOVERED.name}")
-    lines += [f"  STALE   {name}: compared on every release now; remove it from {UNCOVERED.name}" for name in stale]
+                     f"reason in {list_path.name}")
+    lines += [f"  STALE   {name}: compared on every release now; remove it from {list_path.name}" for name in stale]
     return "\n".join(lines), not unexplained and not stale

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
-from .script import CALL_TIMEOUT_S, Observation, diff, message_class, normalise
+from .script import CALL_TIMEOUT_S, Observation, Sent, diff, message_class, normalise, sent_by
 
 LONG_TOKENS = 6000
 """Budget of a held request: ~10 s on real vLLM (~600 tokens/s on 2 cores), so a call sent while it decodes lands
@@ -145,13 +145,21 @@ async def during_decode(client: httpx.AsyncClient, url: str, model: str, act: Ca
     raise AssertionError("tries must be at least 1")
 
 
-async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
+def script_client(sent: list[Sent] | None) -> httpx.AsyncClient:
+    """The scripts' client: a connection per call (after a 500 a handler raised, vLLM's uvicorn logs "Exception in
+    ASGI application" and closes the connection, so a kept-alive one would fail the next call with a transport
+    error: measured, 0.32.0); every request it sends appended to ``sent`` (the coverage report's input)."""
+    async def record(request: httpx.Request) -> None:
+        if sent is not None:
+            sent.append(sent_by(request))
+    return httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_S),
+                             limits=httpx.Limits(max_keepalive_connections=0), event_hooks={"request": [record]})
+
+
+async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) -> dict[str, Observation]:
     """Drive the engine at ``url`` (serving ``model``) through the script; ``{step: observation}``."""
     out: dict[str, Observation] = {}
-    # A connection per call: after a 500 a handler raised, vLLM's uvicorn logs "Exception in ASGI application" and
-    # closes the connection, so a kept-alive one would fail the next call with a transport error (measured, 0.32.0).
-    limits = httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_S), limits=limits) as client:
+    async with script_client(sent) as client:
         async def call(step: str, path: str, body: Any = None, method: str = "POST", **params: Any) -> httpx.Response:
             kwargs: dict[str, Any] = {"params": params} if params else {}
             if body is not None:
@@ -278,6 +286,7 @@ async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
 
         # -- weight transfer without a transfer engine --
         for step, path, body in (("start_weight_update", "/start_weight_update", None),
+                                 ("start_draft_weight_update", "/start_draft_weight_update", None),
                                  ("update_weights", "/update_weights", {"update_info": {}}),
                                  ("finish_weight_update v9", "/finish_weight_update", {"weight_version": "v9"}),
                                  ("init_weight_transfer_engine", "/init_weight_transfer_engine", {"init_info": {}}),
@@ -308,7 +317,8 @@ async def run_vllm_script(url: str, model: str) -> dict[str, Observation]:
     return out
 
 
-async def run_vllm_lora_script(url: str, model: str, work: Path) -> dict[str, Observation]:
+async def run_vllm_lora_script(url: str, model: str, work: Path,
+                               sent: list[Sent] | None = None) -> dict[str, Observation]:
     """Runtime LoRA on an engine started with :data:`LORA_FLAGS`: an adapter loaded from disk, loaded again under its
     name (and in place), listed, used by a completion, refused above ``--max-lora-rank`` and from a missing path,
     unloaded (twice), and named after its unload (``entrypoints/openai/models/serving.py``, 0.32.0)."""
@@ -324,8 +334,7 @@ async def run_vllm_lora_script(url: str, model: str, work: Path) -> dict[str, Ob
                                            weights_file="adapter_model.safetensors", config_file="adapter_config.json"))
 
     out: dict[str, Observation] = {}
-    limits = httpx.Limits(max_keepalive_connections=0)  # a connection per call (see run_vllm_script)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_S), limits=limits) as client:
+    async with script_client(sent) as client:
         async def call(step: str, path: str, body: Any) -> httpx.Response:
             response = await client.post(url + path, json=body)
             out[step] = normalise(response)
@@ -391,8 +400,8 @@ def script_digest() -> str:
     return digest.hexdigest()[:12]
 
 
-def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None,
-               lora: bool = False) -> tuple[dict[str, Observation], float]:
+def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lora: bool = False,
+               sent: list[Sent] | None = None) -> tuple[dict[str, Observation], float]:
     """Start the fake or real vLLM on ``model_dir`` with the same flags (with ``lora``, :data:`LORA_FLAGS` too), run
     the script (or the LoRA script), stop it; the observations and the start time."""
     from gpu.engine import EngineProcess
@@ -409,18 +418,53 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None,
     try:
         engine.start(START_TIMEOUT_S)
         start_s = time.monotonic() - started
-        script = (run_vllm_lora_script(engine.url, str(model_dir), model_dir.parent / f"lora-{'fake' if fake else 'real'}")
-                  if lora else run_vllm_script(engine.url, str(model_dir)))
+        work = model_dir.parent / f"lora-{'fake' if fake else 'real'}"
+        script = (run_vllm_lora_script(engine.url, str(model_dir), work, sent) if lora
+                  else run_vllm_script(engine.url, str(model_dir), sent))
         return asyncio.run(script), round(start_s, 1)
     finally:
         engine.stop()
 
 
 START_TIMEOUT_S = 300.0
+UNCOVERED = Path(__file__).resolve().parent / "uncovered-vllm.json"
+"""The fake vLLM's routes no step compares, each with its reason (``python -m gpu.fidelity --engine vllm
+--coverage``)."""
+
+
+def surface(release: str) -> dict[str, frozenset[str]]:
+    """The routes the fake vLLM serves on ``release`` (``fakes.vllm.app.ROUTES``: every release of its table serves
+    all of them). Its handlers read body fields one by one, declared in no struct table: the report is by route."""
+    from fakes.vllm.app import ROUTES
+
+    return {path: frozenset() for path in ROUTES}
+
+
+def coverage_main(releases: Sequence[str]) -> int:
+    """Both lifetimes of the script on the fake vLLM alone, per release: the routes no step calls, against
+    :data:`UNCOVERED` (exit 1 on an unexplained or stale entry)."""
+    import tempfile
+
+    from gpu.tiny_model import TinyModelConfig, write_model
+
+    from .coverage import listed, report, uncovered_in
+
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-vllm-") as tmp:
+        model_dir = write_model(Path(tmp) / "model", TinyModelConfig(max_position_embeddings=MODEL_LEN))
+        for release in releases:
+            sent: list[Sent] = []
+            for lora in (False, True):
+                run_engine(model_dir, release, True, None, lora=lora, sent=sent)
+            found[release] = uncovered_in(surface(release), sent)
+    text, holds = report(found, listed(UNCOVERED), "vllm", surface, UNCOVERED)
+    print(text)
+    return 0 if holds else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gpu.fidelity --engine vllm --release V [--update] [--json FILE]``."""
+    """``python -m gpu.fidelity --engine vllm --release V [--update] [--json FILE]``, or ``--coverage [--release
+    V]`` (no real engine)."""
     import argparse
     import tempfile
 
@@ -431,11 +475,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .lists import compare, is_race, key
 
     parser = argparse.ArgumentParser(prog="python -m gpu.fidelity --engine vllm")
-    parser.add_argument("--release", choices=RELEASES, required=True)
+    parser.add_argument("--release", choices=RELEASES, help="the release to compare (required but with --coverage)")
     parser.add_argument("--venv", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--update", action="store_true")
+    parser.add_argument("--coverage", action="store_true",
+                        help="no real engine: the fake vLLM's routes the script leaves uncompared")
     args = parser.parse_args(argv)
+    if args.coverage:
+        return coverage_main([args.release] if args.release else RELEASES)
+    if args.release is None:
+        parser.error("--release is required (but with --coverage)")
     env = status(args.release, args.venv, import_check=False)
     if not env.usable:
         print(f"gpu.fidelity: {env.reason}", file=sys.stderr)

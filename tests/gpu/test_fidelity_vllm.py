@@ -69,3 +69,13 @@ def test_the_fake_vllm_diverges_from_real_vllm_only_where_listed(release: str) -
     if not env.usable:
         pytest.skip(f"-m vllm needs a real-vLLM environment: {env.reason}")
     assert vllm_main(["--release", release]) == 0, f"new or gone divergences on vLLM {release}: see the output above"
+
+
+@pytest.mark.cpu
+@pytest.mark.slow  # the script's two lifetimes on the fake vLLM (~8 s)
+@pytest.mark.timeout(300)
+def test_every_route_of_the_fake_vllm_is_compared_or_listed_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """No route of the fake vLLM goes uncompared with real vLLM unless gpu/fidelity/uncovered-vllm.json says why; a
+    listed one that is compared now must go."""
+    assert script.coverage_main(RELEASES) == 0, capsys.readouterr().out
+    assert f"vllm {RELEASES[0]}: {len(script.surface(RELEASES[0]))} routes served" in capsys.readouterr().out

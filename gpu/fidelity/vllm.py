@@ -234,11 +234,15 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         await call("resume after keep", "/resume")
         out["request held across pause keep"] = await held.result()
 
-        held, running = await decoding(client, url, model)
-        await call("pause wait", "/pause", mode="wait")
+        async def pause_wait(held: Held) -> bool:
+            decoding_when_sent = await engine_running(client, url)  # wait lets it finish: read before, not after
+            await call("pause wait", "/pause", mode="wait")
+            out["pause wait"]["engine idle when it answered"] = not await engine_running(client, url)
+            return decoding_when_sent
+
+        out["request under pause wait"], running = await during_decode(
+            client, url, model, pause_wait, lambda: client.post(url + "/resume"))
         out["pause wait"]["running_at_pause"] = running
-        out["pause wait"]["engine idle when it answered"] = not await engine_running(client, url)
-        out["request under pause wait"] = await held.result()
         await call("resume after wait", "/resume")
         await call("pause bad mode", "/pause", mode="nope")
         await call("resume twice", "/resume")
@@ -281,6 +285,15 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         await call("collective_rpc without method", "/collective_rpc", {})
         response = await call("reset_prefix_cache", "/reset_prefix_cache")
         out["reset_prefix_cache"]["body"] = response.json() if response.status_code == 200 else None
+
+        async def reset_cache(held: Held) -> bool:
+            response = await call("reset_prefix_cache while decoding", "/reset_prefix_cache")
+            out["reset_prefix_cache while decoding"]["body"] = response.json() if response.status_code == 200 else None
+            return await engine_running(client, url)  # the request decodes on, past the reset
+
+        out["request under reset_prefix_cache"], running = await during_decode(
+            client, url, model, reset_cache, lambda: asyncio.sleep(0))
+        out["reset_prefix_cache while decoding"]["running_at_pause"] = running
         await get("weight_info after reload", "/weight_info")
         out["weight_info after reload"]["body"] = (await client.get(url + "/weight_info")).json()
 
@@ -301,11 +314,25 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         await call("weight_checker compare without baseline", "/weight_checker", {"action": "compare"})
         await call("weight_checker bad action", "/weight_checker", {"action": "nope"})
 
-        # -- sleep and wake --
+        # -- sleep and wake; a relabel and a reload while asleep; the weights across each level --
+        async def checksums() -> Any:
+            answer = await client.post(url + "/weight_checker", json={"action": "checksum"})
+            return answer.json().get("checksums") if answer.status_code == 200 else answer.status_code
+
+        before = await checksums()
         await call("sleep", "/sleep", level=1)
         out["is_sleeping while asleep"] = (await client.get(url + "/is_sleeping")).json()
+        await call("update_weight_version while asleep", "/update_weight_version", {"new_version": "v-asleep"})
+        out["weight_info while asleep"] = (await client.get(url + "/weight_info")).json()
+        await call("collective_rpc reload_weights while asleep", "/collective_rpc", {"method": "reload_weights"})
         await call("wake_up", "/wake_up")
         out["is_sleeping after wake_up"] = (await client.get(url + "/is_sleeping")).json()
+        out["weights after a level 1 sleep"] = {"as before": await checksums() == before}
+        await call("sleep level 2", "/sleep", level=2)
+        await call("wake_up after level 2", "/wake_up")
+        out["weights after a level 2 sleep"] = {"as before": await checksums() == before}
+        await call("collective_rpc reload_weights after level 2", "/collective_rpc", {"method": "reload_weights"})
+        out["weights after a level 2 sleep and a reload"] = {"as before": await checksums() == before}
         response = await call("completion after wake_up", "/v1/completions", completion())
         out["completion after wake_up answer"] = choice(response.json())
 

@@ -4,8 +4,7 @@
 #  2. the conformance cases on real SGLang, on one pair of engines in Ray actors on a simulated 2-node cluster (the
 #     -m gpu path's backend), shared by the session and reset between scenarios (-m sglang --conformance-sglang-ray
 #     conformance/suite), and on the same engines every mutant (tests/gpu/test_mutants_real.py: killed by the same
-#     checks as on the fake); then the reference that resumes aborted turns (partial rollout) on every case, on
-#     engines of the local backend;
+#     checks as on the fake);
 #  3. the one-engine checks: the reset and teardown of shared engines (tests/gpu/test_engine_pool.py) and the
 #     differential fidelity check, fake against real SGLang (tests/gpu/test_fidelity.py);
 #  4. the differential on every other release real SGLang runs on CPU (fakes.facts.SGLANG.cpu_releases), each in
@@ -39,9 +38,8 @@ run() {  # run RELEASE PYTEST-ARGS...
   return "$code"
 }
 
-cases=0; partial=0; checks=0; others=0
+cases=0; checks=0; others=0
 run "$release" --conformance-sglang-ray conformance/suite tests/gpu/test_mutants_real.py || cases=$?
-run "$release" --conformance-integration conformance.reference:partial_rollout conformance/suite || partial=$?
 run "$release" tests/gpu/test_engine_pool.py tests/gpu/test_fidelity.py || checks=$?
 for other in $(python -c "from fakes.facts import SGLANG; print(*SGLANG.cpu_releases)"); do
   [ "$other" = "$release" ] && continue
@@ -52,6 +50,5 @@ for other in $(python -c "from fakes.facts import SGLANG; print(*SGLANG.cpu_rele
 done
 echo "CI: real SGLang stage (install + tests) took $((SECONDS - started)) s"
 [ "$cases" -ne 0 ] && exit "$cases"
-[ "$partial" -ne 0 ] && exit "$partial"
 [ "$checks" -ne 0 ] && exit "$checks"
 exit "$others"

@@ -473,8 +473,8 @@ async def concurrency_steps(steps: Steps) -> None:
             ("flush_cache during a stream", "/flush_cache", None),
             ("disk m0 during a stream", "/update_weights_from_disk",
              {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "c4"})):
-        held = Held(steps.client, steps.url)
-        running = await held.started()
+        held = Held(steps.client, steps.url, budget=3 * LONG_TOKENS)  # ~9 s on real SGLang: the call lands mid-stream
+        running = await held.started()                                 # even when this machine stalls the client
         await call(step, path, body, running_at_call=running)
         out[f"the stream under {step.removesuffix(' during a stream')}"] = await held.result()
     await steps.weights("weights after the disk update during a stream")

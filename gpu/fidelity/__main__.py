@@ -28,7 +28,8 @@ from gpu.engine import EngineProcess, EngineStartError
 from gpu.launch import FAKE, SGLANG, EngineSpec
 from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_of, status
 
-from .lists import CLASSES, compare, is_race, key  # noqa: F401  (CLASSES: read by the tests from here too)
+from .coverage import UNCOVERED
+from .lists import CLASSES, command_line, compare, is_race, key  # noqa: F401  (CLASSES: read by the tests from here too)
 from .script import EXITED, LIFETIMES, Sent, diff, lost, run_script
 
 HERE = Path(__file__).resolve().parent
@@ -181,23 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         argv = rest
     parser = argparse.ArgumentParser(prog="python -m gpu.fidelity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--release", choices=RELEASES, help="the release to compare (required but with --coverage)")
-    parser.add_argument("--venv", type=Path, help="the release's real-SGLang environment (default: the installer's)")
-    parser.add_argument("--json", type=Path, help="write both engines' observations and the diff here")
-    parser.add_argument("--update", action="store_true",
-                        help="rewrite the committed list with what was found (keeps the explanations)")
-    parser.add_argument("--coverage", action="store_true",
-                        help="no real engine: what of the fake's routes and fields the script leaves uncompared "
-                             "(every release, or --release), against gpu/fidelity/uncovered.json")
-    args = parser.parse_args(argv)
-    if args.coverage:
-        return coverage_main([args.release] if args.release else RELEASES)
-    if args.release is None:
-        parser.error("--release is required (but with --coverage)")
-    env = status(args.release, args.venv, import_check=False)
-    if not env.usable:
-        print(f"gpu.fidelity: {env.reason}", file=sys.stderr)
-        return 2
+    parsed = command_line(parser, argv, RELEASES, "SGLang", coverage_main, status, UNCOVERED)
+    if isinstance(parsed, int):
+        return parsed
+    args, env = parsed
     from gpu.tiny_model import write_model
 
     with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-") as tmp:

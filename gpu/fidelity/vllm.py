@@ -499,24 +499,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpu.tiny_model import TinyModelConfig, write_model
     from gpu.vllm_cpu import RELEASES, status
 
-    from .lists import compare, is_race, key
+    from .lists import command_line, compare, is_race, key
 
     parser = argparse.ArgumentParser(prog="python -m gpu.fidelity --engine vllm")
-    parser.add_argument("--release", choices=RELEASES, help="the release to compare (required but with --coverage)")
-    parser.add_argument("--venv", type=Path)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--update", action="store_true")
-    parser.add_argument("--coverage", action="store_true",
-                        help="no real engine: the fake vLLM's routes the script leaves uncompared")
-    args = parser.parse_args(argv)
-    if args.coverage:
-        return coverage_main([args.release] if args.release else RELEASES)
-    if args.release is None:
-        parser.error("--release is required (but with --coverage)")
-    env = status(args.release, args.venv, import_check=False)
-    if not env.usable:
-        print(f"gpu.fidelity: {env.reason}", file=sys.stderr)
-        return 2
+    parsed = command_line(parser, argv, RELEASES, "vLLM", coverage_main, status, UNCOVERED)
+    if isinstance(parsed, int):
+        return parsed
+    args, env = parsed
     with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-vllm-") as tmp:
         model_dir = write_model(Path(tmp) / "model", TinyModelConfig(max_position_embeddings=MODEL_LEN))
         try:

@@ -70,7 +70,7 @@ class Held:
     API server, which then answers control calls seconds late); its answer carries the version spans. Whether the
     engine decodes it is read on its ``/metrics`` (:func:`until_running`)."""
 
-    def __init__(self, client: httpx.AsyncClient, url: str, model: str, budget: int = LONG_TOKENS) -> None:
+    def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS) -> None:
         self.budget = budget
         self.answer: httpx.Response | None = None
         self.task = asyncio.ensure_future(self._run(client, url))
@@ -113,26 +113,26 @@ async def engine_running(client: httpx.AsyncClient, url: str) -> bool:
     return False
 
 
-async def decoding(client: httpx.AsyncClient, url: str, model: str, tries: int = 3) -> tuple[Held, bool]:
+async def decoding(client: httpx.AsyncClient, url: str, tries: int = 3) -> tuple[Held, bool]:
     """A held request the engine is seen decoding (its ``/metrics``), started again (at most ``tries`` times) when
     it was not: the situation a pause or abort step compares is made to happen, and whether it did is recorded."""
     for _ in range(tries):
-        held = Held(client, url, model)
+        held = Held(client, url)
         if await until_running(client, url):
             return held, True
         await held.result()
     return held, False
 
 
-async def during_decode(client: httpx.AsyncClient, url: str, model: str, act: Callable[[Held], Awaitable[bool]],
-                        undo: Callable[[], Awaitable[Any]], tries: int = 5) -> tuple[Observation, bool]:
-    """Run ``act`` while a held request decodes on the engine, and again (after ``undo``) while it did not land
+async def during_decode(client: httpx.AsyncClient, url: str, act: Callable[[Held], Awaitable[bool]],
+                        undo: Callable[[], Awaitable[Any]] | None = None, tries: int = 5) -> tuple[Observation, bool]:
+    """Run ``act`` while a held request decodes on the engine, and again (after ``undo``, if any) while it did not land
     mid-decode: ``act`` makes its call and says, from what it measured once answered, whether the request was still
     decoding when the engine took the call up (a call the engine takes up late may find the request finished). The
     held request's result and whether the situation happened (a step that never built it shows as such in the
     diff, never as agreement)."""
     for attempt in range(tries):
-        held, running = await decoding(client, url, model)
+        held, running = await decoding(client, url)
         acted = await act(held)  # made also when the request was never seen decoding: the step is still observed
         landed = running and acted
         result = await held.result()
@@ -141,7 +141,8 @@ async def during_decode(client: httpx.AsyncClient, url: str, model: str, act: Ca
         print(f"  ({act.__name__}, try {attempt + 1} of {tries}: "
               f"{'the call found the held request finished' if running else 'the held request never seen decoding'};"
               f" again)", file=sys.stderr)
-        await undo()
+        if undo is not None:
+            await undo()
     raise AssertionError("tries must be at least 1")
 
 
@@ -156,17 +157,26 @@ def script_client(sent: list[Sent] | None) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_keepalive_connections=0), event_hooks={"request": [record]})
 
 
+Call = Callable[..., Awaitable[httpx.Response]]
+
+
+def recording(client: httpx.AsyncClient, url: str, out: dict[str, Observation]) -> Call:
+    """``call(step, path, body=None, method="POST", **query)``: send, and record the normalised answer as ``step``."""
+    async def call(step: str, path: str, body: Any = None, method: str = "POST", **params: Any) -> httpx.Response:
+        kwargs: dict[str, Any] = {"params": params} if params else {}
+        if body is not None:
+            kwargs["json"] = body
+        response = await client.request(method, url + path, **kwargs)
+        out[step] = normalise(response)
+        return response
+    return call
+
+
 async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) -> dict[str, Observation]:
     """Drive the engine at ``url`` (serving ``model``) through the script; ``{step: observation}``."""
     out: dict[str, Observation] = {}
     async with script_client(sent) as client:
-        async def call(step: str, path: str, body: Any = None, method: str = "POST", **params: Any) -> httpx.Response:
-            kwargs: dict[str, Any] = {"params": params} if params else {}
-            if body is not None:
-                kwargs["json"] = body
-            response = await client.request(method, url + path, **kwargs)
-            out[step] = normalise(response)
-            return response
+        call = recording(client, url, out)
 
         async def get(step: str, path: str) -> httpx.Response:
             return await call(step, path, method="GET")
@@ -207,7 +217,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return not (await held.result()).get("full budget")
 
         out["request under the default pause"], running = await during_decode(
-            client, url, model, pause_default, lambda: client.post(url + "/resume"))
+            client, url, pause_default, lambda: client.post(url + "/resume"))
         out["pause (no mode)"]["running_at_pause"] = running
         await get("is_paused while paused", "/is_paused")
         out["is_paused while paused"]["body"] = (await client.get(url + "/is_paused")).json()
@@ -222,7 +232,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         out["completion sent while paused"].update({"status": answer.status_code, **choice(answer.json())})
 
         for _ in range(3):  # until the pause catches the request mid-decode (the engine runs ahead of its client)
-            held, running = await decoding(client, url, model)
+            held, running = await decoding(client, url)
             await call("pause keep", "/pause", mode="keep")
             running = running and await engine_running(client, url)  # still in the batch, frozen
             if running:
@@ -241,7 +251,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return decoding_when_sent
 
         out["request under pause wait"], running = await during_decode(
-            client, url, model, pause_wait, lambda: client.post(url + "/resume"))
+            client, url, pause_wait, lambda: client.post(url + "/resume"))
         out["pause wait"]["running_at_pause"] = running
         await call("resume after wait", "/resume")
         await call("pause bad mode", "/pause", mode="nope")
@@ -258,7 +268,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return await engine_running(client, url)  # the request decodes on, past the relabel
 
         out["request across a relabel"], running = await during_decode(
-            client, url, model, relabel, lambda: client.post(url + "/update_weight_version", json={"new_version": "v2"}))
+            client, url, relabel, lambda: client.post(url + "/update_weight_version", json={"new_version": "v2"}))
         out["update_weight_version v3 while decoding"]["running_at_pause"] = running
         response = await call("generate after v3", "/inference/v1/generate",
                               {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}})
@@ -272,7 +282,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return not (await held.result()).get("full budget")  # not run to its end before the abort came
 
         out["request under abort_requests all"], running = await during_decode(
-            client, url, model, abort_all, lambda: asyncio.sleep(0))
+            client, url, abort_all)
         out["abort_requests all"]["running_at_pause"] = running
         response = await call("abort_requests unknown id", "/abort_requests", {"request_ids": ["nope"]})
         out["abort_requests unknown id"]["aborted"] = response.json().get("aborted") if response.status_code == 200 \
@@ -292,7 +302,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return await engine_running(client, url)  # the request decodes on, past the reset
 
         out["request under reset_prefix_cache"], running = await during_decode(
-            client, url, model, reset_cache, lambda: asyncio.sleep(0))
+            client, url, reset_cache)
         out["reset_prefix_cache while decoding"]["running_at_pause"] = running
         await get("weight_info after reload", "/weight_info")
         out["weight_info after reload"]["body"] = (await client.get(url + "/weight_info")).json()
@@ -362,12 +372,7 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
 
     out: dict[str, Observation] = {}
     async with script_client(sent) as client:
-        async def call(step: str, path: str, body: Any) -> httpx.Response:
-            response = await client.post(url + path, json=body)
-            out[step] = normalise(response)
-            if not response.headers.get("content-type", "").startswith("application/json"):
-                out[step]["text"] = message_class(response.text)
-            return response
+        call = recording(client, url, out)
 
         async def complete(step: str, name: str) -> None:
             response = await call(step, "/v1/completions", {"model": name, "prompt": PROMPT, "max_tokens": 4,

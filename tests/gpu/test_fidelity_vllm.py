@@ -57,7 +57,7 @@ def test_a_call_meant_to_land_mid_decode_is_made_again_until_it_does_and_says_wh
         undos.append(1)
 
     monkeypatch.setattr(script, "decoding", decoding)
-    _, landed = asyncio.run(script.during_decode(None, "", "", act, undo))  # type: ignore[arg-type]
+    _, landed = asyncio.run(script.during_decode(None, "", act, undo))  # type: ignore[arg-type]
     assert (len(acts), landed) == expected and len(undos) == len(acts) - 1
 
 

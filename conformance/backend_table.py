@@ -43,7 +43,7 @@ class BackendRow:
 
 BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
     BackendRow("fake", "cpu", "runs on CPU only (fake engines); every CI", "conformance.fake_setup:FakeSetup",
-               options=("profile", "seed"), preflight=True, isolates=True, run_ahead=4),
+               options=("profile", "seed", "engine"), preflight=True, isolates=True, run_ahead=4),
     BackendRow("gpu", "gpu", "needs real SGLang engines on GPUs (Ray cluster)", "gpu.suite:GpuSuite",
                options=("nodes", "ray_address", "model_path", "profile", "seed"), bounds_aborted_rate=True),
     BackendRow("sglang", "sglang",

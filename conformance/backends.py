@@ -23,6 +23,7 @@ import httpx
 
 from fakes.profiles import DEFAULT_PROFILE
 
+from .dialect import DIALECTS, SGLANG_DIALECT, VOCABULARY_PROFILE, Dialect
 from .wire import PROBE_HEADER, WireLog, WireRecorder
 from .wire_control import WireControl
 
@@ -32,7 +33,10 @@ class Backend(Protocol):
 
     name: str
     profile: str
+    """The SGLang release the wire is recorded as (for another family: :data:`conformance.dialect.VOCABULARY_PROFILE`)."""
     urls: list[str]
+    dialect: Dialect
+    """How the engines' wire maps to the suite's vocabulary, and the suite's own calls to theirs."""
     wire: WireLog
     control: WireControl
     """The refusals and holds its recorders apply (:mod:`conformance.wire_control`)."""
@@ -71,13 +75,14 @@ def probe_client(timeout_s: float | None = 5.0, header: str = PROBE_HEADER) -> h
     return httpx.AsyncClient(timeout=timeout_s, headers={header: "1"}, verify=_ssl_context())
 
 
-async def probe_labels(urls: list[str], timeout_s: float = 5.0) -> list[str | None]:
-    """Each engine's version label as real SGLang reports it (``/model_info``, else ``/get_model_info``)."""
+async def probe_labels(urls: list[str], timeout_s: float = 5.0, dialect: Dialect = SGLANG_DIALECT) -> list[str | None]:
+    """Each engine's version label as real SGLang reports it (``/model_info``, else ``/get_model_info``; vLLM's
+    ``/weight_info`` through its dialect)."""
     async with probe_client(timeout_s) as client:
         async def one(url: str) -> str | None:
             for path in ("/model_info", "/get_model_info"):
                 try:
-                    r = await client.get(url + path)
+                    r = await client.get(url + dialect.outgoing(path)[0])
                 except httpx.HTTPError:
                     return None
                 if r.status_code == 200:
@@ -86,8 +91,11 @@ async def probe_labels(urls: list[str], timeout_s: float = 5.0) -> list[str | No
         return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
-async def probe_post(url: str, path: str, body: Any, timeout_s: float = 5.0) -> None:
-    """A call the suite makes itself (an injected fault: pause, abort), not recorded on the wire."""
+async def probe_post(url: str, path: str, body: Any, timeout_s: float = 5.0,
+                     dialect: Dialect = SGLANG_DIALECT) -> None:
+    """A call the suite makes itself (an injected fault: pause, abort; ``path`` and ``body`` in the vocabulary, sent
+    in the engine's ``dialect``), not recorded on the wire."""
+    path, body = dialect.outgoing(path, body)
     async with probe_client(timeout_s) as client:
         r = await client.post(url + path, json=body)
         r.raise_for_status()
@@ -107,6 +115,9 @@ class FakeBackendConfig:
     max_running_requests: int = 64
     enable_lora: bool = True
     seed: int = 0
+    engine: str = "sglang"
+    """The engine family faked: ``sglang`` (as ``profile``) or ``vllm`` (its newest release, token-in/token-out on,
+    recorded through :class:`conformance.dialect.VllmDialect`)."""
     stepped: bool = False
     """Engines on manual clocks, stepped together by one backend thread at ``tokens_per_second``, which
     :meth:`FakeBackend.held` stops so that a scenario can place a call on an exact token (:meth:`FakeBackend.step`,
@@ -116,11 +127,14 @@ class FakeBackendConfig:
 class FakeBackend:
     """Fake SGLang engines served on 127.0.0.1 (uvicorn in a thread each), wrapped by wire recorders."""
 
-    name = "fake"
-
     def __init__(self, config: FakeBackendConfig | None = None) -> None:
         self.config = config or FakeBackendConfig()
-        self.profile = self.config.profile
+        if self.config.engine not in DIALECTS:
+            raise ValueError(f"unknown engine family {self.config.engine!r}; known: {', '.join(DIALECTS)}")
+        self.dialect = DIALECTS[self.config.engine]
+        sglang = self.config.engine == "sglang"
+        self.name = "fake" if sglang else f"fake-{self.config.engine}"
+        self.profile = self.config.profile if sglang else VOCABULARY_PROFILE
         self.sentinel_tokens = int(SENTINEL_SECONDS * self.config.tokens_per_second)
         self.decode_tokens_per_s = self.config.tokens_per_second
         self.wire, self.control = WireLog(), WireControl()
@@ -133,15 +147,12 @@ class FakeBackend:
         self._held = False
 
     def start(self) -> None:
-        from fakes.engine import FakeEngine
         from fakes.server import LoopbackServer
 
         c = self.config
         for i in range(c.engines):
-            engine = FakeEngine(profile=c.profile, tokens_per_second=None if c.stepped else c.tokens_per_second,
-                                max_running_requests=c.max_running_requests, enable_lora=c.enable_lora,
-                                seed=c.seed, engine_id=f"e{i}")
-            server = LoopbackServer(WireRecorder(engine.app, i, self.wire, self.control))
+            engine = self._engine(f"e{i}")
+            server = LoopbackServer(WireRecorder(engine.app, i, self.wire, self.control, self.dialect))
             server.start()
             self._engines.append(engine)
             self._servers.append(server)
@@ -149,6 +160,20 @@ class FakeBackend:
         if c.stepped:
             self._ticker = threading.Thread(target=self._tick, name="fake-backend-ticker", daemon=True)
             self._ticker.start()
+
+    def _engine(self, engine_id: str) -> Any:
+        """One fake engine of the configured family."""
+        c = self.config
+        speed = None if c.stepped else c.tokens_per_second
+        if c.engine == "vllm":
+            from fakes.vllm import FakeVLLMEngine
+
+            return FakeVLLMEngine(tokens_per_second=speed, max_num_seqs=c.max_running_requests,
+                                  enable_lora=c.enable_lora, enable_scale_out=True, seed=c.seed, engine_id=engine_id)
+        from fakes.engine import FakeEngine
+
+        return FakeEngine(profile=c.profile, tokens_per_second=speed, max_running_requests=c.max_running_requests,
+                          enable_lora=c.enable_lora, seed=c.seed, engine_id=engine_id)
 
     def _tick(self) -> None:
         while not self._closing.wait(1.0 / self.config.tokens_per_second):
@@ -191,11 +216,18 @@ class FakeBackend:
             list(pool.map(lambda server: server.stop(), self._servers))
         self._servers.clear()
 
+    @property
+    def served_model(self) -> str | None:
+        """The directory the engines were started on (``History.served_model``)."""
+        return self._engines[0].model_path if self._engines else None
+
     def initial_weights(self) -> Mapping[str, Any]:
         return dict(self._engines[0].weights)  # TensorBlobs: the trainer makes torch tensors of them if it can
 
     def digests(self) -> list[dict[str, str]] | None:
-        return [{name: blob.digest() for name, blob in e.weights.items()} for e in self._engines]
+        """An engine left without weights (a fake vLLM after a failed reload) holds none: ``{}``."""
+        return [{} if getattr(e, "weights_gone", False) else {name: blob.digest() for name, blob in e.weights.items()}
+                for e in self._engines]
 
     def truth(self) -> dict[str, Any]:
         return {"engine_events": [e.events.to_list() for e in self._engines]}

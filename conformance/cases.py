@@ -120,8 +120,9 @@ def load_integration(spec: str, options: Mapping[str, Any] | None = None) -> Int
 BackendFactory = Callable[[], Backend]
 
 
-def fake_backend_factory(profile: str = DEFAULT_PROFILE, seed: int = 0, engines: int = 2) -> BackendFactory:
-    return lambda: FakeBackend(FakeBackendConfig(engines=engines, profile=profile, seed=seed))
+def fake_backend_factory(profile: str = DEFAULT_PROFILE, seed: int = 0, engines: int = 2,
+                         engine: str = "sglang") -> BackendFactory:
+    return lambda: FakeBackend(FakeBackendConfig(engines=engines, profile=profile, seed=seed, engine=engine))
 
 
 @dataclass
@@ -199,25 +200,27 @@ def _hung(scenario: str, integration: Integration, backend: Backend, seed: int, 
 
 
 def run_isolated(scenario: str, spec: str, options: Mapping[str, Any], profile: str = DEFAULT_PROFILE,
-                 seed: int = 0, deadlines: Deadlines = DEADLINES) -> ScenarioResult:
+                 seed: int = 0, deadlines: Deadlines = DEADLINES, engine: str = "sglang") -> ScenarioResult:
     """:func:`run_one` on the fake backend in a fresh (spawned) process that loads the integration from its spec:
     for adapters with process-global state that must not meet another scenario's."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_run_in_child, scenario, spec, dict(options), profile, seed, deadlines).result()
+        return pool.submit(_run_in_child, scenario, spec, dict(options), profile, seed, deadlines, engine).result()
 
 
 def _run_in_child(scenario: str, spec: str, options: dict[str, Any], profile: str, seed: int,
-                  deadlines: Deadlines) -> ScenarioResult:
-    return run_one(scenario, load_integration(spec, options), fake_backend_factory(profile, seed), seed, deadlines)
+                  deadlines: Deadlines, engine: str) -> ScenarioResult:
+    return run_one(scenario, load_integration(spec, options), fake_backend_factory(profile, seed, engine=engine), seed,
+                   deadlines)
 
 
 def batch_in_child(scenarios: list[str], spec: str, options: dict[str, Any], profile: str, seed: int,
-                   deadlines: Deadlines, parallel: int) -> Iterator[tuple[int, ScenarioResult | Exception]]:
+                   deadlines: Deadlines, parallel: int,
+                   engine: str = "sglang") -> Iterator[tuple[int, ScenarioResult | Exception]]:
     """Each of ``scenarios`` on the fake backend for the integration ``spec`` names, ``parallel`` at once, as each
     ends: (its index, its result or the exception its run raised). What the helper process of :class:`RunAhead`
     runs."""
-    integration, factory = load_integration(spec, options), fake_backend_factory(profile, seed)
+    integration, factory = load_integration(spec, options), fake_backend_factory(profile, seed, engine=engine)
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="scenario") as pool:
         runs = {pool.submit(run_one, name, integration, factory, seed, deadlines): i for i, name in enumerate(scenarios)}
         for done in as_completed(runs):

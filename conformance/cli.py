@@ -2,7 +2,7 @@
 default) and write the report (JSON result, Markdown summary, self-contained HTML).
 
     python -m conformance [--integration MODULE:ATTR [--integration-option KEY=VALUE ...]] [--out results/]
-                          [--sglang-profile V | --profiles all|V1,V2] [--expectations FILE]
+                          [--engine sglang|vllm] [--sglang-profile V | --profiles all|V1,V2] [--expectations FILE]
                           [--write-expectations FILE] [-- PYTEST ARGS]
     python -m conformance --list-cases                       the case ids (<invariant>-<scenario>), one a line
     python -m conformance --case-table                       the scenarios, what each builds, the checks judging it
@@ -10,7 +10,8 @@ default) and write the report (JSON result, Markdown summary, self-contained HTM
                                                              "implement <method>: ..." until it is filled in
 
 With ``--profiles`` the suite runs once per SGLang profile (results in ``OUT/<profile>/``) and prints the
-integration × profile matrix (also written to ``OUT/profiles.md``).
+integration × profile matrix (also written to ``OUT/profiles.md``). With ``--engine vllm`` the fake engines are vLLM
+0.32.0 and the default integration is the reference on vLLM (``conformance.reference:vllm``).
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     from fakes.profiles import DEFAULT_PROFILE, PROFILES
 
     parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from conformance import ENGINES
+
     parser.add_argument("--integration", default=None, help="MODULE:ATTR of the integration under test "
-                                                             "(default: the reference integration)")
+                                                             "(default: the reference integration, for --engine)")
+    parser.add_argument("--engine", default="sglang", choices=ENGINES,
+                        help="engine family of the fake backend (default: sglang)")
     parser.add_argument("--integration-option", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for an integration factory (repeatable)")
     parser.add_argument("--isolate-scenarios", action="store_true", help="each scenario in its own process")
@@ -131,10 +136,10 @@ def _profiles(value: str | None, default: str) -> list[str]:
 
 
 def _check_integration(args: argparse.Namespace) -> str:
-    from conformance import DEFAULT_INTEGRATION
+    from conformance import DEFAULT_INTEGRATIONS
     from conformance.cases import IntegrationError, load_integration, parse_options
 
-    spec = args.integration or DEFAULT_INTEGRATION
+    spec = args.integration or DEFAULT_INTEGRATIONS[args.engine]
     try:
         load_integration(spec, parse_options(args.integration_option))
     except IntegrationError as exc:
@@ -154,7 +159,8 @@ def _run(args: argparse.Namespace, extra: list[str], spec: str, profile: str, ou
     plugin = [] if plugin_installed() else ["-p", PLUGIN]
     pytest_args = ["--pyargs", "conformance.suite", "-m", args.marker, *plugin, "--noconftest", *UNUSED_PLUGINS,
                    "-W", "ignore::pytest.PytestAssertRewriteWarning",
-                   f"--conformance-sglang-profile={profile}", f"--conformance-seed={args.seed}",
+                   f"--conformance-engine={args.engine}", f"--conformance-sglang-profile={profile}",
+                   f"--conformance-seed={args.seed}",
                    f"--conformance-report={report}", f"--conformance-integration={spec}",
                    *(f"--conformance-integration-option={o}" for o in args.integration_option),
                    *(["--conformance-isolate-scenarios"] if args.isolate_scenarios else []),
@@ -207,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             print(_list_cases())
             return 0
         extra = extra[1:] if extra[:1] == ["--"] else extra  # "-- PYTEST ARGS": pytest's own, not paths
+        if args.engine != "sglang" and args.profiles:
+            raise UsageError(f"--profiles runs the fake SGLang's releases; --engine {args.engine} fakes one release")
         profiles = _profiles(args.profiles, args.sglang_profile)
         spec = _check_integration(args)
         out = _writable_dir(Path(args.out))

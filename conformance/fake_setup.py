@@ -12,17 +12,18 @@ from .cases import BackendFactory, fake_backend_factory
 
 @dataclass(frozen=True)
 class FakeSetup:
-    """``fake``: two fake engines behaving as SGLang ``profile``, seeded with ``seed``."""
+    """``fake``: two fake engines behaving as SGLang ``profile`` (or as vLLM: ``engine``), seeded with ``seed``."""
 
     profile: str = DEFAULT_PROFILE
     seed: int = 0
+    engine: str = "sglang"
 
     def skip_reason(self) -> str | None:
         """None: the fake runs on any machine."""
         return None
 
     def backend_factory(self) -> BackendFactory:
-        return fake_backend_factory(self.profile, self.seed)
+        return fake_backend_factory(self.profile, self.seed, engine=self.engine)
 
     def close(self) -> None:
         """Nothing is held between scenarios."""

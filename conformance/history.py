@@ -42,6 +42,9 @@ class WireCall:
     """Parsed JSON response; for a streamed ``/generate`` the last data event."""
     origin: str = "integration"
     """``integration`` (the integration under test) or ``sentinel`` (the suite's own long-lived request)."""
+    sent_as: str | None = None
+    """The call as it crossed the wire (``POST /pause?mode=keep``) when the engine's dialect differs from the
+    vocabulary it is recorded in (:mod:`conformance.dialect`); None for SGLang."""
 
     @property
     def ok(self) -> bool:
@@ -87,6 +90,9 @@ class UpdateCycle:
     trainer_digest: dict[str, str] | None = None
     """Parameter name → digest of what the trainer pushed (full-weight updates)."""
     digests_after: list[dict[str, str]] | None = None
+    digests_before: list[dict[str, str]] | None = None
+    """Per engine, what it held before a cycle the scenario makes fail (refused or poisoned): a failed update must
+    leave each engine with whole weights, these or the trainer's."""
     """Per engine, parameter name → digest of what it holds after the cycle (backends that can read weights)."""
 
 
@@ -209,6 +215,9 @@ class History:
     stamps_engines: bool = True
     """The integration declares that it stamps its versions on the engines (``Capabilities.stamps_engines``);
     False: it keeps versions on the client side, and the truth is the cycle timeline."""
+    served_model: str | None = None
+    """The directory the engines were started on (their base model; None where the backend does not say): a load
+    of it restores the engines' first weights, it is no checkpoint of the trainer's."""
     wire: list[WireCall] = field(default_factory=list)
     cycles: list[UpdateCycle] = field(default_factory=list)
     batches: list[BatchRecord] = field(default_factory=list)

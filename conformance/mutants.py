@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -23,7 +23,9 @@ import httpx
 
 from .checks import invariants, known_invariants
 from .interface import BuildEnv, Capabilities, Integration, LoraAdapter, Sample, Turn
-from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater
+from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater, \
+    VllmEngineClient
+from .reference import vllm as reference_vllm
 from .reference.concurrency import gather_all
 from .reference.manager import FinishedGroup, PartialRolloutManager, numeric_label
 from .reference.protocols import WeightSyncClient
@@ -541,13 +543,82 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
 ]}
 
 
+# -- on vLLM (``--engine vllm``) ----------------------------------------------------------------------------------
+
+class VllmDefaultPauseClient(VllmEngineClient):
+    async def pause(self, mode: str) -> None:
+        await self._call("/pause")  # no mode: vLLM's default, abort, ends every request in flight
+
+
+class VllmUncheckedReloadClient(VllmEngineClient):
+    def check_response(self, endpoint: str, response: httpx.Response) -> Any:
+        if endpoint == "/collective_rpc" and response.status_code != 200:  # logged, not raised
+            log.warning("reload_weights failed: %s %s", response.status_code, response.text)
+            return None
+        return super().check_response(endpoint, response)
+
+
+class VllmNoRestoreClient(VllmEngineClient):
+    async def restore(self, failure: EngineError) -> None:
+        return None  # a failed reload is reported, and the engine resumed as it is: without weights
+
+
+ON_VLLM = {"steady-tensor-retract": "steady-disk-retract", "steady-tensor-in_place": "steady-disk-in_place",
+           "slow-engine-tensor": "slow-engine-disk"}
+"""A scenario the reference cannot run on vLLM (a tensor update) → the one showing the same bug with disk reloads."""
+CARRIED_TO_VLLM = (
+    "lora_unstamped", "failover_regression_stored", "none_as_zero", "oldest_wrong", "filter_at_production",
+    "recycle_partial", "resume_not_finally", "non_atomic_checkpoint", "flush_under_in_place", "lora_reload_in_place",
+    "filter_admits_bound_plus_one", "lora_stamped_before_load", "filter_rejects_at_bound",
+    "checkpoint_rewritten_in_place", "gated_call_stamped_at_send", "versions_from_first_trainer",
+    "checkpoint_freed_by_first_load", "publish_before_transfer")
+"""The mutants whose bug lives outside the SGLang client and the tensor transports: the same bug, on vLLM. Not
+carried: the SGLang client's own (their vLLM twins are below), ``bucket_stamped`` (distributed buckets),
+``aborts_own_requests`` (it posts SGLang's ``/abort_request``), ``unconverted_names`` (vLLM refuses a name its model
+lacks, loudly: ``AutoWeightsLoader`` raises, so the bug cannot hide there), ``resumed_turn_forgets_aborted_part``
+(partial rollout on vLLM is not built: on the fake vLLM its scenario built its situation in one run of three, so the
+verdict is ``unknown`` as often as not)."""
+
+
+def on_vllm(mutant: Mutant, name: str | None = None, bug: str | None = None, source: str | None = None,
+            kills: tuple[str, ...] | None = None, client_cls: type[VllmEngineClient] = VllmEngineClient,
+            shows_in: tuple[str, ...] | None = None) -> Mutant:
+    """``mutant``'s bug in the reference on vLLM (``conformance.reference:vllm``): its pieces over ``client_cls``,
+    its capabilities less the transports vLLM lacks, shown in :data:`ON_VLLM`'s counterparts (or ``shows_in``)."""
+    base, own = reference_vllm.capabilities, mutant.integration.capabilities
+    capabilities = replace(own, transports=base.transports, absent_because=base.absent_because)
+    integration = replace(mutant.integration, name=name or f"vllm_{mutant.name}", client_cls=client_cls,
+                          capabilities=capabilities)
+    return Mutant(integration.name, bug or mutant.bug, source or mutant.source, kills or mutant.kills, integration,
+                  shows_in or tuple(ON_VLLM.get(s, s) for s in mutant.shows_in))
+
+
+VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
+    *(on_vllm(MUTANTS[name]) for name in CARRIED_TO_VLLM),
+    on_vllm(MUTANTS["drops_requests_on_update"], shows_in=("steady-disk-in_place",)),  # a wait pause drains them
+    on_vllm(MUTANTS["pause_abort"], "vllm_pause_default_abort", "pauses with /pause and no mode: vLLM's default, "
+            "abort, ends every request in flight", "vllm-api.md (measured on CPU: /pause aborts what is in flight); "
+            "a framework that calls the route as documented", ("I3",), client_cls=VllmDefaultPauseClient),
+    on_vllm(MUTANTS["success_false_ignored"], "vllm_reload_failure_ignored", "a reload_weights that vLLM answers "
+            "500 is logged, not raised, and the cycle goes on", "miles #684 on vLLM's disk path", ("P5",),
+            client_cls=VllmUncheckedReloadClient),
+    on_vllm(MUTANTS["resume_not_finally"], "vllm_failed_reload_not_restored", "a reload that failed is reported and "
+            "the engines are resumed as they are; vLLM then holds no weights (its layers on the meta device) and the "
+            "next forward pass kills the engine", "measured on vLLM 0.32.0 CPU (gpu/fidelity/vllm.py: a reload from "
+            "a missing path, then a completion: 500, /health 503); the SGLang habit of relying on its rollback",
+            ("P6",), client_cls=VllmNoRestoreClient),
+]}
+"""Mutants of the reference on vLLM, each killed on the fake vLLM by the same invariant as its SGLang twin."""
+
+
 def __getattr__(name: str) -> Integration:
-    """``conformance.mutants:<name>`` is that mutant's integration."""
-    try:
-        return MUTANTS[name].integration
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (mutants: {sorted(MUTANTS)})") from None
+    """``conformance.mutants:<name>`` is that mutant's integration (SGLang's table, then vLLM's)."""
+    found = MUTANTS.get(name) or VLLM_MUTANTS.get(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (mutants: {sorted(MUTANTS)}; on vLLM: "
+                             f"{sorted(VLLM_MUTANTS)})")
+    return found.integration
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *MUTANTS])
+    return sorted([*globals(), *MUTANTS, *VLLM_MUTANTS])

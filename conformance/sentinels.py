@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import httpx
 
 from .backends import probe_client
+from .dialect import SGLANG_DIALECT, Dialect
 from .history import TRANSFER_PATHS, History, Injected, WireCall
 from .wire import SENTINEL_HEADER, WireLog
 
@@ -64,6 +65,8 @@ class Sentinels:
     """Per engine, the LoRA adapter the integration's requests there use (None: the base model)."""
     history: History | None = None
     """Where releases are recorded as injected aborts."""
+    dialect: Dialect = SGLANG_DIALECT
+    """The engines' wire (the sentinels and their releases are sent in it)."""
     rids: list[str] = field(default_factory=list)
     _client: httpx.AsyncClient | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -105,7 +108,8 @@ class Sentinels:
                    "sampling_params": {"max_new_tokens": self.max_new_tokens, "ignore_eos": True, "temperature": 0.0}}
         if adapter is not None:
             payload["lora_path"] = adapter
-        await self._client.post(url + "/generate", json=payload)
+        path, body = self.dialect.outgoing("/generate", payload)
+        await self._client.post(url + path, json=body)
 
     def _on_call(self, call: WireCall, answered: bool) -> None:
         """An engine's sentinel has done its job once the integration continued it, or once it sends new weights to
@@ -130,7 +134,8 @@ class Sentinels:
             self.history.injected.append(injected)
         try:
             async with probe_client() as probe:
-                await probe.post(self.urls[engine] + "/abort_request", json={"rid": self.rids[engine]})
+                path, body = self.dialect.outgoing("/abort_request", {"rid": self.rids[engine]})
+                await probe.post(self.urls[engine] + path, json=body)
         except httpx.HTTPError:
             pass  # the engine is gone: its sentinel's call shows how it ended
         injected.t_end = time.monotonic()

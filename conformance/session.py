@@ -55,6 +55,8 @@ class SessionOptions:
     expectations: Path | None = None
     profile: str = ""
     """The SGLang release the fake engines behave as."""
+    engine: str = "sglang"
+    """The engine family the fake backend fakes (``sglang`` or ``vllm``)."""
     seed: int = 0
     isolate: bool = False
     nodes: int = 1
@@ -202,7 +204,7 @@ class ConformanceSession:
             deadlines: Deadlines = _ask(self.setup(entry.name), "deadlines", DEADLINES)
             self._ahead.submit_batch([key(n) for n in there], functools.partial(
                 batch_in_child, there, o.integration, dict(o.integration_options), o.profile, o.seed, deadlines,
-                entry.run_ahead))
+                entry.run_ahead, o.engine))
         for name in order:
             if name not in there:
                 self._ahead.submit(key(name), functools.partial(self._run, integration, name, entry))
@@ -214,7 +216,10 @@ class ConformanceSession:
                 raise pytest.UsageError("--conformance-isolate-scenarios runs the integration named by "
                                         "--conformance-integration (a class attribute cannot be re-imported in a "
                                         "fresh process)")
-            return run_isolated(scenario, o.integration, o.integration_options, o.profile, o.seed)
+            return run_isolated(scenario, o.integration, o.integration_options, o.profile, o.seed, engine=o.engine)
+        if o.engine != "sglang" and "engine" not in entry.options:
+            return ScenarioResult(skipped=f"the {entry.name} backend runs SGLang engines; --conformance-engine "
+                                          f"{o.engine} runs on the fake backend (-m cpu) only")
         setup = self.setup(entry.name)
         why = _ask(setup, "why_not", None, scenario)
         if why:

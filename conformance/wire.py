@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
+from .dialect import SGLANG_DIALECT, Dialect
 from .history import WireCall
 from .wire_control import WireControl
 
@@ -82,10 +83,12 @@ class WireLog:
                     into.remove(item)
         return stop
 
-    def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration") -> WireCall:
+    def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration",
+             sent_as: str | None = None) -> WireCall:
         self._sync()
         with self._lock:
-            call = WireCall(next(self._seq), engine, method, path, payload, self.clock(), origin=origin)
+            call = WireCall(next(self._seq), engine, method, path, payload, self.clock(), origin=origin,
+                            sent_as=sent_as)
             self.calls.append(call)
         self._notify(call, False)
         return call
@@ -140,12 +143,15 @@ class WireLog:
 
 
 class WireRecorder:
-    """ASGI middleware recording every HTTP exchange with ``app`` as engine ``engine`` into ``log``; with
-    ``control``, each call is refused or held as it says."""
+    """ASGI middleware recording every HTTP exchange with ``app`` as engine ``engine`` into ``log``, in the suite's
+    vocabulary (``dialect``: the engine family's, :mod:`conformance.dialect`); with ``control``, each call is refused
+    or held as it says."""
 
-    def __init__(self, app: ASGIApp, engine: int, log: WireLog, control: WireControl | None = None) -> None:
+    def __init__(self, app: ASGIApp, engine: int, log: WireLog, control: WireControl | None = None,
+                 dialect: Dialect = SGLANG_DIALECT) -> None:
         self.app, self.engine, self.log = app, engine, log
         self.control = WireControl(log.clock) if control is None else control
+        self.dialect = dialect.fresh()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         names = {k.decode().lower() for k, _ in scope.get("headers", [])}
@@ -159,15 +165,21 @@ class WireRecorder:
             body += message.get("body", b"")
             more = message.get("more_body", False)
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-        call = self.log.open(self.engine, scope["method"], scope["path"],
-                             _decode(bytes(body), headers.get("content-type", "application/json")),
-                             origin="sentinel" if SENTINEL_HEADER in names else "integration")
+        query = scope.get("query_string", b"").decode()
+        path, payload = self.dialect.recorded(scope["method"], scope["path"], query,
+                                              _decode(bytes(body), headers.get("content-type", "application/json")))
+        sent_as = None if self.dialect is SGLANG_DIALECT else \
+            f"{scope['method']} {scope['path']}{'?' + query if query else ''}"
+        call = self.log.open(self.engine, scope["method"], path, payload,
+                             origin="sentinel" if SENTINEL_HEADER in names else "integration", sent_as=sent_as)
         if await self.control.held(call):
             self.log.restart(call)
-        refusal = self.control.take_refusal(self.engine, scope["path"])
-        if refusal is not None:
-            await self._refuse(call, send, *refusal)
+        refusal = self.control.take_refusal(self.engine, path)
+        if refusal is not None and refusal.rewrite is None:
+            await self._refuse(call, send, refusal.status, refusal.body)
             return
+        if refusal is not None and refusal.rewrite is not None:  # the engine fails it itself
+            body = bytearray(json.dumps(refusal.rewrite(_decode(bytes(body), "application/json"))).encode())
         replayed = False
 
         async def replay() -> dict:
@@ -191,14 +203,17 @@ class WireRecorder:
             elif message["type"] == "http.response.body":
                 chunks.extend(message.get("body", b""))
                 if not message.get("more_body", False):
-                    self.log.close(call, status, _decode(bytes(chunks), content_type))
+                    self.log.close(call, status, self._answer(call, chunks, content_type))
             await send(message)
 
         try:
             await self.app(scope, replay, record)
         finally:
             if call.t_end is None:
-                self.log.close(call, status, _decode(bytes(chunks), content_type) if status else None)
+                self.log.close(call, status, self._answer(call, chunks, content_type) if status else None)
+
+    def _answer(self, call: WireCall, chunks: bytearray, content_type: str) -> Any:
+        return self.dialect.answered(call.path, call.payload, _decode(bytes(chunks), content_type))
 
     async def _refuse(self, call: WireCall, send: Callable, status: int, body: Any) -> None:
         raw = json.dumps(body).encode()

@@ -3,8 +3,10 @@ they reach their engines, hold answers before they reach the integration.
 
 The :class:`~conformance.wire.WireRecorder` of each engine asks its backend's :class:`WireControl` about every call
 it records (refuse it? hold it? hold its answer?); the control never writes the record. A refusal is SGLang's failure
-answer for that endpoint: the engine never sees the request, and the exchange is recorded like any other. Being at
-the wire, the same fault and the same hold work in front of fake and real engines.
+answer for that endpoint: the engine never sees the request, and the exchange is recorded like any other; or, where a
+family's failure changes the engine (a vLLM reload that fails leaves it without weights), the request goes on with a
+body the engine itself fails on. Being at the wire, the same fault and the same hold work in front of fake and real
+engines.
 """
 
 from __future__ import annotations
@@ -18,12 +20,20 @@ from typing import Any, Callable
 from .history import WireCall
 
 
+Rewrite = Callable[[Any], Any]
+"""A call's JSON body → the body its engine gets instead (a fault the engine itself then answers)."""
+
+
 @dataclass
-class _Refusal:
+class Refusal:
+    """How calls on one (engine, path) are refused: answered at the wire with ``status``/``body``, or, with
+    ``rewrite``, sent on to the engine with a body it fails on."""
+
     status: int
     body: Any
     left: int | None
     """Calls still to refuse; None: every one."""
+    rewrite: Rewrite | None = None
     used: int = 0
 
 
@@ -77,18 +87,19 @@ class WireControl:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._refusals: dict[tuple[int, str], _Refusal] = {}
+        self._refusals: dict[tuple[int, str], Refusal] = {}
         self._hold: _Hold | None = None
         self._answers: AnswerHold | None = None
 
-    def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1) -> None:
+    def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1,
+               rewrite: Rewrite | None = None) -> None:
         """Answer the next ``times`` ``path`` calls to ``engine`` (every one until cleared with None) with
-        ``status``/``body`` (JSON), not forwarding them."""
+        ``status``/``body`` (JSON), not forwarding them; with ``rewrite``, forward them with the body it makes."""
         with self._lock:
-            self._refusals[(engine, path)] = _Refusal(status, body, times)
+            self._refusals[(engine, path)] = Refusal(status, body, times, rewrite)
 
-    def take_refusal(self, engine: int, path: str) -> tuple[int, Any] | None:
-        """The refusal answering this call (status, body), consumed once; None when there is none."""
+    def take_refusal(self, engine: int, path: str) -> Refusal | None:
+        """The refusal of this call, consumed once; None when there is none."""
         with self._lock:
             refusal = self._refusals.get((engine, path))
             if refusal is None or refusal.left == 0:
@@ -96,7 +107,7 @@ class WireControl:
             refusal.used += 1
             if refusal.left is not None:
                 refusal.left -= 1
-            return refusal.status, refusal.body
+            return refusal
 
     def clear_refusals(self) -> list[tuple[int, str]]:
         """Forget the refusals; the (engine, path) of those no call used."""

@@ -8,14 +8,13 @@ Per call: fault injection → body validation (SGLang's 400 bodies, no state cha
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from . import structs
 from .asgi import (
+    until_disconnect,
     HTTPRequest,
     Receive,
     Reply,
@@ -333,7 +332,7 @@ class FakeSGLangApp:
             await send_reply(send, route)
             return
         if route.path == "/generate":
-            await _until_disconnect(self._serve(route, req, send), receive)
+            await until_disconnect(self._serve(route, req, send), receive)
         else:
             await self._serve(route, req, send)
 
@@ -353,64 +352,6 @@ def _authorized(scope: Scope, method: str, path: str, api_key: str) -> bool:
     header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"").decode("latin-1")
     scheme, _, token = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token, api_key)
-
-
-async def _until_disconnect(serving: Awaitable[None], receive: Receive) -> None:
-    """Run ``serving``; if the client disconnects first, cancel it (its cleanup aborts the requests,
-    as SGLang's ``create_abort_task`` / ``is_disconnected`` checks do).
-
-    ``serving`` runs in the calling task (one watcher task per call, not two tasks and an ``asyncio.wait``): the
-    watcher cancels this task on disconnect, and that one cancellation is absorbed here. Python < 3.11 (no
-    ``Task.uncancel``) keeps the two-task form."""
-    task = asyncio.current_task()
-    if task is None or not hasattr(task, "uncancel"):
-        await _until_disconnect_two_tasks(serving, receive)
-        return
-    state = [False, False]  # [serving over, this task cancelled by the watcher]
-
-    async def disconnected() -> None:
-        try:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-        finally:  # the client left (or receive failed) while serving: stop serving
-            if not state[0]:
-                state[1] = True
-                task.cancel()
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await serving
-    except asyncio.CancelledError:
-        if not state[1] or task.uncancel() > 0:  # not (only) the client leaving: propagate
-            raise
-    else:
-        if state[1]:  # serving swallowed the cancellation: forget it was requested
-            task.uncancel()
-    finally:
-        state[0] = True
-        watcher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await watcher
-
-
-async def _until_disconnect_two_tasks(serving: Awaitable[None], receive: Receive) -> None:
-    work = asyncio.ensure_future(serving)
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not work.done():
-            work.cancel()
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        with contextlib.suppress(asyncio.CancelledError):
-            await work
 
 
 def make_app(engine: ServedEngine) -> FakeSGLangApp:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -171,3 +173,61 @@ async def lifespan(receive: Receive, send: Send, on_shutdown: Callable[[], Await
                 await on_shutdown()
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def until_disconnect(serving: Awaitable[None], receive: Receive) -> None:
+    """Run ``serving``; if the client disconnects first, cancel it (its cleanup aborts the requests, as SGLang's
+    ``create_abort_task`` / ``is_disconnected`` checks and vLLM's ``with_cancellation`` do).
+
+    ``serving`` runs in the calling task (one watcher task per call, not two tasks and an ``asyncio.wait``): the
+    watcher cancels this task on disconnect, and that one cancellation is absorbed here. Python < 3.11 (no
+    ``Task.uncancel``) keeps the two-task form."""
+    task = asyncio.current_task()
+    if task is None or not hasattr(task, "uncancel"):
+        await _until_disconnect_two_tasks(serving, receive)
+        return
+    state = [False, False]  # [serving over, this task cancelled by the watcher]
+
+    async def disconnected() -> None:
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        finally:  # the client left (or receive failed) while serving: stop serving
+            if not state[0]:
+                state[1] = True
+                task.cancel()
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await serving
+    except asyncio.CancelledError:
+        if not state[1] or task.uncancel() > 0:  # not (only) the client leaving: propagate
+            raise
+    else:
+        if state[1]:  # serving swallowed the cancellation: forget it was requested
+            task.uncancel()
+    finally:
+        state[0] = True
+        watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+
+
+async def _until_disconnect_two_tasks(serving: Awaitable[None], receive: Receive) -> None:
+    work = asyncio.ensure_future(serving)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        with contextlib.suppress(asyncio.CancelledError):
+            await work

@@ -199,9 +199,9 @@ class EngineLoop:
             for _ in range(n):
                 if self.dead:
                     break
-                if self.memory_gone and self.scheduler.has_work() and not self.scheduler.paused:
-                    self.crash("CUDA error: an illegal memory access was encountered (a forward pass while "
-                               f"GPU memory {sorted(self.offload_tags)} is released by the memory saver)")
+                fault = self.forward_fault()
+                if fault is not None and self.scheduler.has_work() and not self.scheduler.paused:
+                    self.crash(fault)
                     break
                 if isinstance(self.clock, ManualClock):
                     self.clock.tick()
@@ -210,6 +210,13 @@ class EngineLoop:
                 self._deliver(result)
         self._touch()
         return produced
+
+    def forward_fault(self) -> str | None:
+        """Why the next forward pass kills the engine, or None: GPU memory released by the memory saver."""
+        if self.memory_gone:
+            return ("CUDA error: an illegal memory access was encountered (a forward pass while "
+                    f"GPU memory {sorted(self.offload_tags)} is released by the memory saver)")
+        return None
 
     def _runnable(self) -> bool:
         return not self.dead and self.scheduler.has_work() and not self.scheduler.paused

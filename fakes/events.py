@@ -2,7 +2,8 @@
 
 Kinds: ``request.submit``, ``request.parked``, ``request.admit``, ``request.token`` (trace mode only),
 ``request.retract``, ``request.finish``, ``control``, ``version.change``, ``weights.load``, ``weights.skipped``
-(a name the model lacks, with SGLang's warning), ``memory.release``, ``memory.resume``, ``lora.load``,
+(a name the model lacks, with SGLang's warning), ``weights.lost`` (a vLLM reload that failed after the layers were
+reset), ``memory.release``, ``memory.resume``, ``lora.load``,
 ``lora.unload``, ``lora.implicit_reload`` (a request named an adapter unloaded since: reloaded first),
 ``engine.crash``, ``fault``.
 """
@@ -26,6 +27,7 @@ KINDS = frozenset(
         "version.change",
         "weights.load",
         "weights.skipped",
+        "weights.lost",
         "memory.release",
         "memory.resume",
         "lora.load",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from conformance.dialect import SGLANG_DIALECT
 from conformance.wire import WireLog
 from conformance.wire_control import WireControl
 from fakes.profiles import DEFAULT_PROFILE
@@ -99,6 +100,7 @@ class RayBackend:
     The driver must be connected to Ray (:func:`gpu.cluster.connect` or :func:`gpu.cluster.local_cluster`)."""
 
     name = "ray"
+    dialect = SGLANG_DIALECT
 
     def __init__(self, config: RayBackendConfig) -> None:
         self.config = config

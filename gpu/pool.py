@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Coroutine, Mapping, TypeVar
 
 from conformance.backends import probe_client, probe_labels
+from conformance.dialect import SGLANG_DIALECT
 from conformance.sentinels import SENTINEL_INPUT_IDS
 from conformance.wire import WireLog
 from conformance.wire_control import WireControl
@@ -233,6 +234,8 @@ def _stop_quietly(backend: RayBackend) -> None:
 
 class PooledBackend:
     """``conformance.backends.Backend`` for one scenario over an :class:`EnginePool`'s engines."""
+
+    dialect = SGLANG_DIALECT
 
     def __init__(self, pool: EnginePool) -> None:
         self.pool = pool

@@ -16,7 +16,7 @@ from typing import Any
 
 from .result import load_history
 from .svg import bar_chart, timeline_svg
-from .result import witness_lines
+from .result import engine_label, witness_lines
 from .timeline import OUTCOMES, Named, Timeline, build_timeline, named_in
 
 _SYMBOL = {"pass": "✔", "fail": "✘", "unknown": "?", "skipped": "–", "error": "!"}
@@ -96,14 +96,14 @@ def _head(result: dict[str, Any]) -> str:
     backends = sorted({c["backend"] for c in result["cases"]}) or ["none"]
     chips = "".join(f'<span class="chip st-{s}">{_SYMBOL[s]} {n} {s}</span>' for s, n in summary.items())
     facts = [("integration", f"{integration.get('name')} ({integration['spec']})"),
-             ("backend", ", ".join(backends)), ("SGLang profile", run["sglang_profile"]), ("nodes", run["nodes"]),
+             ("backend", ", ".join(backends)), ("engines", engine_label(run)), ("nodes", run["nodes"]),
              ("seed", run["seed"]), ("markers", run["markers"]), ("xdist workers", run["workers"]),
              ("exit status", run["exit_status"]), ("written", result["created"]),
              *((f"{k} version", v) for k, v in run["versions"].items())]
     options = integration.get("options") or {}
     caps = integration.get("capabilities")
-    return (f'<header><h1>{escape(_title(result))}</h1><p class="sub">on {escape(", ".join(backends))} · SGLang '
-            f'{escape(str(run["sglang_profile"]))} · seed {run["seed"]} · {run["nodes"]} node(s)</p>'
+    return (f'<header><h1>{escape(_title(result))}</h1><p class="sub">on {escape(", ".join(backends))} · '
+            f'{escape(engine_label(run))} · seed {run["seed"]} · {run["nodes"]} node(s)</p>'
             f'<p>{chips}</p><details><summary>Run details</summary><table class="kv">'
             + "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in facts)
             + (f"<tr><th>options</th><td>{escape(json.dumps(options))}</td></tr>" if options else "")

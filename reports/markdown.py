@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .result import undeclared_line, witness_lines
+from .result import engine_label, undeclared_line, witness_lines
 
 _CELL = {"pass": "✅", "fail": "❌", "unknown": "❔", "skipped": "⏭", "error": "💥"}
 
@@ -18,7 +18,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     preflight = result.get("preflight") or []
     where = ", ".join(backends) or ("no backend: stopped by the preflight" if preflight else "no backend")
     lines = [f"# Conformance: {name} on {where} "
-             f"(SGLang {run['sglang_profile']}, seed {run['seed']}, {run['nodes']} node(s))", "",
+             f"({engine_label(run)}, seed {run['seed']}, {run['nodes']} node(s))", "",
              " · ".join(f"{_CELL[s]} {s} {n}" for s, n in result["summary"].items())
              + "".join(f" · {_CELL['fail']} {p['check']} fail" for p in preflight) + _expected_note(cases)]
     for p in preflight:

@@ -62,6 +62,12 @@ def load_result(path: Path) -> dict[str, Any]:
     return result
 
 
+def engine_label(run: dict[str, Any]) -> str:
+    """The engines a run's fake backend behaved as (``SGLang 0.5.23``; results written before engine families: their
+    SGLang profile)."""
+    return run.get("engine") or f"SGLang {run['sglang_profile']}"
+
+
 def witness_lines(case: dict[str, Any]) -> list[str]:
     """What a case's evidence says, one line each: its anomalies' sentences (schema 2), else its witness lines."""
     anomalies = case.get("anomalies")

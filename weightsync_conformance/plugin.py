@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
-from conformance import DEFAULT_INTEGRATION, __version__
+from conformance import DEFAULT_INTEGRATION, DEFAULT_INTEGRATIONS, ENGINES, __version__
 
 _STATE = pytest.StashKey["_PluginState"]()
 _COLLECTOR = "weightsync-conformance-result"
@@ -45,7 +45,7 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
     return [
         ("--conformance-integration", dict(default=None, metavar="MODULE:ATTR", help=(
             "integration under test (default: ini conformance_integration, env WEIGHTSYNC_INTEGRATION, "
-            f"else {DEFAULT_INTEGRATION})"))),
+            f"else {DEFAULT_INTEGRATION}; with --conformance-engine vllm, {DEFAULT_INTEGRATIONS['vllm']})"))),
         ("--conformance-integration-option", dict(action="append", default=[], metavar="KEY=VALUE", help=(
             "keyword argument for an integration factory (repeatable; VALUE is read as JSON when it parses, else "
             "as a string)"))),
@@ -54,6 +54,9 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
             "expected failure"))),
         ("--conformance-isolate-scenarios", dict(action="store_true", default=False, help=(
             "run each scenario in its own fresh process (fake backend), for adapters with process-global state"))),
+        ("--conformance-engine", dict(default="sglang", choices=ENGINES, help=(
+            "engine family the fake backend fakes: sglang (as --conformance-sglang-profile) or vllm (0.32.0, "
+            "through its dialect; default integration then conformance.reference:vllm)"))),
         ("--conformance-sglang-profile", dict(default=None, metavar="VERSION", help=(
             f"SGLang release the fake engines behave as: {', '.join(PROFILES)} (default {DEFAULT_PROFILE})"))),
         ("--conformance-seed", dict(type=int, default=None, metavar="N", help=(
@@ -103,7 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE] = _PluginState()
     config.pluginmanager.register(config.stash[_STATE], "weightsync-conformance-state")
     if getattr(config.option, "numprocesses", None) and getattr(config, "workerinput", None) is None and (
-            expectations_path(config) or integration_spec(config) != DEFAULT_INTEGRATION):
+            expectations_path(config) or integration_spec(config) != DEFAULT_INTEGRATIONS[engine(config)]):
         activate(config)  # the xdist controller collects nothing: what was asked for, checked once
     report, dump = config.getoption("conformance_report"), config.getoption("conformance_dump_history")
     if report or dump:
@@ -119,7 +122,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def integration_spec(config: pytest.Config) -> str:
     return (config.getoption("conformance_integration") or config.getini("conformance_integration")
-            or os.environ.get("WEIGHTSYNC_INTEGRATION") or DEFAULT_INTEGRATION)
+            or os.environ.get("WEIGHTSYNC_INTEGRATION") or DEFAULT_INTEGRATIONS[engine(config)])
+
+
+def engine(config: pytest.Config) -> str:
+    """``--conformance-engine``: the engine family the fake backend fakes."""
+    return config.getoption("conformance_engine") or "sglang"
+
+
+def engine_label(config: pytest.Config) -> str:
+    """The engines the fake backend behaves as: ``SGLang 0.5.23``, ``vLLM 0.32.0``."""
+    from fakes.facts import VLLM
+
+    return f"vLLM {VLLM.default_release}" if engine(config) == "vllm" else f"SGLang {sglang_profile(config)}"
 
 
 def conformance_seed(config: pytest.Config) -> int:
@@ -190,6 +205,7 @@ def session_options(config: pytest.Config) -> Any:
     return SessionOptions(
         integration=integration_spec(config), integration_options=integration_options(config),
         expectations=expectations_path(config), profile=sglang_profile(config), seed=conformance_seed(config),
+        engine=engine(config),
         isolate=cfg("conformance_isolate_scenarios"), nodes=cfg("conformance_nodes"),
         ray_address=cfg("conformance_ray_address"), model_path=cfg("conformance_model_path"),
         release=sglang_release(config), venv=sglang_venv(config), ray=cfg("conformance_sglang_ray"),
@@ -293,7 +309,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def header_line(config: pytest.Config, integrations: Sequence[str] | None = None) -> str:
     return (f"weightsync-conformance: integration={','.join(integrations or [integration_spec(config)])} "
-            f"sglang-profile={sglang_profile(config)} seed={conformance_seed(config)} "
+            + (f"engine={engine(config)} " if engine(config) != "sglang" else "")
+            + f"sglang-profile={sglang_profile(config)} seed={conformance_seed(config)} "
             f"(rerun with --conformance-seed N)")
 
 
@@ -450,7 +467,8 @@ def run_metadata(config: pytest.Config, exitstatus: int) -> dict[str, Any]:
     except Exception:
         pass
     return {"integration": {"spec": spec, "name": name, "options": options, "capabilities": caps},
-            "sglang_profile": sglang_profile(config), "nodes": config.getoption("conformance_nodes"),
+            "engine": engine_label(config), "sglang_profile": sglang_profile(config),
+            "nodes": config.getoption("conformance_nodes"),
             "seed": conformance_seed(config), "markers": config.getoption("-m") or None,
             "workers": getattr(config.option, "numprocesses", None) or 0, "exit_status": int(exitstatus),
             "versions": {"suite": __version__, "python": platform.python_version(),

@@ -15,8 +15,9 @@ from .verdict import Verdict, verdict
        holds="disk checkpoints are published atomically (rename), never written into once an engine was told to "
              "load them (a reused path is replaced by a rename), and kept until every engine loaded them; judged per "
              "load",
-       reads="the `model_path` of each `/update_weights_from_disk` against inotify events of the checkpoint "
-             "directory and of the inside of each checkpoint renamed into it",
+       reads="the `model_path` of each `/update_weights_from_disk` (other than the engines' own base model, "
+             "which a restore may load) against inotify events of the checkpoint directory and of the inside of each "
+             "checkpoint renamed into it",
        model_based="it needs disk updates (the disk scenarios), which the model-based run mixes with the other "
                    "transports")
 def atomic_checkpoints(h: History) -> Verdict:
@@ -26,7 +27,8 @@ def atomic_checkpoints(h: History) -> Verdict:
     to load it (a path reused across versions is replaced by a rename, not rewritten inside), and is not removed
     before the last engine told to load it finished. A path that receives a new checkpoint by rename is judged per
     arrival."""
-    loads = [w for w in h.integration_calls("/update_weights_from_disk") if isinstance(w.payload, dict)]
+    loads = [w for w in h.integration_calls("/update_weights_from_disk") if isinstance(w.payload, dict)
+             and (h.served_model is None or w.payload.get("model_path") != h.served_model)]
     if not loads:
         return verdict([], vacuous="no disk update ran")
     if h.fs is None:

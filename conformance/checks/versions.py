@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..anomaly import Anomaly
-from ..history import TRANSFER_PATHS, History, WireCall
+from ..history import TRANSFER_PATHS, History, UpdateCycle, WireCall
 from .effective import effective
 from .registry import check
 from .verdict import Verdict, verdict
@@ -212,16 +212,22 @@ def never_backwards(h: History) -> Verdict:
 
 @check("P6", "engines hold the trainer's weights",
        needs={"full-update"},
-       holds="engines hold exactly the trainer's weights, parameter by parameter (a name SGLang skips is named)",
+       holds="engines hold exactly the trainer's weights, parameter by parameter (a name SGLang skips is named); "
+             "after a failed update each engine holds whole weights, those it held or the trainer's, never none",
        reads="the weights each engine holds (fake: its store; real SGLang: `/get_weights_by_name` of every "
              "parameter)")
 def weights_match(h: History) -> Verdict:
     """P6: after a successful full-weight update every engine holds exactly the trainer's weights, parameter by
     parameter (a name the engine does not have is skipped by SGLang's loader with a warning, so the update
-    answers success and the engine keeps stale weights: the witness names the parameter)."""
+    answers success and the engine keeps stale weights: the witness names the parameter). After a failed one, each
+    engine holds whole weights: the ones it held, or the trainer's where its own load went through (SGLang rolls a
+    failed load back; vLLM is left with none, its layers on the meta device, until a reload succeeds)."""
     failures: list[Anomaly] = []
     checked = 0
     for c in h.cycles:
+        if not c.ok and not c.lora and c.digests_before is not None and c.digests_after is not None:
+            checked += 1
+            failures += _after_failure(c)
         if not c.ok or c.lora or c.trainer_digest is None or c.digests_after is None:
             continue
         checked += 1
@@ -246,3 +252,28 @@ def weights_match(h: History) -> Verdict:
     return verdict(failures,
                    vacuous=None if checked else "no engine digests (backend without weights truth, or no full update)",
                    metrics={"cycles_checked": checked})
+
+
+def _after_failure(c: UpdateCycle) -> list[Anomaly]:
+    """P6 after the failed cycle ``c``: engines left with no weights, or with weights that are neither those they held
+    nor the trainer's."""
+    found = []
+    assert c.digests_before is not None and c.digests_after is not None
+    for engine, (before, held) in enumerate(zip(c.digests_before, c.digests_after)):
+        pushed = c.trainer_digest is not None and all(held.get(n) == d for n, d in c.trainer_digest.items())
+        if held == before or pushed:
+            continue
+        if not held:
+            found.append(Anomaly(
+                "no-weights",
+                f"cycle {c.index} ({c.transport}) failed and left engine {engine} with no weights: its load failed and "
+                f"nothing loaded the weights it held back before the engine went on (vLLM leaves its layers on the "
+                f"meta device after a failed reload; the next forward pass kills the engine)",
+                engine=engine, cycle=c.index))
+        else:
+            mixed = sorted(n for n in held if held[n] != before.get(n))
+            found.append(Anomaly(
+                "mixed-weights",
+                f"cycle {c.index} ({c.transport}) failed and left engine {engine} holding neither its weights nor the "
+                f"trainer's: {len(mixed)} parameter(s) changed, e.g. {mixed[:3]}", engine=engine, cycle=c.index))
+    return found

@@ -7,6 +7,7 @@ update cycle) → ``integration`` (builds the roles). Of ``fakes`` it uses only 
 safetensors encoder (checkpoints without torch); torch where the tensor and distributed transports run.
 """
 
+from ..interface import Capabilities
 from .client import EngineError, HttpEngineClient
 from .integration import ReferenceIntegration, default_capabilities
 from .manager import (NegativeStaleness, PartialRolloutManager, ProtocolError, ReferenceManager, VersionRegression,
@@ -14,15 +15,23 @@ from .manager import (NegativeStaleness, PartialRolloutManager, ProtocolError, R
 from .transports import (DiskTransport, DistributedTransport, LoraTransport, TensorTransport,
                          encode_pickle_b64, write_checkpoint_atomic)
 from .updater import ReferenceUpdater
+from .vllm_client import NO_TENSORS, VllmEngineClient
 
 integration = ReferenceIntegration()
 partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager_cls=PartialRolloutManager,
                                        capabilities=default_capabilities(partial_rollout=True))
 """The reference with partial rollout: aborted turns are resumed instead of recycled."""
+vllm = ReferenceIntegration(
+    name="reference-vllm", client_cls=VllmEngineClient,
+    capabilities=Capabilities(transports=frozenset({"disk"}),
+                              absent_because={"tensor": NO_TENSORS, "distributed": NO_TENSORS}))
+"""The reference on vLLM (``--engine vllm``): the same updater and manager over :class:`VllmEngineClient`. It pauses
+with ``keep`` only: ``wait`` answers once every running request finished, so a cycle would last as long as the
+longest rollout in flight."""
 
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport",
     "NegativeStaleness", "PartialRolloutManager", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
-    "TensorTransport", "VersionRegression", "default_capabilities", "encode_pickle_b64", "integration", "partial_rollout",
+    "TensorTransport", "VersionRegression", "VllmEngineClient", "vllm", "default_capabilities", "encode_pickle_b64", "integration", "partial_rollout",
     "numeric_label", "write_checkpoint_atomic",
 ]

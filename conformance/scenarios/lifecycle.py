@@ -38,7 +38,8 @@ def new_history(scenario: Scenario, integration: Integration, backend: Backend, 
     caps = integration.capabilities
     return History(scenario.name, integration.name, backend.name, backend.profile, seed,
                    max_staleness=scenario.rollout.max_staleness,
-                   pause_mode=scenario.pause_mode if caps.pause_modes else None, stamps_engines=caps.stamps_engines)
+                   pause_mode=scenario.pause_mode if caps.pause_modes else None, stamps_engines=caps.stamps_engines,
+                   served_model=getattr(backend, "served_model", None))
 
 
 def build_env(scenario: Scenario, backend: Backend, folder: Path, history: History) -> BuildEnv:
@@ -95,7 +96,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
             unsync()
             history.fs = watch.stop()
     history.wire = backend.wire.frozen()
-    history.final_labels = await probe_labels(list(backend.urls))
+    history.final_labels = await probe_labels(list(backend.urls), dialect=backend.dialect)
     history.engine_truth = backend.truth()
     history.rebase(t0)
     return history

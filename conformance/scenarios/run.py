@@ -163,12 +163,13 @@ class Run:
         step, index = self.step + 1, len(self.history.cycles)
         weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
         adapter = self.trainer.lora(step) if lora else None
-        labels_before, published_before, counter_before = await probe_labels(urls), manager.weight_version, \
+        labels_before, published_before, counter_before = await probe_labels(urls, dialect=self.backend.dialect), manager.weight_version, \
             self.updater.version
+        digests_before = self.backend.digests() if expect_failure and not lora else None
         if resident:
             await self.until_resident(index)
         sentinels = Sentinels(urls, wire, self.backend.sentinel_tokens, f"c{index}",
-                              adapters_in_use(wire, len(urls)), self.history)
+                              adapters_in_use(wire, len(urls)), self.history, dialect=self.backend.dialect)
         try:
             await sentinels.start()
         except TimeoutError as exc:
@@ -215,9 +216,9 @@ class Run:
             pause_mode=self.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
             counter_before=counter_before, counter_after=self.updater.version, returned=returned,
             published_before=published_before, published_after=manager.weight_version,
-            labels_before=labels_before, labels_after=await probe_labels(urls), expect_failure=expect_failure,
+            labels_before=labels_before, labels_after=await probe_labels(urls, dialect=self.backend.dialect), expect_failure=expect_failure,
             trainer_digest=digest_of(weights) if weights is not None and not poison else None,
-            digests_after=self.backend.digests()))
+            digests_after=self.backend.digests(), digests_before=digests_before))
         if answers is not None and answers.released_by != "ready":
             why = "its cycle ended first" if answers.released_by == "end" else f"not within {answers.timeout_s:.1f}s"
             self.unmet(("S2",), f"update cycle {index}: the answers held back from the integration went on before "
@@ -236,16 +237,19 @@ class Run:
 
     def _refuse_transfer(self, engine: int, transport: str, lora: bool) -> list[tuple[int, str]]:
         """Make ``engine`` answer every transfer call of this cycle (its adapter loads for a LoRA update) the way
-        SGLang answers a load that failed; the (engine, path) refused."""
+        SGLang answers a load that failed (on vLLM: make the engine fail it itself, ``Dialect.failing_load``); the
+        (engine, path) refused."""
         if lora:
             paths, body = LORA_FAILURE
         else:
             path, body = TRANSFER_FAILURES[transport]
             paths = (path,)
+        rewrites = {path: self.backend.dialect.failing_load(path) for path in paths}
         for path in paths:
-            self.backend.control.refuse(engine, path, 400, body, times=None)
-        self.history.injected.append(Injected(time.monotonic(), "refusal", engine,
-                                              f"{' and '.join(paths)} answer 400 {body}"))
+            self.backend.control.refuse(engine, path, 400, body, times=None, rewrite=rewrites[path])
+        how = (f"{' and '.join(paths)} sent on pointing at a missing path, which the engine fails itself"
+               if all(rewrites.values()) else f"{' and '.join(paths)} answer 400 {body}")
+        self.history.injected.append(Injected(time.monotonic(), "refusal", engine, how))
         return [(engine, path) for path in paths]
 
     def hold_slow(self, step: str, transport: str, lora: bool) -> tuple[AnswerHold, Callable[[], None]]:
@@ -320,8 +324,11 @@ class Run:
                 paused.discard(call.engine)
             elif call.path == "/generate" and not answered and hold.released_at is not None:
                 sent.add(call.engine)
+        # a pause that drains before it answers (vLLM's wait, recorded as retract) answers once the suite's long-lived
+        # request ended: its decode time is part of the bound
+        sentinel_s = self.backend.sentinel_tokens / decode_rate(self.backend)
         hold = self.backend.control.hold_answers(lambda: len(paused) == engines,
-                                 min(self.deadlines.wait_s, max(2.0, 4 * self.turn_s())))
+                                                 min(self.deadlines.wait_s, max(2.0, 4 * self.turn_s()) + sentinel_s))
         stop = wire.listen(follow)
         await wait_for_condition(lambda: hold.held > 0, self.deadlines.wait_s,
                                  "an answer to one of the integration's /generate calls (to hand it over while every "
@@ -511,15 +518,15 @@ class Run:
             injected = [Injected(mark, "abort", engine, "the suite froze the engine (pause in_place) and aborted "
                                  "every request it held (abort_all)") for engine in range(len(urls))]
             self.history.injected += injected
-            await asyncio.gather(*(probe_post(url, "/pause_generation", {"mode": "in_place"}) for url in urls))
+            await asyncio.gather(*(probe_post(url, "/pause_generation", {"mode": "in_place"}, dialect=self.backend.dialect) for url in urls))
             held = {c.engine for c in self.generates() if c.t_start < mark and (
                 c.t_end is None or any(finish_type(o) == "abort" for o in c.generate_outputs()))}
-            await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}) for url in urls))
+            await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}, dialect=self.backend.dialect) for url in urls))
             for item in injected:
                 item.t_end = time.monotonic()
             if then_update and used <= held:
                 return await self.update()
-            await asyncio.gather(*(probe_post(url, "/continue_generation", {}) for url in urls))
+            await asyncio.gather(*(probe_post(url, "/continue_generation", {}, dialect=self.backend.dialect) for url in urls))
             if used <= held:
                 return None
             if time.monotonic() > deadline:

@@ -25,6 +25,7 @@ from ..asgi import (
     read_body,
     request_from_scope,
     send_reply,
+    until_disconnect,
 )
 from ..facts import VLLM
 from ..failures import EngineClosed, EngineCrashed
@@ -124,8 +125,8 @@ async def _collective_rpc(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         return answer("missing_rpc_method")
     if method != "reload_weights":
         return worker_failed("collective_rpc", f"'Worker' object has no attribute '{method}'")
-    e.reload_weights()
-    return Reply(200, {"results": [None]})
+    kwargs = body.get("kwargs") or {}
+    return e.reload_weights(kwargs.get("weights_path") if isinstance(kwargs, dict) else None)
 
 
 async def _weight_transfer(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
@@ -149,6 +150,8 @@ async def _weight_checker(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         return Reply(200, {"status": "reset"})
     if action == "compare" and baseline is None:
         return answer("compare_needs_baseline")
+    if e.weights_gone:  # the parameters a failed reload left on the meta device (measured on 0.32.0)
+        return worker_failed("compute_weight_checksums", "Cannot copy out of meta tensor; no data!")
     checksums = e.checksums()
     if action == "checksum":
         return Reply(200, {"checksums": checksums})
@@ -246,12 +249,17 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
                       "too_short", ids)
     sampling = _field(body, "sampling_params", dict)
     rid = body.get("request_id") or e.new_id("gen")
-    request, call = e.submit(ids, sampling, rid, None, bool(body.get("stream")))
+    wrong = e.check_model(body.get("model"))
+    if wrong is not None:
+        return wrong
+    lora = body.get("model") if body.get("model") in e.adapters else None
+    request, call = e.submit(ids, sampling, rid, lora, bool(body.get("stream")))
     if body.get("stream"):
         return Reply(200, stream=_generate_stream(e, request, call, rid))
     out = await e.finished(request, call)
     return Reply(200, {
-        "request_id": rid, "created": e.now(), "model": e.served_model_name, "output_mode": "tokens",
+        "request_id": rid, "created": e.now(), "model": body.get("model") or e.served_model_name,
+        "output_mode": "tokens",
         "choices": [{"index": 0, "finish_reason": e.finish_reason(out), "stop_reason": None,
                      "token_ids": list(out.output_ids), "logprobs": None, "routed_experts": None,
                      "sampling_mask": None, "weight_versions": e.spans(out)}],
@@ -322,6 +330,8 @@ ROUTES: dict[str, tuple[tuple[str, ...], Handler]] = {
     "/v1/unload_lora_adapter": (("POST",), _unload_lora),
 }
 """Path → (methods, handler): every route the fake vLLM serves."""
+_CANCELLABLE = frozenset({"/v1/completions", "/inference/v1/generate"})
+"""The routes vLLM wraps in ``with_cancellation`` (``entrypoints/utils.py``; both generation routers, 0.32.0)."""
 
 
 class FakeVLLMApp:
@@ -359,6 +369,13 @@ class FakeVLLMApp:
         if isinstance(route, Reply):
             await send_reply(send, route)
             return
+        if req.path in _CANCELLABLE:  # with_cancellation: a client that leaves aborts its request
+            await until_disconnect(self._serve(route, req, send), receive)
+        else:
+            await self._serve(route, req, send)
+
+    @staticmethod
+    async def _serve(route: Route, req: HTTPRequest, send: Send) -> None:
         await send_reply(send, await route.handler(req))
 
 

@@ -61,6 +61,9 @@ class FakeVLLMEngine(EngineLoop):
                                                       else builtin_model(seed))
         self.weights: W.WeightStore = self.model.weights
         self.model_path = model_path or self.model.path
+        """``--model``: the base model's ``root`` in ``/v1/models`` (``base_model_paths``, fixed at start-up)."""
+        self.weights_path = self.model_path
+        """Where a reload reads (``model_config.model``): the last ``weights_path`` a reload was given."""
         self.served_model_name = served_model_name or self.model_path
         self.max_model_len = max_model_len or int(self.model.config.get("max_position_embeddings") or 4096)
         self.enable_lora, self.enable_scale_out = enable_lora, enable_scale_out
@@ -76,6 +79,8 @@ class FakeVLLMEngine(EngineLoop):
         self.crash_reason: str | None = None
         self.on_crash: Any = None
         self.memory_gone = False
+        self.weights_gone = False
+        """A reload failed after the layers were reset (:meth:`_reload_failed`): no weights until one succeeds."""
         self.offload_tags: set[str] = set()
         self._sinks: dict[Request, _Sink] = {}
         self._calls: set[_Call] = set()
@@ -223,14 +228,58 @@ class FakeVLLMEngine(EngineLoop):
         self.scheduler.set_version(version, cause="update_weight_version")
         return Reply(200, {"success": True, "new_version": version})
 
-    def reload_weights(self) -> None:
-        """``reload_weights``: the served checkpoint read again from ``model_path`` (the trainer's new files)."""
-        if self.model_path == BUILTIN_MODEL_PATH:
+    def reload_weights(self, weights_path: str | None = None) -> Reply:
+        """``reload_weights``: the checkpoint at ``weights_path`` read in place (``collective_rpc`` kwargs), else the
+        served one read again from :attr:`weights_path` (the trainer's new files). A given path becomes the served one
+        before it is read, so a reload that failed on it leaves the next plain reload reading it too
+        (``model_executor/model_loader/reload/inplace.py``, 0.32.0: ``model_config.model = weights_path``)."""
+        if weights_path is not None:
+            self.weights_path = weights_path
+        if self.weights_path == BUILTIN_MODEL_PATH:
             blobs = dict(builtin_model(self.seed).weights.items())
+        elif not os.path.isdir(self.weights_path):  # not a directory: huggingface_hub reads it as a repo id
+            return self._reload_failed(f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+                                       f"'{self.weights_path}'. Use `repo_type` argument if needed.")
         else:
-            blobs = W.load_checkpoint(self.model_path)
-        self.weights = self.weights.updated(blobs, cast=True)
-        self._event("weights.load", digest=self.weights.digest(), source="reload_weights", model_path=self.model_path)
+            try:
+                blobs = W.load_checkpoint(self.weights_path)
+            except (OSError, ValueError, W.WeightError) as err:
+                return self._reload_failed(str(err))
+        unknown = self._unknown_prefix(blobs)
+        if unknown is not None:  # AutoWeightsLoader._load_module (model_executor/models/utils.py, 0.32.0)
+            architecture = (self.model.config.get("architectures") or ["LlamaForCausalLM"])[0]
+            return self._reload_failed(f"There is no module or parameter named {unknown!r} in {architecture}.")
+        try:
+            weights = self.weights.updated(blobs, cast=True)
+        except W.WeightError as err:
+            return self._reload_failed(str(err))
+        self.weights_gone = False
+        self.weights = weights
+        self._event("weights.load", digest=self.weights.digest(), source="reload_weights", model_path=self.weights_path)
+        return Reply(200, {"results": [None]})
+
+    def _unknown_prefix(self, names: Any) -> str | None:
+        """The shortest prefix of a checkpoint name that no parameter of the model has, or None."""
+        known = {".".join(n.split(".")[:i]) for n in self.weights for i in range(1, n.count(".") + 2)}
+        for name in sorted(names):
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                if ".".join(parts[:i]) not in known:
+                    return ".".join(parts[:i])
+        return None
+
+    def _reload_failed(self, error: str) -> Reply:
+        """A reload that raised once the layers were reset to the meta device (``initialize_layerwise_reload`` runs
+        before the weights are read, lazily): the model has no weights until a reload succeeds. Measured on 0.32.0:
+        the weight checker fails on them, and the next forward pass kills the engine (:meth:`forward_fault`)."""
+        self.weights_gone = True
+        self._event("weights.lost", source="reload_weights", model_path=self.weights_path, error=error)
+        return worker_failed("collective_rpc", error)
+
+    def forward_fault(self) -> str | None:
+        if self.weights_gone:
+            return "a forward pass on the meta tensors a failed reload_weights left (Cannot copy out of meta tensor)"
+        return super().forward_fault()
 
     def checksums(self) -> dict[str, str]:
         """The weight checker's per-parameter checksums, keyed by the model's (stacked) parameter names."""
@@ -329,8 +378,10 @@ class FakeVLLMEngine(EngineLoop):
     def dead_reply(self, endpoint: str) -> Reply:
         if endpoint == "/health":
             return Reply(503)
-        return error_reply(500 if self.crashed else 503, f"engine {self.engine_id}: "
-                           + (f"crashed: {self.crash_reason}" if self.crashed else "shut down"))
+        if self.crashed:  # EngineDeadError (v1/engine/exceptions.py, 0.32.0)
+            return error_reply(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                               "InternalServerError")
+        return error_reply(503, f"engine {self.engine_id}: shut down")
 
     def record_control(self, endpoint: str, payload: Any, status: int, body: Any) -> None:
         self._event("control", endpoint=endpoint, payload=payload, status=status, body=body)

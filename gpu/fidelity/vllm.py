@@ -103,6 +103,17 @@ async def until_running(client: httpx.AsyncClient, url: str, within_s: float = 1
     return True
 
 
+async def until_idle(client: httpx.AsyncClient, url: str, within_s: float) -> bool:
+    """Wait (at most ``within_s``) until the engine has no request running; whether it came to that (a held request
+    left to itself decodes for about 10 s on real vLLM)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while await engine_running(client, url):
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.01)  # polling the engine's own gauge, bounded by the deadline
+    return True
+
+
 async def engine_running(client: httpx.AsyncClient, url: str) -> bool:
     """Whether the engine itself has a request running (``vllm:num_requests_running`` on ``/metrics``): the client's
     stream lags behind the engine's decode, so a request the client still reads may be finished there. (Its gauges
@@ -289,6 +300,13 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             else None
         await call("abort_requests not json", "/abort_requests", method="POST")
 
+        # -- a client that leaves: both generation routes are wrapped in with_cancellation --
+        held, running = await decoding(client, url)
+        held.task.cancel()
+        await asyncio.gather(held.task, return_exceptions=True)
+        out["request whose client left"] = {"running when it left": running,
+                                            "stopped within 2 s": await until_idle(client, url, 2.0)}
+
         # -- disk reload, caches --
         response = await call("collective_rpc reload_weights", "/collective_rpc", {"method": "reload_weights"})
         out["collective_rpc reload_weights"]["body"] = response.json() if response.status_code == 200 else None
@@ -358,7 +376,9 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
                                sent: list[Sent] | None = None) -> dict[str, Observation]:
     """Runtime LoRA on an engine started with :data:`LORA_FLAGS`: an adapter loaded from disk, loaded again under its
     name (and in place), listed, used by a completion, refused above ``--max-lora-rank`` and from a missing path,
-    unloaded (twice), and named after its unload (``entrypoints/openai/models/serving.py``, 0.32.0)."""
+    unloaded (twice), and named after its unload (``entrypoints/openai/models/serving.py``, 0.32.0); then the
+    token-in/token-out route naming an adapter, and the disk reload from a path the trainer wrote
+    (``collective_rpc`` kwargs ``weights_path``), from a missing one, and plain after each."""
     from conformance.reference.transports import write_checkpoint_atomic
     from conformance.scenarios.trainer import Trainer
     from gpu.weights import read_weights
@@ -402,6 +422,48 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
         await call("lora unload a1 again", "/v1/unload_lora_adapter", {"lora_name": "a1"})
         await complete("completion with a1 after its unload", "a1")
         await listed("v1/models after the unload")
+
+        # -- the token-in/token-out route naming a model; the disk reload from a path of the trainer's --
+        generate = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 4, "temperature": 0}}
+        await call("lora load a2", load, {"lora_name": "a2", "lora_path": adapter_dir("a2")})
+        response = await call("generate with a2", "/inference/v1/generate", {**generate, "model": "a2"})
+        out["generate with a2 answer"] = choice(response.json())
+        await call("generate with an unknown model", "/inference/v1/generate", {**generate, "model": "nope"})
+
+        async def checksums() -> Any:
+            answer = await client.post(url + "/weight_checker", json={"action": "checksum"})
+            return answer.json().get("checksums") if answer.status_code == 200 else answer.status_code
+
+        def reload(path: Path | None) -> dict[str, Any]:
+            return {"method": "reload_weights", **({"kwargs": {"weights_path": str(path)}} if path else {})}
+
+        step1 = write_checkpoint_atomic(work, "step1", trainer.weights(1), {})
+        served = await checksums()
+        await call("reload_weights from a new path", "/collective_rpc", reload(step1))
+        loaded = await checksums()
+        out["weights after the reload from a new path"] = {"changed": loaded != served}
+        await call("reload_weights after a reload from a new path", "/collective_rpc", reload(None))
+        out["weights after a plain reload"] = {"the new path's": await checksums() == loaded}
+        await call("reload_weights from a missing path", "/collective_rpc", reload(work / "gone"))
+        response = await call("weight_checker after the failed reload", "/weight_checker", {"action": "checksum"})
+        after = response.json().get("checksums") if response.status_code == 200 else None
+        out["weights after the failed reload"] = {
+            "unchanged": after == loaded, "keys unchanged": sorted(after or {}) == sorted(loaded or {}),
+            "changed keys": len([k for k in (after or {}) if (loaded or {}).get(k) != after[k]])}
+        await call("reload_weights after the failed reload", "/collective_rpc", reload(None))
+        await call("reload_weights from the new path again", "/collective_rpc", reload(step1))
+        out["weights after a reload from the new path again"] = {"the new path's": await checksums() == loaded}
+        # last: what a completion meets on the weights a failed reload left (it may end the server)
+        await call("reload_weights from a missing path once more", "/collective_rpc", reload(work / "gone"))
+        try:
+            await complete("completion after a failed reload", model)
+        except (httpx.HTTPError, ValueError) as err:
+            out["completion after a failed reload"] = {"status": None, "error": type(err).__name__}
+        try:
+            health: int | None = (await client.get(url + "/health")).status_code
+        except httpx.HTTPError:
+            health = None
+        out["health after a completion on the failed reload"] = {"status": health}
     return {f"{step} (lora)": seen for step, seen in out.items()}
 
 

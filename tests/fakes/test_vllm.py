@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 
+from conformance.scenarios.errors import wait_for_condition
 from fakes.checkpoints import save_checkpoint, save_lora_adapter
 from fakes.facts import VLLM
 from fakes.tiny_model import perturbed, tiny_lora, tiny_model
+from fakes.server import LoopbackServer
 from fakes.vllm import FakeVLLMEngine
 
 pytestmark = pytest.mark.cpu
@@ -137,6 +140,60 @@ async def test_reload_weights_reads_the_served_directory_again(connect, tmp_path
 
 
 @pytest.mark.asyncio
+async def test_reload_weights_from_a_given_path_makes_it_the_served_one(connect, tmp_path: Path) -> None:
+    """``kwargs.weights_path`` is read in place and becomes the served path, also when reading it fails: the next
+    plain reload fails on it again (``model_loader/reload/inplace.py``, 0.32.0)."""
+    engine = FakeVLLMEngine()
+    wire = await connect(engine)
+    save_checkpoint(str(tmp_path / "step3"), perturbed(tiny_model(0), step=3))
+    answer = await wire.post("/collective_rpc", json={"method": "reload_weights",
+                                                      "kwargs": {"weights_path": str(tmp_path / "step3")}})
+    step3 = engine.weights.digest()
+    assert answer.json() == {"results": [None]} and engine.weights_path == str(tmp_path / "step3")
+    gone = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "gone")}}
+    answer = await wire.post("/collective_rpc", json=gone)
+    assert answer.status_code == 500 and "Repo id must be in the form" in answer.json()["error"]["message"]
+    assert (await wire.post("/collective_rpc", json={"method": "reload_weights"})).status_code == 500
+    checked = await wire.post("/weight_checker", json={"action": "checksum"})
+    assert checked.status_code == 500 and "meta tensor" in checked.json()["error"]["message"]
+    answer = await wire.post("/collective_rpc", json={"method": "reload_weights",
+                                                      "kwargs": {"weights_path": str(tmp_path / "step3")}})
+    assert answer.status_code == 200 and engine.weights.digest() == step3
+    assert (await wire.post("/weight_checker", json={"action": "checksum"})).status_code == 200
+
+
+@pytest.mark.asyncio
+async def test_a_forward_pass_after_a_failed_reload_kills_the_engine(connect, tmp_path: Path) -> None:
+    """Measured on 0.32.0: a reload that failed left the layers on the meta device; the next completion ends the
+    engine core (500 ``EngineDeadError``) and ``/health`` answers 503."""
+    wire = await connect(FakeVLLMEngine())
+    gone = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "gone")}}
+    assert (await wire.post("/collective_rpc", json=gone)).status_code == 500
+    task = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, 4))
+    answer = (await wire.step_until_done([task]))[0]
+    assert answer.status_code == 500 and answer.json()["error"]["message"].startswith("EngineCore encountered")
+    assert (await wire.get("/health")).status_code == 503
+
+
+@pytest.mark.asyncio
+async def test_generate_names_an_adapter_or_the_base_model(connect, tmp_path: Path) -> None:
+    """``/inference/v1/generate`` takes ``model`` (``GenerateRequest.model``): a loaded adapter's name runs the request
+    on it, an unknown name is the 404 of ``_check_model``."""
+    engine = FakeVLLMEngine(enable_lora=True, enable_scale_out=True)
+    wire = await connect(engine)
+    save_lora_adapter(str(tmp_path / "a1"), tiny_lora(0))
+    assert (await wire.post("/v1/load_lora_adapter", json={"lora_name": "a1",
+                                                           "lora_path": str(tmp_path / "a1")})).status_code == 200
+    body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 2}, "model": "a1"}
+    task = wire.spawn("POST", "/inference/v1/generate", json=body)
+    await wire.wait(lambda: bool(wire.engine.scheduler.live()))
+    assert [r.lora for r in engine.scheduler.live()] == ["a1"]
+    assert (await wire.step_until_done([task]))[0].json()["model"] == "a1"
+    answer = await wire.post("/inference/v1/generate", json={**body, "model": "nope"})
+    assert answer.status_code == 404 and answer.json()["error"]["type"] == "NotFoundError"
+
+
+@pytest.mark.asyncio
 async def test_weight_transfer_without_a_config_fails_and_publishes_no_version(connect) -> None:
     wire = await connect(FakeVLLMEngine())
     for path, body in (("/start_weight_update", None), ("/update_weights", {"update_info": {}}),
@@ -197,3 +254,27 @@ async def test_sleep_pauses_and_wake_up_resumes(connect) -> None:
     assert (await wire.get("/is_sleeping")).json() == {"is_sleeping": True}
     assert (await wire.post("/wake_up")).json() == {"status": "awake", "tags": None}
     assert (await wire.get("/is_paused")).json() == {"is_paused": False}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/inference/v1/generate"])
+def test_a_client_leaving_aborts_its_request(path: str) -> None:
+    """Both generation routes are wrapped in ``with_cancellation`` (``entrypoints/utils.py``, 0.32.0): over real HTTP,
+    the handler is cancelled when the client goes, and its request is aborted with the tokens it had."""
+    engine = FakeVLLMEngine(enable_scale_out=True)
+    body = _completion(engine, 100) if path == "/v1/completions" else \
+        {"token_ids": PROMPT, "sampling_params": {"max_tokens": 100, "ignore_eos": True}}
+
+    async def leave(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            task = asyncio.ensure_future(client.post(path, json=body))
+            await wait_for_condition(lambda: bool(engine.scheduler.live()), 5, "the request submitted")
+            await asyncio.to_thread(engine.step_threadsafe, 2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await wait_for_condition(lambda: not engine.scheduler.live(), 5, "the request aborted")
+
+    with LoopbackServer(engine.app) as server:
+        asyncio.run(leave(server.url))
+    finish = engine.events.of_kind("request.finish")[-1]
+    assert finish.fields["finish_reason"]["type"] == "abort" and finish.fields["completion_tokens"] == 2

@@ -1,0 +1,228 @@
+"""The wire's vocabulary per engine family: what an engine's calls mean in the suite's words, and back.
+
+The history, its checkers, the scenarios and the sentinels speak one vocabulary: SGLang's routes and bodies (the
+checkers read bodies as :data:`VOCABULARY_PROFILE` reads them). An engine family whose wire differs has a
+:class:`Dialect` that its backend's recorders and probes go through, so every checker judges a vLLM integration as
+it judges an SGLang one:
+
+* :meth:`Dialect.recorded` / :meth:`Dialect.answered`: a call the integration sent the engine, and its answer, in
+  the vocabulary (the wire recorder, :mod:`conformance.wire`); the call as sent is kept in ``WireCall.sent_as``;
+* :meth:`Dialect.outgoing`: a call the suite makes itself (a sentinel's ``/generate``, an injected abort or pause, the
+  label probe) in the engine's words.
+
+SGLang's dialect is the identity. vLLM's (0.32.0, ``fakes.facts.VLLM``; its routes in ``fakes/vllm/app.py``):
+
+==========================================================  =======================================================
+vLLM                                                        recorded as
+==========================================================  =======================================================
+``POST /pause?mode=abort`` (also no mode: vLLM's default)   ``/pause_generation {"mode": "abort"}``
+``POST /pause?mode=keep``                                   ``/pause_generation {"mode": "in_place"}``
+``POST /pause?mode=wait``                                   ``/pause_generation {"mode": "retract"}`` (see below)
+``POST /resume``                                            ``/continue_generation {}``
+``/update_weight_version {"new_version"}``                  the same, ``abort_all_requests: false`` (vLLM never aborts)
+``/collective_rpc reload_weights`` (``kwargs.weights_path``)  ``/update_weights_from_disk {"model_path"}``, no abort, no flush
+``/reset_prefix_cache``                                     ``/flush_cache``
+``/abort_requests {"request_ids": [rid]}`` / ``{}``         ``/abort_request {"rid"}`` / ``{"abort_all": true}``
+``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``      ``/load_lora_adapter``, ``/unload_lora_adapter``
+``/inference/v1/generate``, ``/v1/completions``             ``/generate`` (``model`` → ``lora_path``), answered with
+                                                            ``meta_info`` (id, finish reason, tokens, version spans)
+``GET /weight_info``                                        ``/model_info``
+==========================================================  =======================================================
+
+``wait`` drains the running requests before it answers and ``retract`` re-queues them: neither aborts nor freezes a
+request, which is what the checkers judge of a pause; a vLLM reload neither aborts (it runs between two engine
+steps) nor resets the prefix cache (``gpu_model_runner.reload_weights``). Token ids are read as the fake's byte
+tokenizer writes them (``fakes.scheduler.encode_text``), so a prompt's text is recovered for the prompt book.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+from urllib.parse import parse_qs
+
+from fakes.facts import VLLM
+from fakes.profiles import DEFAULT_PROFILE
+from fakes.scheduler import decode_ids, encode_text
+
+VOCABULARY_PROFILE = DEFAULT_PROFILE
+"""The SGLang release whose routes and bodies the vocabulary is: a translated call means under it what it meant to
+its own engine."""
+
+
+class Dialect:
+    """SGLang's dialect: the vocabulary itself (every call recorded and sent as it is)."""
+
+    family = "sglang"
+
+    def fresh(self) -> "Dialect":
+        """The dialect for one more engine (a stateful dialect keeps what it learnt per engine)."""
+        return self
+
+    def recorded(self, method: str, path: str, query: str, payload: Any) -> tuple[str, Any]:
+        """The call the integration sent, as the history records it: ``(path, payload)``."""
+        return path, payload
+
+    def answered(self, path: str, payload: Any, response: Any) -> Any:
+        """The engine's answer to the recorded call ``path`` (``payload``), as the history records it."""
+        return response
+
+    def outgoing(self, path: str, body: Any = None) -> tuple[str, Any]:
+        """A call of the suite's in the vocabulary, as this engine takes it: ``(path with query, body)``."""
+        return path, body
+
+    def failing_load(self, path: str) -> Callable[[Any], Any] | None:
+        """How a load at ``path`` (vocabulary) is made to fail on this family's engine itself: a rewrite of the body
+        the integration sent; None where the suite answers it at the wire instead (SGLang: a disk or tensor load
+        that raises kills its server, so the scenarios inject the 400 it answers for a load that reports failure)."""
+        return None
+
+
+SGLANG_DIALECT = Dialect()
+
+_PAUSE_MODES = {"abort": "abort", "keep": "in_place", "wait": "retract"}
+"""vLLM's pause mode → the vocabulary's (see the module docstring for ``wait``)."""
+_GENERATION = frozenset({"/inference/v1/generate", "/v1/completions"})
+_RENAMED = {"/resume": "/continue_generation", "/reset_prefix_cache": "/flush_cache", "/weight_info": "/model_info",
+            "/v1/load_lora_adapter": "/load_lora_adapter", "/v1/unload_lora_adapter": "/unload_lora_adapter"}
+MISSING = "/nonexistent/made-to-fail-by-the-conformance-suite"
+"""Where a load the suite makes fail points the engine (:meth:`VllmDialect.failing_load`)."""
+SERVED = "<the served model>"
+"""``model_path`` of a reload that names no path before any that did: the directory the server was started on."""
+
+
+class VllmDialect(Dialect):
+    """vLLM's dialect (see the module docstring); one per engine: it follows the engine's served path."""
+
+    family = "vllm"
+
+    def __init__(self) -> None:
+        self.served = SERVED
+
+    def fresh(self) -> "VllmDialect":
+        return VllmDialect()
+
+    def recorded(self, method: str, path: str, query: str, payload: Any) -> tuple[str, Any]:
+        body = payload if isinstance(payload, dict) else {}
+        if path == "/pause":
+            mode = (parse_qs(query).get("mode") or [VLLM.fact("pause_default_mode", VLLM.default_release)])[0]
+            return "/pause_generation", {"mode": _PAUSE_MODES.get(mode, mode)}
+        if path == "/update_weight_version":
+            return path, {**body, "abort_all_requests": False}
+        if path == "/collective_rpc" and body.get("method") == "reload_weights":
+            kwargs = body.get("kwargs") if isinstance(body.get("kwargs"), dict) else {}
+            if kwargs.get("weights_path"):
+                self.served = str(kwargs["weights_path"])  # vLLM serves it from then on, read or not
+            return "/update_weights_from_disk", {"model_path": self.served, "abort_all_requests": False,
+                                                 "flush_cache": False}
+        if path == "/abort_requests":
+            ids = body.get("request_ids")
+            return "/abort_request", {"rid": str(ids[0])} if ids else {"abort_all": True}
+        if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            return _RENAMED[path], {k: body[k] for k in ("lora_name", "lora_path") if k in body}
+        if path in _GENERATION:
+            return "/generate", _generate_request(path, body)
+        return _RENAMED.get(path, path), payload if path not in ("/resume", "/reset_prefix_cache") else {}
+
+    def answered(self, path: str, payload: Any, response: Any) -> Any:
+        if path == "/generate" and isinstance(response, dict) and isinstance(response.get("choices"), list):
+            rid = payload.get("rid") if isinstance(payload, dict) else None
+            return [_output(choice, response, rid) for choice in response["choices"]] \
+                if len(response["choices"]) != 1 else _output(response["choices"][0], response, rid)
+        if path == "/update_weights_from_disk" and isinstance(response, dict) and "results" in response:
+            return {"success": True, "message": "reload_weights", "results": response["results"]}
+        return response
+
+    def failing_load(self, path: str) -> Callable[[Any], Any] | None:
+        """The checkpoint (or adapter) the cycle brings fails to load: every reload (adapter load) naming the path the
+        first one named is pointed at a missing path, which vLLM fails itself, with what follows (a failed reload
+        leaves the engine without weights until one succeeds: ``FakeVLLMEngine._reload_failed``); a load of any other
+        path, the one served before included, goes through."""
+        if path == "/update_weights_from_disk":
+            return _failing(lambda body: (body.get("kwargs") or {}).get("weights_path"),
+                            lambda body: {**body, "kwargs": {**(body.get("kwargs") or {}), "weights_path": MISSING}})
+        if path == "/load_lora_adapter":
+            return _failing(lambda body: body.get("lora_path"), lambda body: {**body, "lora_path": MISSING})
+        return None
+
+    def outgoing(self, path: str, body: Any = None) -> tuple[str, Any]:
+        body = body if isinstance(body, dict) else {}
+        if path == "/generate":
+            params = dict(body.get("sampling_params") or {})
+            if "max_new_tokens" in params:
+                params["max_tokens"] = params.pop("max_new_tokens")
+            ids = body.get("input_ids") or encode_text(str(body.get("text", "")))
+            out: dict[str, Any] = {"token_ids": list(ids), "sampling_params": params}
+            if body.get("rid"):
+                out["request_id"] = body["rid"]
+            if body.get("lora_path"):
+                out["model"] = body["lora_path"]
+            return "/inference/v1/generate", out
+        if path == "/abort_request":
+            return "/abort_requests", {"request_ids": [body["rid"]]} if body.get("rid") else {}
+        if path == "/pause_generation":
+            wanted = {v: k for k, v in _PAUSE_MODES.items()}.get(str(body.get("mode", "abort")), "abort")
+            return f"/pause?mode={wanted}", None
+        if path == "/continue_generation":
+            return "/resume", None
+        if path == "/model_info":
+            return "/weight_info", None
+        return path, body or None
+
+
+def _failing(named: Callable[[dict[str, Any]], Any], broken: Callable[[dict[str, Any]], Any]) -> Callable[[Any], Any]:
+    """A rewrite that breaks every body naming what the first one named (``named(body)``)."""
+    first: list[Any] = []
+
+    def rewrite(body: Any) -> Any:
+        if not isinstance(body, dict):
+            return body
+        if not first:
+            first.append(named(body))
+        return broken(body) if named(body) == first[0] else body
+    return rewrite
+
+
+def _generate_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A vLLM generation request as SGLang's ``/generate`` body (the fields the checkers read)."""
+    native = dict(body.get("sampling_params") or {}) if path == "/inference/v1/generate" else \
+        {k: body[k] for k in ("max_tokens", "temperature", "ignore_eos", "stop_token_ids") if k in body}
+    if "max_tokens" in native:
+        native["max_new_tokens"] = native.pop("max_tokens")
+    ids = body.get("token_ids") if path == "/inference/v1/generate" else body.get("prompt")
+    out: dict[str, Any] = {"sampling_params": native}
+    if isinstance(ids, str):
+        out["text"] = ids
+    elif isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+        out["input_ids"], out["text"] = ids, decode_ids(ids)
+    rid = body.get("request_id")
+    if rid is not None:
+        out["rid"] = rid
+    if body.get("model") is not None and path == "/inference/v1/generate":
+        out["lora_path"] = body["model"]
+    if body.get("stream"):
+        out["stream"] = True
+    return out
+
+
+def _output(choice: Any, response: dict[str, Any], rid: str | None) -> dict[str, Any]:
+    """One vLLM choice as an SGLang ``/generate`` output: ``meta_info`` with the id, the finish reason, the token
+    counts and the version spans (``weight_versions``; the label is the last span's, none without tokens)."""
+    if not isinstance(choice, dict):
+        return {"meta_info": None}
+    ids = choice.get("token_ids") or []
+    spans = choice.get("weight_versions") or None
+    reason = choice.get("finish_reason")
+    meta: dict[str, Any] = {
+        "id": rid or response.get("request_id") or response.get("id"),
+        "finish_reason": {"type": reason} if reason is not None else None,
+        "completion_tokens": (response.get("usage") or {}).get("completion_tokens", len(ids)),
+        "weight_version": spans[-1]["version"] if spans else None,
+    }
+    if spans is not None:
+        meta["weight_versions"] = spans
+    text = choice.get("text")
+    return {"text": text if isinstance(text, str) else decode_ids(ids), "output_ids": list(ids), "meta_info": meta}
+
+
+DIALECTS: dict[str, Dialect] = {"sglang": SGLANG_DIALECT, "vllm": VllmDialect()}
+"""Engine family → its dialect (``fresh()`` one per engine)."""

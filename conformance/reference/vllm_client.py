@@ -1,0 +1,162 @@
+"""The reference client for one vLLM server (0.32.0, ``VLLM_SERVER_DEV_MODE=1``, ``--enable-scale-out``): the same
+protocols as :class:`~conformance.reference.client.HttpEngineClient`, spoken in vLLM's routes, so the reference
+updater and manager run on vLLM unchanged (``conformance.reference:vllm``).
+
+The cycle maps onto vLLM's RL surface (``vllm/entrypoints/rl/online/api_router.py``, the dev routes):
+
+* pause ``in_place`` → ``/pause?mode=keep`` (the default, ``abort``, ends every request in flight), ``retract`` →
+  ``mode=wait`` (answers once the running requests finished), continue → ``/resume``;
+* the label → ``/update_weight_version`` (never aborts; the token-in/token-out answers carry its spans);
+* a disk update → ``/collective_rpc`` ``reload_weights`` with ``kwargs.weights_path`` (read in place between two
+  engine steps; vLLM keeps the prefix cache, so a flush is a ``/reset_prefix_cache``, refused while requests run).
+  A reload that fails leaves vLLM without weights (its layers on the meta device; the next forward pass kills the
+  engine), so the client loads the last checkpoint that loaded again before it reports the failure: the cycle then
+  resumes an engine that still serves its old weights (measured on 0.32.0, ``gpu/fidelity/vllm.py``);
+* LoRA → ``/v1/load_lora_adapter`` from a PEFT directory (vLLM loads adapters from disk only);
+* ``/generate`` → ``/inference/v1/generate`` (token ids; ``model`` names the adapter), its answer read back as
+  SGLang's ``meta_info`` by the vLLM dialect (:mod:`conformance.dialect`).
+
+Tensor and distributed updates do not exist on vLLM 0.32 on CPU: its weight-transfer engines are CUDA IPC and NCCL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..dialect import VllmDialect
+from .client import EngineError, HttpEngineClient
+from .releases import Release
+
+NO_TENSORS = ("vLLM 0.32 moves tensors only through its weight-transfer engines (CUDA IPC, NCCL; "
+              "/init_weight_transfer_engine), none of which runs on CPU: use the disk transport")
+
+
+class VllmRelease(Release):
+    """What the reference cycle does on vLLM: it pauses with a mode, it can reset the prefix cache once the engine is
+    drained, and it loads adapters from disk."""
+
+    @property
+    def pause_modes(self) -> bool:
+        return True
+
+    @property
+    def flush_while_retracted(self) -> bool:
+        return True
+
+    @property
+    def lora_tensor_field(self) -> str | None:
+        return None
+
+
+class VllmEngineClient(HttpEngineClient):
+    """The reference client for one vLLM server (see the module docstring)."""
+
+    _dialect = VllmDialect()
+    _PAUSE = {"in_place": "keep", "retract": "wait", "abort": "abort"}
+    loaded: str | None = None
+    """The checkpoint the engine serves, once a reload of this client's succeeded."""
+
+    async def generate(self, payload: Mapping[str, Any]) -> Any:
+        """``/inference/v1/generate`` for an SGLang ``/generate`` payload; the answer as SGLang's output."""
+        path, body = self._dialect.outgoing("/generate", dict(payload))
+        answer = await self._call(path, body, timeout_s=self.generate_timeout_s)
+        return self._dialect.answered("/generate", dict(payload), answer)
+
+    async def pause(self, mode: str) -> None:
+        """``/pause`` with the mode always sent (vLLM's default aborts every request in flight)."""
+        await self._call(f"/pause?mode={self._PAUSE[mode]}")
+
+    async def resume(self) -> None:
+        await self._call("/resume")
+
+    async def flush_cache(self) -> None:
+        """``/reset_prefix_cache``, retried while vLLM refuses (``success: false``: requests hold blocks)."""
+        deadline, delay = time.monotonic() + self.flush_deadline_s, 0.05
+        while True:
+            response = await self._request("POST", "/reset_prefix_cache")
+            refused = response.status_code == 200 and response.json().get("success") is False
+            if not refused or time.monotonic() + delay > deadline:
+                self.check_response("/reset_prefix_cache", response)
+                return
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
+    async def server_info(self) -> Mapping[str, Any]:
+        """``/version``: vLLM's release."""
+        body = await self._call("/version", method="GET")
+        return body if isinstance(body, dict) else {"version": body}
+
+    async def release(self) -> Release:
+        return VllmRelease(())
+
+    def version_payload(self, version: str) -> dict[str, Any]:
+        return {"new_version": version}
+
+    async def get_weight_version(self) -> str:
+        body = await self._call("/weight_info", method="GET")
+        if not isinstance(body, dict) or not isinstance(body.get("weight_version"), str):
+            raise EngineError(self.url, "/weight_info", 200, body)
+        return body["weight_version"]
+
+    async def update_weights_from_disk(self, path: str | Path, weight_version: str | None = None,
+                                       flush_cache: bool = False) -> None:
+        """``reload_weights`` from ``path`` (the label is the cycle's next call: a reload takes none); on failure, the
+        weights it served are loaded again before the error is raised (:meth:`restore`)."""
+        try:
+            await self._reload(str(path))
+        except EngineError as exc:
+            await self.restore(exc)
+            raise
+        self.loaded = str(path)
+        if flush_cache:
+            await self.flush_cache()
+
+    async def _reload(self, path: str) -> None:
+        await self._call("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+
+    async def restore(self, failure: EngineError) -> None:
+        """Load the last checkpoint that loaded (at first, the served model's directory: ``/v1/models`` ``root``)
+        again; a restore that fails too becomes a note on ``failure``."""
+        try:
+            if self.loaded is None:
+                models = await self._call("/v1/models", method="GET")
+                self.loaded = str(models["data"][0]["root"])
+            await self._reload(self.loaded)
+        except (EngineError, KeyError, IndexError, TypeError) as exc:
+            failure.add_note(f"restoring the weights it served also failed: the engine has none ({exc})")
+
+    async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str],
+                                         weight_version: str | None = None, flush_cache: bool = False) -> None:
+        raise EngineError(self.url, "/update_weights", None, NO_TENSORS)
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str) -> None:
+        raise EngineError(self.url, "/init_weight_transfer_engine", None, NO_TENSORS)
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], group_name: str,
+                                              weight_version: str | None = None, flush_cache: bool = False) -> None:
+        raise EngineError(self.url, "/update_weights", None, NO_TENSORS)
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        return None
+
+    async def begin_weight_update(self) -> bool:
+        """vLLM's ``/start_weight_update`` belongs to its transfer engines; a disk reload needs no session."""
+        return False
+
+    async def end_weight_update(self) -> bool:
+        return False
+
+    async def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: Mapping[str, Any],
+                                             serialized_named_tensors: Sequence[str]) -> None:
+        raise EngineError(self.url, "/v1/load_lora_adapter", None, "vLLM loads adapters from disk only")
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str | Path) -> None:
+        await self._call("/v1/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)})
+
+    async def unload_lora_adapter(self, lora_name: str) -> None:
+        await self._call("/v1/unload_lora_adapter", {"lora_name": lora_name})

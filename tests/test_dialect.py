@@ -1,0 +1,89 @@
+"""The wire's vocabulary per engine family (``conformance.dialect``): vLLM's calls recorded as the SGLang calls of the
+same meaning, the suite's own calls sent in vLLM's words, and a history of the vLLM reference that shows both."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.backends import FakeBackend, FakeBackendConfig
+from conformance.cases import run_one
+from conformance.checks.effective import effective, pause_mode
+from conformance.dialect import SERVED, SGLANG_DIALECT, VOCABULARY_PROFILE, VllmDialect
+from conformance.history import WireCall
+from conformance.reference import vllm
+from fakes.scheduler import encode_text
+
+pytestmark = pytest.mark.cpu
+
+
+def _recorded(dialect: VllmDialect, path: str, payload: object = None, query: str = "") -> WireCall:
+    path, payload = dialect.recorded("POST", path, query, payload)
+    return WireCall(0, 0, "POST", path, payload, 0.0)
+
+
+@pytest.mark.parametrize(("query", "mode"), [("mode=keep", "in_place"), ("mode=abort", "abort"), ("", "abort"),
+                                             ("mode=wait", "retract")])
+def test_a_vllm_pause_is_read_by_the_checkers_in_the_mode_vllm_pauses_in(query: str, mode: str) -> None:
+    call = _recorded(VllmDialect(), "/pause", query=query)
+    assert call.path == "/pause_generation" and pause_mode(call, VOCABULARY_PROFILE) == mode
+
+
+def test_a_reload_is_a_disk_update_that_neither_aborts_nor_flushes_and_follows_the_served_path() -> None:
+    dialect = VllmDialect()
+    plain = _recorded(dialect, "/collective_rpc", {"method": "reload_weights"})
+    assert plain.path == "/update_weights_from_disk" and plain.payload["model_path"] == SERVED
+    assert effective(plain, "abort_all_requests", VOCABULARY_PROFILE) is False
+    assert effective(plain, "flush_cache", VOCABULARY_PROFILE) is False
+    _recorded(dialect, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/ck/v3"}})
+    assert _recorded(dialect, "/collective_rpc", {"method": "reload_weights"}).payload["model_path"] == "/ck/v3"
+    assert _recorded(dialect, "/collective_rpc", {"method": "nope"}).path == "/collective_rpc"
+    assert _recorded(VllmDialect(), "/update_weight_version", {"new_version": "3"}).payload == \
+        {"new_version": "3", "abort_all_requests": False}
+
+
+def test_a_generation_is_recorded_as_sglangs_generate_with_its_answer_in_meta_info() -> None:
+    dialect = VllmDialect()
+    ids = encode_text("Prompt 7")
+    call = _recorded(dialect, "/inference/v1/generate", {"token_ids": ids, "request_id": "r1", "model": "a-v2",
+                                                         "sampling_params": {"max_tokens": 8}})
+    assert call.path == "/generate" and call.payload["text"] == "Prompt 7" and call.payload["rid"] == "r1"
+    assert call.payload["lora_path"] == "a-v2" and call.payload["sampling_params"] == {"max_new_tokens": 8}
+    spans = [{"version": "1", "start": 0, "end": 3}, {"version": "2", "start": 3, "end": 8}]
+    answer = dialect.answered(call.path, call.payload, {"request_id": "r1", "usage": {"completion_tokens": 8},
+                                                        "choices": [{"finish_reason": "length", "token_ids": [5] * 8,
+                                                                     "weight_versions": spans}]})
+    assert answer["meta_info"] == {"id": "r1", "finish_reason": {"type": "length"}, "completion_tokens": 8,
+                                   "weight_version": "2", "weight_versions": spans}
+    empty = dialect.answered(call.path, call.payload, {"request_id": "r1", "choices": [
+        {"finish_reason": "abort", "token_ids": [], "weight_versions": []}]})
+    assert empty["meta_info"]["weight_version"] is None and "weight_versions" not in empty["meta_info"]
+
+
+def test_the_suites_own_calls_go_out_in_vllms_words() -> None:
+    dialect = VllmDialect()
+    assert dialect.outgoing("/pause_generation", {"mode": "in_place"}) == ("/pause?mode=keep", None)
+    assert dialect.outgoing("/continue_generation", {}) == ("/resume", None)
+    assert dialect.outgoing("/abort_request", {"rid": "s1"}) == ("/abort_requests", {"request_ids": ["s1"]})
+    assert dialect.outgoing("/abort_request", {"abort_all": True}) == ("/abort_requests", {})
+    assert dialect.outgoing("/model_info") == ("/weight_info", None)
+    path, body = dialect.outgoing("/generate", {"input_ids": [1, 2], "rid": "s1", "lora_path": "a-v1",
+                                                "sampling_params": {"max_new_tokens": 9, "ignore_eos": True}})
+    assert path == "/inference/v1/generate" and body == {
+        "token_ids": [1, 2], "request_id": "s1", "model": "a-v1", "sampling_params": {"max_tokens": 9,
+                                                                                       "ignore_eos": True}}
+    recorded = _recorded(dialect, path, body)  # what the recorder makes of it: the call the suite meant
+    assert recorded.payload["rid"] == "s1" and recorded.payload["input_ids"] == [1, 2]
+    assert SGLANG_DIALECT.outgoing("/pause_generation", {"mode": "in_place"}) == \
+        ("/pause_generation", {"mode": "in_place"})
+
+
+def test_the_vllm_reference_passes_and_its_history_keeps_the_calls_as_sent() -> None:
+    result = run_one("steady-disk-in_place", vllm, lambda: FakeBackend(FakeBackendConfig(engine="vllm")), 0)
+    assert result.history is not None and result.history.backend == "fake-vllm"
+    assert {c: v.status for c, v in result.verdicts.items() if v.status != "pass"} == {}
+    sent = {(c.path, c.sent_as) for c in result.history.wire if c.origin == "integration"}
+    assert {("/pause_generation", "POST /pause?mode=keep"), ("/continue_generation", "POST /resume"),
+            ("/update_weights_from_disk", "POST /collective_rpc"),
+            ("/generate", "POST /inference/v1/generate")} <= sent
+    sentinels = [c for c in result.history.wire if c.origin == "sentinel"]
+    assert sentinels and all(c.sent_as == "POST /inference/v1/generate" for c in sentinels)

@@ -2,10 +2,12 @@
 reference, N times, through every scenario. A suite whose verdicts rest on timing kills a mutant in some runs
 only; here every mutant must be killed by its own checker in every run and the reference must pass every run.
 
-    python benchmarks/verdict_determinism.py [--runs 10] [--quick]
+    python benchmarks/verdict_determinism.py [--runs 10] [--quick] [--engine vllm] [--shown]
 
 Prints, per mutant, the kill rate of each invariant it breaks (killed runs / runs; a case that failed only because
-the run broke does not count as a kill), then the reference's pass rate, then the totals.
+the run broke does not count as a kill), then the reference's pass rate, then the totals. ``--engine vllm``: the vLLM
+mutants and the reference on vLLM, on the fake vLLM; ``--shown``: each mutant through the scenarios built to expose
+it only (``Mutant.shows_in``, what ``tests/test_mutants.py`` runs).
 """
 
 from __future__ import annotations
@@ -16,45 +18,51 @@ import time
 
 from _bench import emit, machine, parser, table
 
-from conformance import DEFAULT_INTEGRATION
+from conformance import DEFAULT_INTEGRATIONS, ENGINES
 from conformance.cases import fake_backend_factory, load_integration, run_cases
-from conformance.mutants import MUTANTS
+from conformance.mutants import MUTANTS, VLLM_MUTANTS
 from conformance.scenarios import Deadlines
 
 DEADLINES = Deadlines(update_s=5.0, drain_s=10.0)
-QUICK = (("version_bump_aborts",), ["steady-tensor-retract"])
-"""--quick: one mutant and the reference, through one scenario each (a smoke test of the script)."""
+QUICK = {"sglang": (("version_bump_aborts",), ["steady-tensor-retract"]),
+         "vllm": (("vllm_pause_default_abort",), ["steady-disk-in_place"])}
+"""--quick, per engine: one mutant and the reference, through one scenario each (a smoke test of the script)."""
 
 
 def main() -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=10, help="runs per mutant and of the reference (default 10)")
-    p.add_argument("--mutants", nargs="+", choices=sorted(MUTANTS), metavar="NAME",
-                   help="only these mutants (default: every one)")
+    p.add_argument("--mutants", nargs="+", choices=sorted([*MUTANTS, *VLLM_MUTANTS]), metavar="NAME",
+                   help="only these mutants (default: every one of the engine's)")
+    p.add_argument("--engine", choices=ENGINES, default="sglang", help="the fake engines' family (default sglang)")
+    p.add_argument("--shown", action="store_true", help="each mutant through its shows_in scenarios only")
     args = p.parse_args()
     runs = 1 if args.quick else args.runs
     logging.disable(logging.WARNING)  # the mutants log the bugs they commit; the table says what happened
-    names = QUICK[0] if args.quick else sorted(args.mutants or MUTANTS)
-    emit(f"# verdict determinism ({runs} run(s) each; {machine()})")
+    table_of = VLLM_MUTANTS if args.engine == "vllm" else MUTANTS
+    quick_mutants, quick_scenarios = QUICK[args.engine]
+    names = list(quick_mutants) if args.quick else sorted(args.mutants or table_of)
+    emit(f"# verdict determinism ({runs} run(s) each; engine {args.engine}; {machine()})")
     started = time.perf_counter()
     rows, survived = [], 0
     for name in names:
-        mutant = MUTANTS[name]
+        mutant = table_of[name]
         kills = {inv: 0 for inv in mutant.kills}
         t0 = time.perf_counter()
         for seed in range(runs):
-            scenarios = list(mutant.shows_in) if args.quick else mutant.scenarios()
-            killers = mutant.killers(run_cases(mutant.integration, fake_backend_factory(seed=seed), seed, scenarios,
-                                               deadlines=DEADLINES))
+            scenarios = list(mutant.shows_in) if args.quick or args.shown else mutant.scenarios()
+            killers = mutant.killers(run_cases(mutant.integration, fake_backend_factory(seed=seed, engine=args.engine),
+                                               seed, scenarios, deadlines=DEADLINES))
             for inv in killers:
                 kills[inv] += 1
             survived += not killers
         rows.append([name, ", ".join(f"{inv} {n}/{runs}" for inv, n in kills.items()),
                      f"{max(kills.values())}/{runs}", (time.perf_counter() - t0) / runs])
     emit(table("mutants: kill rate per invariant it breaks", ["mutant", "per invariant", "killed", "s/run"], rows))
-    reference, passed, t0 = load_integration(DEFAULT_INTEGRATION), 0, time.perf_counter()
+    reference, passed, t0 = load_integration(DEFAULT_INTEGRATIONS[args.engine]), 0, time.perf_counter()
     for seed in range(runs):
-        results = run_cases(reference, fake_backend_factory(seed=seed), seed, QUICK[1] if args.quick else None)
+        results = run_cases(reference, fake_backend_factory(seed=seed, engine=args.engine), seed,
+                            quick_scenarios if args.quick else None)
         passed += all(v.passed for r in results.values() for v in r.verdicts.values())
     emit(table("reference: every case of " + ("one scenario" if args.quick else "every scenario"),
                ["integration", "runs passed", "s/run"],

@@ -56,7 +56,8 @@ def test_list_cases_prints_every_id_with_its_scenario_and_invariant(capsys: pyte
     assert "V4-S1-failover scenario=failover invariant=V4-S1" in [" ".join(line.split()) for line in lines]
 
 
-@pytest.mark.parametrize("args", [["--out", "/proc/no-such-dir/results"], ["--expectations", "/no/such.toml"]])
+@pytest.mark.parametrize("args", [["--out", "/proc/no-such-dir/results"], ["--expectations", "/no/such.toml"],
+                                  ["--engine", "vllm", "--profiles", "all"], ["--engine", "tgi"]])
 def test_bad_paths_are_one_line_errors(args: list[str], capsys: pytest.CaptureFixture) -> None:
     assert main(args) == 2
     err = capsys.readouterr().err.strip()

@@ -95,6 +95,17 @@ def test_a_mutant_fails_through_pytest_with_its_witness(run_suite) -> None:
     result.stdout.fnmatch_lines(["*seed=7*", "*?V1 versions agree? FAIL*", "*engines were never stamped*(LoRA)*"])
 
 
+def test_on_the_vllm_engine_the_default_is_the_vllm_reference_and_a_vllm_mutant_fails_with_its_witness(
+        run_suite) -> None:
+    passed = run_suite("-m", "cpu", "--conformance-engine", "vllm", "-k", "steady-disk-in_place")
+    passed.assert_outcomes(passed=12)
+    passed.stdout.fnmatch_lines(["*integration=conformance.reference:vllm engine=vllm *"])
+    failed = run_suite("-m", "cpu", "--conformance-engine", "vllm", "--conformance-integration",
+                       "conformance.mutants:vllm_pause_default_abort", "-k", "I3-steady-disk-in_place-fake")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*?I3 * FAIL*", "*abort*"])
+
+
 def test_missing_capabilities_skip_with_the_reason(run_suite) -> None:
     result = run_suite("-m", "cpu", "--conformance-integration", "examples.requests_adapter:integration",
                        "-k", "lora-fake and not slow-engine", "-rs")

@@ -304,7 +304,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         held, running = await decoding(client, url)
         held.task.cancel()
         await asyncio.gather(held.task, return_exceptions=True)
-        out["request whose client left"] = {"running when it left": running,
+        out["request whose client left"] = {"running_at_call": running,
                                             "stopped within 2 s": await until_idle(client, url, 2.0)}
 
         # -- disk reload, caches --

@@ -308,10 +308,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def header_line(config: pytest.Config, integrations: Sequence[str] | None = None) -> str:
+    engines = f"engine={engine(config)}" if engine(config) != "sglang" else f"sglang-profile={sglang_profile(config)}"
     return (f"weightsync-conformance: integration={','.join(integrations or [integration_spec(config)])} "
-            + (f"engine={engine(config)} " if engine(config) != "sglang" else "")
-            + f"sglang-profile={sglang_profile(config)} seed={conformance_seed(config)} "
-            f"(rerun with --conformance-seed N)")
+            f"{engines} seed={conformance_seed(config)} (rerun with --conformance-seed N)")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -33,7 +33,7 @@ class Backend(Protocol):
 
     name: str
     profile: str
-    """The SGLang release the wire is recorded as (for another family: :data:`conformance.dialect.VOCABULARY_PROFILE`)."""
+    """The SGLang release the wire is recorded as (another family's: :data:`conformance.dialect.VOCABULARY_PROFILE`)."""
     urls: list[str]
     dialect: Dialect
     """How the engines' wire maps to the suite's vocabulary, and the suite's own calls to theirs."""

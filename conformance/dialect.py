@@ -12,22 +12,15 @@ it judges an SGLang one:
 
 SGLang's dialect is the identity. vLLM's (0.32.0, ``fakes.facts.VLLM``; its routes in ``fakes/vllm/app.py``):
 
-==========================================================  =======================================================
-vLLM                                                        recorded as
-==========================================================  =======================================================
-``POST /pause?mode=abort`` (also no mode: vLLM's default)   ``/pause_generation {"mode": "abort"}``
-``POST /pause?mode=keep``                                   ``/pause_generation {"mode": "in_place"}``
-``POST /pause?mode=wait``                                   ``/pause_generation {"mode": "retract"}`` (see below)
-``POST /resume``                                            ``/continue_generation {}``
-``/update_weight_version {"new_version"}``                  the same, ``abort_all_requests: false`` (vLLM never aborts)
-``/collective_rpc reload_weights`` (``kwargs.weights_path``)  ``/update_weights_from_disk {"model_path"}``, no abort, no flush
-``/reset_prefix_cache``                                     ``/flush_cache``
-``/abort_requests {"request_ids": [rid]}`` / ``{}``         ``/abort_request {"rid"}`` / ``{"abort_all": true}``
-``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``      ``/load_lora_adapter``, ``/unload_lora_adapter``
-``/inference/v1/generate``, ``/v1/completions``             ``/generate`` (``model`` → ``lora_path``), answered with
-                                                            ``meta_info`` (id, finish reason, tokens, version spans)
-``GET /weight_info``                                        ``/model_info``
-==========================================================  =======================================================
+* ``POST /pause?mode=abort`` (also no mode: vLLM's default) → ``/pause_generation {"mode": "abort"}``; ``keep`` →
+  ``in_place``; ``wait`` → ``retract`` (see below); ``POST /resume`` → ``/continue_generation {}``;
+* ``/update_weight_version`` → the same, with ``abort_all_requests: false`` (vLLM's never aborts);
+* ``/collective_rpc`` ``reload_weights`` (``kwargs.weights_path``) → ``/update_weights_from_disk {"model_path"}``,
+  neither aborting nor flushing; ``/reset_prefix_cache`` → ``/flush_cache``;
+* ``/abort_requests {"request_ids": [rid]}`` / ``{}`` → ``/abort_request {"rid"}`` / ``{"abort_all": true}``;
+* ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` → ``/load_lora_adapter``, ``/unload_lora_adapter``;
+* ``/inference/v1/generate``, ``/v1/completions`` → ``/generate`` (``model`` → ``lora_path``), answered with
+  ``meta_info`` (id, finish reason, tokens, version spans); ``GET /weight_info`` → ``/model_info``.
 
 ``wait`` drains the running requests before it answers and ``retract`` re-queues them: neither aborts nor freezes a
 request, which is what the checkers judge of a pause; a vLLM reload neither aborts (it runs between two engine

@@ -25,13 +25,13 @@ vllm = ReferenceIntegration(
     name="reference-vllm", client_cls=VllmEngineClient,
     capabilities=Capabilities(transports=frozenset({"disk"}),
                               absent_because={"tensor": NO_TENSORS, "distributed": NO_TENSORS}))
-"""The reference on vLLM (``--engine vllm``): the same updater and manager over :class:`VllmEngineClient`. It pauses
-with ``keep`` only: ``wait`` answers once every running request finished, so a cycle would last as long as the
-longest rollout in flight."""
+"""The reference on vLLM (``--engine vllm``): the same updater and manager over :class:`VllmEngineClient`, disk updates
+only (its ``retract`` cycles pause with ``wait``, which answers once every running request finished: such a cycle
+lasts as long as the longest request in flight)."""
 
 __all__ = [
-    "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport",
-    "NegativeStaleness", "PartialRolloutManager", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
-    "TensorTransport", "VersionRegression", "VllmEngineClient", "vllm", "default_capabilities", "encode_pickle_b64", "integration", "partial_rollout",
-    "numeric_label", "write_checkpoint_atomic",
+    "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport", "NegativeStaleness",
+    "PartialRolloutManager", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
+    "TensorTransport", "VersionRegression", "VllmEngineClient", "default_capabilities", "encode_pickle_b64",
+    "integration", "numeric_label", "partial_rollout", "vllm", "write_checkpoint_atomic",
 ]

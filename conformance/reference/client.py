@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
@@ -94,11 +94,16 @@ class HttpEngineClient:
 
     async def flush_cache(self) -> None:
         """``/flush_cache``, retried with backoff while the engine answers 400 (busy), up to the deadline (C2)."""
+        await self.retry_while_busy("/flush_cache", lambda response: response.status_code == 400)
+
+    async def retry_while_busy(self, endpoint: str, busy: Callable[[httpx.Response], bool]) -> None:
+        """POST ``endpoint``, again with backoff while the answer is ``busy``, until :attr:`flush_deadline_s`; the
+        last answer is checked (:meth:`check_response`)."""
         deadline, delay = time.monotonic() + self.flush_deadline_s, 0.05
         while True:
-            response = await self._request("POST", "/flush_cache")
-            if response.status_code != 400 or time.monotonic() + delay > deadline:
-                self.check_response("/flush_cache", response)
+            response = await self._request("POST", endpoint)
+            if not busy(response) or time.monotonic() + delay > deadline:
+                self.check_response(endpoint, response)
                 return
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)

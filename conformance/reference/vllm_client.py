@@ -21,8 +21,6 @@ Tensor and distributed updates do not exist on vLLM 0.32 on CPU: its weight-tran
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -74,15 +72,8 @@ class VllmEngineClient(HttpEngineClient):
 
     async def flush_cache(self) -> None:
         """``/reset_prefix_cache``, retried while vLLM refuses (``success: false``: requests hold blocks)."""
-        deadline, delay = time.monotonic() + self.flush_deadline_s, 0.05
-        while True:
-            response = await self._request("POST", "/reset_prefix_cache")
-            refused = response.status_code == 200 and response.json().get("success") is False
-            if not refused or time.monotonic() + delay > deadline:
-                self.check_response("/reset_prefix_cache", response)
-                return
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 1.0)
+        await self.retry_while_busy("/reset_prefix_cache", lambda response: response.status_code == 200
+                                    and response.json().get("success") is False)
 
     async def server_info(self) -> Mapping[str, Any]:
         """``/version``: vLLM's release."""

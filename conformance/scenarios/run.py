@@ -163,7 +163,7 @@ class Run:
         step, index = self.step + 1, len(self.history.cycles)
         weights = None if lora else (self.trainer.poisoned(step) if poison else self.trainer.weights(step))
         adapter = self.trainer.lora(step) if lora else None
-        labels_before, published_before, counter_before = await probe_labels(urls, dialect=self.backend.dialect), manager.weight_version, \
+        labels_before, published_before, counter_before = await self.labels(), manager.weight_version, \
             self.updater.version
         digests_before = self.backend.digests() if expect_failure and not lora else None
         if resident:
@@ -216,7 +216,7 @@ class Run:
             pause_mode=self.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
             counter_before=counter_before, counter_after=self.updater.version, returned=returned,
             published_before=published_before, published_after=manager.weight_version,
-            labels_before=labels_before, labels_after=await probe_labels(urls, dialect=self.backend.dialect), expect_failure=expect_failure,
+            labels_before=labels_before, labels_after=await self.labels(), expect_failure=expect_failure,
             trainer_digest=digest_of(weights) if weights is not None and not poison else None,
             digests_after=self.backend.digests(), digests_before=digests_before))
         if answers is not None and answers.released_by != "ready":
@@ -299,6 +299,14 @@ class Run:
                f"the other engines had not all answered theirs within {window.timeout_s:.1f}s")
         self.unmet(tuple(REGISTRY), f"update cycle {cycle}: engine {engine}'s {paths} was not kept in progress "
                    f"while the other engines had finished theirs ({why}): a slow {step} is not shown")
+
+    async def labels(self) -> list[str | None]:
+        """Each engine's version label, probed in the engines' dialect."""
+        return await probe_labels(self.backend.urls, dialect=self.backend.dialect)
+
+    async def post_all(self, path: str, body: Any) -> None:
+        """A call of the suite's own (not recorded) to every engine, in their dialect."""
+        await asyncio.gather(*(probe_post(url, path, body, dialect=self.backend.dialect) for url in self.backend.urls))
 
     def turn_s(self) -> float:
         """How long one of the integration's turns decodes: its ``max_new_tokens`` at :func:`decode_rate`, at least
@@ -518,15 +526,15 @@ class Run:
             injected = [Injected(mark, "abort", engine, "the suite froze the engine (pause in_place) and aborted "
                                  "every request it held (abort_all)") for engine in range(len(urls))]
             self.history.injected += injected
-            await asyncio.gather(*(probe_post(url, "/pause_generation", {"mode": "in_place"}, dialect=self.backend.dialect) for url in urls))
+            await self.post_all("/pause_generation", {"mode": "in_place"})
             held = {c.engine for c in self.generates() if c.t_start < mark and (
                 c.t_end is None or any(finish_type(o) == "abort" for o in c.generate_outputs()))}
-            await asyncio.gather(*(probe_post(url, "/abort_request", {"abort_all": True}, dialect=self.backend.dialect) for url in urls))
+            await self.post_all("/abort_request", {"abort_all": True})
             for item in injected:
                 item.t_end = time.monotonic()
             if then_update and used <= held:
                 return await self.update()
-            await asyncio.gather(*(probe_post(url, "/continue_generation", {}, dialect=self.backend.dialect) for url in urls))
+            await self.post_all("/continue_generation", {})
             if used <= held:
                 return None
             if time.monotonic() > deadline:

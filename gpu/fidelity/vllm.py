@@ -93,21 +93,11 @@ class Held:
                 **{k: seen.get(k) for k in ("finish_reason", "span versions", "spans cover the output")}}
 
 
-async def until_running(client: httpx.AsyncClient, url: str, within_s: float = 10.0) -> bool:
-    """Wait (at most ``within_s``) until the engine has a request running; whether it did."""
+async def until_running(client: httpx.AsyncClient, url: str, within_s: float = 10.0, running: bool = True) -> bool:
+    """Wait (at most ``within_s``) until the engine has a request running (``running=False``: none); whether it came to
+    that."""
     deadline = asyncio.get_running_loop().time() + within_s
-    while not await engine_running(client, url):
-        if asyncio.get_running_loop().time() >= deadline:
-            return False
-        await asyncio.sleep(0.01)  # polling the engine's own gauge, bounded by the deadline
-    return True
-
-
-async def until_idle(client: httpx.AsyncClient, url: str, within_s: float) -> bool:
-    """Wait (at most ``within_s``) until the engine has no request running; whether it came to that (a held request
-    left to itself decodes for about 10 s on real vLLM)."""
-    deadline = asyncio.get_running_loop().time() + within_s
-    while await engine_running(client, url):
+    while await engine_running(client, url) != running:
         if asyncio.get_running_loop().time() >= deadline:
             return False
         await asyncio.sleep(0.01)  # polling the engine's own gauge, bounded by the deadline
@@ -155,6 +145,12 @@ async def during_decode(client: httpx.AsyncClient, url: str, act: Callable[[Held
         if undo is not None:
             await undo()
     raise AssertionError("tries must be at least 1")
+
+
+async def checksums(client: httpx.AsyncClient, url: str) -> Any:
+    """The engine's per-parameter checksums (``/weight_checker``), or the status it answered instead."""
+    answer = await client.post(url + "/weight_checker", json={"action": "checksum"})
+    return answer.json().get("checksums") if answer.status_code == 200 else answer.status_code
 
 
 def script_client(sent: list[Sent] | None) -> httpx.AsyncClient:
@@ -305,7 +301,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         held.task.cancel()
         await asyncio.gather(held.task, return_exceptions=True)
         out["request whose client left"] = {"running_at_call": running,
-                                            "stopped within 2 s": await until_idle(client, url, 2.0)}
+                                            "stopped within 2 s": await until_running(client, url, 2.0, running=False)}
 
         # -- disk reload, caches --
         response = await call("collective_rpc reload_weights", "/collective_rpc", {"method": "reload_weights"})
@@ -343,11 +339,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         await call("weight_checker bad action", "/weight_checker", {"action": "nope"})
 
         # -- sleep and wake; a relabel and a reload while asleep; the weights across each level --
-        async def checksums() -> Any:
-            answer = await client.post(url + "/weight_checker", json={"action": "checksum"})
-            return answer.json().get("checksums") if answer.status_code == 200 else answer.status_code
-
-        before = await checksums()
+        before = await checksums(client, url)
         await call("sleep", "/sleep", level=1)
         out["is_sleeping while asleep"] = (await client.get(url + "/is_sleeping")).json()
         await call("update_weight_version while asleep", "/update_weight_version", {"new_version": "v-asleep"})
@@ -355,12 +347,12 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         await call("collective_rpc reload_weights while asleep", "/collective_rpc", {"method": "reload_weights"})
         await call("wake_up", "/wake_up")
         out["is_sleeping after wake_up"] = (await client.get(url + "/is_sleeping")).json()
-        out["weights after a level 1 sleep"] = {"as before": await checksums() == before}
+        out["weights after a level 1 sleep"] = {"as before": await checksums(client, url) == before}
         await call("sleep level 2", "/sleep", level=2)
         await call("wake_up after level 2", "/wake_up")
-        out["weights after a level 2 sleep"] = {"as before": await checksums() == before}
+        out["weights after a level 2 sleep"] = {"as before": await checksums(client, url) == before}
         await call("collective_rpc reload_weights after level 2", "/collective_rpc", {"method": "reload_weights"})
-        out["weights after a level 2 sleep and a reload"] = {"as before": await checksums() == before}
+        out["weights after a level 2 sleep and a reload"] = {"as before": await checksums(client, url) == before}
         response = await call("completion after wake_up", "/v1/completions", completion())
         out["completion after wake_up answer"] = choice(response.json())
 
@@ -430,20 +422,16 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
         out["generate with a2 answer"] = choice(response.json())
         await call("generate with an unknown model", "/inference/v1/generate", {**generate, "model": "nope"})
 
-        async def checksums() -> Any:
-            answer = await client.post(url + "/weight_checker", json={"action": "checksum"})
-            return answer.json().get("checksums") if answer.status_code == 200 else answer.status_code
-
         def reload(path: Path | None) -> dict[str, Any]:
             return {"method": "reload_weights", **({"kwargs": {"weights_path": str(path)}} if path else {})}
 
         step1 = write_checkpoint_atomic(work, "step1", trainer.weights(1), {})
-        served = await checksums()
+        served = await checksums(client, url)
         await call("reload_weights from a new path", "/collective_rpc", reload(step1))
-        loaded = await checksums()
+        loaded = await checksums(client, url)
         out["weights after the reload from a new path"] = {"changed": loaded != served}
         await call("reload_weights after a reload from a new path", "/collective_rpc", reload(None))
-        out["weights after a plain reload"] = {"the new path's": await checksums() == loaded}
+        out["weights after a plain reload"] = {"the new path's": await checksums(client, url) == loaded}
         await call("reload_weights from a missing path", "/collective_rpc", reload(work / "gone"))
         response = await call("weight_checker after the failed reload", "/weight_checker", {"action": "checksum"})
         after = response.json().get("checksums") if response.status_code == 200 else None
@@ -452,7 +440,7 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
             "changed keys": len([k for k in (after or {}) if (loaded or {}).get(k) != after[k]])}
         await call("reload_weights after the failed reload", "/collective_rpc", reload(None))
         await call("reload_weights from the new path again", "/collective_rpc", reload(step1))
-        out["weights after a reload from the new path again"] = {"the new path's": await checksums() == loaded}
+        out["weights after a reload from the new path again"] = {"the new path's": await checksums(client, url) == loaded}
         # last: what a completion meets on the weights a failed reload left (it may end the server)
         await call("reload_weights from a missing path once more", "/collective_rpc", reload(work / "gone"))
         try:

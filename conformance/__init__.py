@@ -1,4 +1,4 @@
-"""weightsync-conformance: invariants of async-RL weight sync, checked on fake or real SGLang engines."""
+"""weightsync-conformance: invariants of async-RL weight sync, checked on fake SGLang or vLLM, or on real SGLang."""
 
 __version__ = "0.1.0"
 

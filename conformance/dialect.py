@@ -74,6 +74,8 @@ SGLANG_DIALECT = Dialect()
 
 _PAUSE_MODES = {"abort": "abort", "keep": "in_place", "wait": "retract"}
 """vLLM's pause mode → the vocabulary's (see the module docstring for ``wait``)."""
+_VLLM_MODES = {mode: vllm for vllm, mode in _PAUSE_MODES.items()}
+"""The vocabulary's pause mode → vLLM's."""
 _GENERATION = frozenset({"/inference/v1/generate", "/v1/completions"})
 _RENAMED = {"/resume": "/continue_generation", "/reset_prefix_cache": "/flush_cache", "/weight_info": "/model_info",
             "/v1/load_lora_adapter": "/load_lora_adapter", "/v1/unload_lora_adapter": "/unload_lora_adapter"}
@@ -140,9 +142,7 @@ class VllmDialect(Dialect):
     def outgoing(self, path: str, body: Any = None) -> tuple[str, Any]:
         body = body if isinstance(body, dict) else {}
         if path == "/generate":
-            params = dict(body.get("sampling_params") or {})
-            if "max_new_tokens" in params:
-                params["max_tokens"] = params.pop("max_new_tokens")
+            params = _renamed(dict(body.get("sampling_params") or {}), "max_new_tokens", "max_tokens")
             ids = body.get("input_ids") or encode_text(str(body.get("text", "")))
             out: dict[str, Any] = {"token_ids": list(ids), "sampling_params": params}
             if body.get("rid"):
@@ -153,8 +153,7 @@ class VllmDialect(Dialect):
         if path == "/abort_request":
             return "/abort_requests", {"request_ids": [body["rid"]]} if body.get("rid") else {}
         if path == "/pause_generation":
-            wanted = {v: k for k, v in _PAUSE_MODES.items()}.get(str(body.get("mode", "abort")), "abort")
-            return f"/pause?mode={wanted}", None
+            return f"/pause?mode={_VLLM_MODES[body.get('mode', 'abort')]}", None
         if path == "/continue_generation":
             return "/resume", None
         if path == "/model_info":
@@ -175,12 +174,19 @@ def _failing(named: Callable[[dict[str, Any]], Any], broken: Callable[[dict[str,
     return rewrite
 
 
+def _renamed(params: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """``params`` with its ``old`` key (when present) under the name ``new``: SGLang's ``max_new_tokens`` is vLLM's
+    ``max_tokens``."""
+    if old in params:
+        params[new] = params.pop(old)
+    return params
+
+
 def _generate_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
     """A vLLM generation request as SGLang's ``/generate`` body (the fields the checkers read)."""
-    native = dict(body.get("sampling_params") or {}) if path == "/inference/v1/generate" else \
-        {k: body[k] for k in ("max_tokens", "temperature", "ignore_eos", "stop_token_ids") if k in body}
-    if "max_tokens" in native:
-        native["max_new_tokens"] = native.pop("max_tokens")
+    native = _renamed(dict(body.get("sampling_params") or {}) if path == "/inference/v1/generate" else
+                      {k: body[k] for k in ("max_tokens", "temperature", "ignore_eos", "stop_token_ids") if k in body},
+                      "max_tokens", "max_new_tokens")
     ids = body.get("token_ids") if path == "/inference/v1/generate" else body.get("prompt")
     out: dict[str, Any] = {"sampling_params": native}
     if isinstance(ids, str):

@@ -53,7 +53,6 @@ class VllmEngineClient(HttpEngineClient):
     """The reference client for one vLLM server (see the module docstring)."""
 
     _dialect = VllmDialect()
-    _PAUSE = {"in_place": "keep", "retract": "wait", "abort": "abort"}
     loaded: str | None = None
     """The checkpoint the engine serves, once a reload of this client's succeeded."""
 
@@ -65,10 +64,10 @@ class VllmEngineClient(HttpEngineClient):
 
     async def pause(self, mode: str) -> None:
         """``/pause`` with the mode always sent (vLLM's default aborts every request in flight)."""
-        await self._call(f"/pause?mode={self._PAUSE[mode]}")
+        await self._call(self._dialect.outgoing("/pause_generation", {"mode": mode})[0])
 
     async def resume(self) -> None:
-        await self._call("/resume")
+        await self._call(self._dialect.outgoing("/continue_generation")[0])
 
     async def flush_cache(self) -> None:
         """``/reset_prefix_cache``, retried while vLLM refuses (``success: false``: requests hold blocks)."""

@@ -20,10 +20,11 @@ import base64
 import io
 import json
 import re
+import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 import httpx
 import torch
@@ -148,6 +149,37 @@ class Held:
         return generation(self.meta if done else None, self.budget)
 
 
+Holder = TypeVar("Holder", bound="HasResult")
+
+
+class HasResult(Protocol):
+    """A held request of either script: what became of it."""
+
+    async def result(self) -> Observation: ...
+
+
+async def during_decode(start: Callable[[], Awaitable[tuple[Holder, bool]]], act: Callable[[Holder], Awaitable[bool]],
+                        undo: Callable[[], Awaitable[Any]] | None = None, tries: int = 5) -> tuple[Observation, bool]:
+    """Run ``act`` while a held request decodes on the engine (``start``: a held request and whether it was seen
+    decoding), and again (after ``undo``, if any) while it did not land mid-decode: ``act`` makes its call and says,
+    from what it measured once answered, whether the request was still decoding when the engine took the call up (a
+    call the engine takes up late may find the request finished). The held request's result and whether the
+    situation happened (a step that never built it shows as such in the diff, never as agreement)."""
+    for attempt in range(tries):
+        held, running = await start()
+        acted = await act(held)  # made also when the request was never seen decoding: the step is still observed
+        landed = running and acted
+        result = await held.result()
+        if landed or attempt == tries - 1:
+            return result, landed
+        print(f"  ({getattr(act, '__name__', 'act')}, try {attempt + 1} of {tries}: "
+              f"{'the call found the held request finished' if running else 'the held request never seen decoding'};"
+              f" again)", file=sys.stderr)
+        if undo is not None:
+            await undo()
+    raise AssertionError("tries must be at least 1")
+
+
 class Checkpoints:
     """The checkpoints the script loads: the served one (``m0``) and perturbed copies written beside it."""
 
@@ -263,6 +295,29 @@ class Steps:
         info = (await self.client.get(self.url + "/model_info")).json()
         self.out[step] = {"weight_version": info.get("weight_version")}
 
+    async def aborting(self, step: str, path: str, body: Any, request_step: str, rid: str | None = None,
+                       precondition: str = "running_at_call",
+                       undo: Callable[[], Awaitable[Any]] | None = None) -> Held:
+        """``step``, a call that aborts what runs, made while a held request decodes, and made again (a fresh held
+        request each time) when the request ran to its full budget before the abort reached it: the engine decodes
+        ahead of its client, and a busy machine can delay the call past the budget's end (measured: 0.5.10 and
+        0.5.15, once in five runs each). What became of the request goes in ``request_step``; whether the call
+        caught it, in ``precondition``; ``undo`` runs before a call is made again. The last held request is returned (its
+        rid as seen)."""
+        last: list[Held] = []
+
+        async def start() -> tuple[Held, bool]:
+            last.append(Held(self.client, self.url, rid=rid))
+            return last[-1], await last[-1].started()
+
+        async def act(held: Held) -> bool:
+            await self.call(step, path, body)
+            return not (await held.result()).get("full budget")
+
+        self.out[request_step], landed = await during_decode(start, act, undo, tries=3)
+        self.out[step][precondition] = landed
+        return last[-1]
+
     async def held_pause(self, mode: str, step: str) -> Held:
         held = Held(self.client, self.url)
         running = await held.started()  # when the pause is sent (what becomes of it: the step's held.result())
@@ -368,26 +423,20 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
     out["request held across retract"] = await held.result()
 
     # -- abort pause, default-abort relabel --
-    held = await held_pause("abort", "pause abort (request running)")
-    out["request under pause abort"] = await held.result()
+    await steps.aborting("pause abort (request running)", "/pause_generation", {"mode": "abort"},
+                         "request under pause abort", precondition="running_at_pause",
+                         undo=lambda: steps.client.post(steps.url + "/continue_generation", json={}))
     await call("continue after abort", "/continue_generation", {})
-    held = Held(steps.client, steps.url)
-    running = await held.started()
-    await call("relabel v3 (abort_all_requests default)", "/update_weight_version", {"new_version": "v3"},
-               running_at_call=running)
-    out["request under default relabel"] = await held.result()
+    await steps.aborting("relabel v3 (abort_all_requests default)", "/update_weight_version", {"new_version": "v3"},
+                         "request under default relabel")
     await label("label after v3")
 
     # -- abort_request: one request by its rid, then every request --
-    held = Held(steps.client, steps.url, rid="fidelity-held")
-    running = await held.started()
-    await call("abort_request by rid", "/abort_request", {"rid": "fidelity-held"}, running_at_call=running)
-    out["request aborted by rid"] = await held.result()
+    held = await steps.aborting("abort_request by rid", "/abort_request", {"rid": "fidelity-held"},
+                                "request aborted by rid", rid="fidelity-held")
     out["request aborted by rid"]["id is the rid sent"] = held.rid_seen == "fidelity-held"
-    held = Held(steps.client, steps.url)
-    running = await held.started()
-    await call("abort_request abort_all", "/abort_request", {"abort_all": True}, running_at_call=running)
-    out["request aborted by abort_all"] = await held.result()
+    await steps.aborting("abort_request abort_all", "/abort_request", {"abort_all": True},
+                         "request aborted by abort_all")
 
     # -- tensor updates --
     named = [(n, t) for n, t in ckpt.weights["m2"].items()]
@@ -401,13 +450,12 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
                 "weight_version": "v4"})
     await weights("weights after tensor m2")
     await label("label after tensor v4")
-    held = Held(steps.client, steps.url)
-    running = await held.started()
-    await call("tensor m1 flattened_bucket, abort_all_requests (request running)", "/update_weights_from_tensor",
-               {"serialized_named_tensors": [encode_flattened_bucket(ckpt.weights["m1"], fmt="pickle")],
-                "load_format": "flattened_bucket", "abort_all_requests": True, "flush_cache": False},
-               running_at_call=running)
-    out["request under the aborting tensor update"] = await held.result()
+    bucket = encode_flattened_bucket(ckpt.weights["m1"], fmt="pickle")  # encoded before a request is held
+    await steps.aborting("tensor m1 flattened_bucket, abort_all_requests (request running)",
+                         "/update_weights_from_tensor",
+                         {"serialized_named_tensors": [bucket], "load_format": "flattened_bucket",
+                          "abort_all_requests": True, "flush_cache": False},
+                         "request under the aborting tensor update")
     await weights("weights after tensor m1 flattened_bucket")
     await call("tensor m2 weight_sync LocalSerializedTensor", "/update_weights_from_tensor",
                {"serialized_named_tensors": encode_weight_sync_payload(ckpt.weights["m2"], fmt="pickle",
@@ -440,12 +488,10 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
                {"model_path": str(ckpt.paths["m0"]), "flush_cache": False, "weight_version": "v5"})
     await weights("weights after disk m0")
     await label("label after disk v5")
-    held = Held(steps.client, steps.url)
-    running = await held.started()
-    await call("disk m2 load_format auto, abort_all_requests (request running)", "/update_weights_from_disk",
-               {"model_path": str(ckpt.paths["m2"]), "load_format": "auto", "abort_all_requests": True,
-                "flush_cache": False}, running_at_call=running)
-    out["request under the aborting disk update"] = await held.result()
+    await steps.aborting("disk m2 load_format auto, abort_all_requests (request running)",
+                         "/update_weights_from_disk",
+                         {"model_path": str(ckpt.paths["m2"]), "load_format": "auto", "abort_all_requests": True,
+                          "flush_cache": False}, "request under the aborting disk update")
     await weights("weights after disk m2")
     await concurrency_steps(steps)
     if lora:

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
-from .script import CALL_TIMEOUT_S, Observation, Sent, diff, message_class, normalise, sent_by
+from .script import CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, sent_by
 
 LONG_TOKENS = 6000
 """Budget of a held request: ~10 s on real vLLM (~600 tokens/s on 2 cores), so a call sent while it decodes lands
@@ -125,28 +125,6 @@ async def decoding(client: httpx.AsyncClient, url: str, tries: int = 3) -> tuple
     return held, False
 
 
-async def during_decode(client: httpx.AsyncClient, url: str, act: Callable[[Held], Awaitable[bool]],
-                        undo: Callable[[], Awaitable[Any]] | None = None, tries: int = 5) -> tuple[Observation, bool]:
-    """Run ``act`` while a held request decodes on the engine, and again (after ``undo``, if any) while it did not land
-    mid-decode: ``act`` makes its call and says, from what it measured once answered, whether the request was still
-    decoding when the engine took the call up (a call the engine takes up late may find the request finished). The
-    held request's result and whether the situation happened (a step that never built it shows as such in the
-    diff, never as agreement)."""
-    for attempt in range(tries):
-        held, running = await decoding(client, url)
-        acted = await act(held)  # made also when the request was never seen decoding: the step is still observed
-        landed = running and acted
-        result = await held.result()
-        if landed or attempt == tries - 1:
-            return result, landed
-        print(f"  ({act.__name__}, try {attempt + 1} of {tries}: "
-              f"{'the call found the held request finished' if running else 'the held request never seen decoding'};"
-              f" again)", file=sys.stderr)
-        if undo is not None:
-            await undo()
-    raise AssertionError("tries must be at least 1")
-
-
 async def checksums(client: httpx.AsyncClient, url: str) -> Any:
     """The engine's per-parameter checksums (``/weight_checker``), or the status it answered instead."""
     answer = await client.post(url + "/weight_checker", json={"action": "checksum"})
@@ -224,7 +202,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return not (await held.result()).get("full budget")
 
         out["request under the default pause"], running = await during_decode(
-            client, url, pause_default, lambda: client.post(url + "/resume"))
+            lambda: decoding(client, url), pause_default, lambda: client.post(url + "/resume"))
         out["pause (no mode)"]["running_at_pause"] = running
         await get("is_paused while paused", "/is_paused")
         out["is_paused while paused"]["body"] = (await client.get(url + "/is_paused")).json()
@@ -258,7 +236,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return decoding_when_sent
 
         out["request under pause wait"], running = await during_decode(
-            client, url, pause_wait, lambda: client.post(url + "/resume"))
+            lambda: decoding(client, url), pause_wait, lambda: client.post(url + "/resume"))
         out["pause wait"]["running_at_pause"] = running
         await call("resume after wait", "/resume")
         await call("pause bad mode", "/pause", mode="nope")
@@ -275,7 +253,8 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return await engine_running(client, url)  # the request decodes on, past the relabel
 
         out["request across a relabel"], running = await during_decode(
-            client, url, relabel, lambda: client.post(url + "/update_weight_version", json={"new_version": "v2"}))
+            lambda: decoding(client, url), relabel,
+            lambda: client.post(url + "/update_weight_version", json={"new_version": "v2"}))
         out["update_weight_version v3 while decoding"]["running_at_pause"] = running
         response = await call("generate after v3", "/inference/v1/generate",
                               {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}})
@@ -289,7 +268,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return not (await held.result()).get("full budget")  # not run to its end before the abort came
 
         out["request under abort_requests all"], running = await during_decode(
-            client, url, abort_all)
+            lambda: decoding(client, url), abort_all)
         out["abort_requests all"]["running_at_pause"] = running
         response = await call("abort_requests unknown id", "/abort_requests", {"request_ids": ["nope"]})
         out["abort_requests unknown id"]["aborted"] = response.json().get("aborted") if response.status_code == 200 \
@@ -316,7 +295,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
             return await engine_running(client, url)  # the request decodes on, past the reset
 
         out["request under reset_prefix_cache"], running = await during_decode(
-            client, url, reset_cache)
+            lambda: decoding(client, url), reset_cache)
         out["reset_prefix_cache while decoding"]["running_at_pause"] = running
         await get("weight_info after reload", "/weight_info")
         out["weight_info after reload"]["body"] = (await client.get(url + "/weight_info")).json()

@@ -4,15 +4,17 @@ not in the committed list, or a listed one that no longer happens, fails."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from gpu.fidelity.__main__ import CLASSES, HERE, compare, divergences_file, key, known, main as fidelity_main
-from gpu.fidelity.script import diff, generation, message_class, normalise
+from gpu.fidelity.script import diff, during_decode, generation, message_class, normalise
 from gpu.sglang_cpu import RELEASES, status
 
 
@@ -180,3 +182,34 @@ def test_every_list_ci_compares_was_measured_with_this_script_and_this_fake(rele
     import gpu.fidelity.__main__ as fidelity
 
     assert fidelity.staleness(release) is None, fidelity.staleness(release)
+
+
+class _Held:
+    async def result(self) -> dict[str, Any]:
+        return {"full budget": True}
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(("seen", "lands_on", "expected"), [
+    ([True, True, True], 2, (2, True)),        # the call found the request finished once: made again, and it landed
+    ([True] * 5, None, (5, False)),            # never landed: the situation is recorded as not built
+    ([False] * 5, None, (5, False)),           # never seen decoding: the call is still made (the step observed)
+])
+def test_a_call_meant_to_land_mid_decode_is_made_again_until_it_does_and_says_when_it_never_did(
+        seen: list[bool], lands_on: int | None, expected: tuple[int, bool]) -> None:
+    tries = iter(seen)
+    acts: list[int] = []
+    undos: list[int] = []
+
+    async def start() -> tuple[_Held, bool]:
+        return _Held(), next(tries)
+
+    async def act(_: Any) -> bool:
+        acts.append(1)
+        return len(acts) == lands_on
+
+    async def undo() -> None:
+        undos.append(1)
+
+    _, landed = asyncio.run(during_decode(start, act, undo))
+    assert (len(acts), landed) == expected and len(undos) == len(acts) - 1

@@ -4,9 +4,7 @@ vLLM on CPU: a divergence not in the list, or a listed one that no longer happen
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any
 
 import pytest
 
@@ -27,38 +25,6 @@ def test_every_vllm_divergence_is_explained_and_the_list_is_current(release: str
         f"re-measure with python -m gpu.fidelity --engine vllm --release {release} --update")
     for entry in recorded["divergences"]:
         assert entry["class"] in CLASSES and entry["why"] not in ("", "TODO"), entry
-
-
-class _Held:
-    async def result(self) -> dict[str, Any]:
-        return {"full budget": True}
-
-
-@pytest.mark.cpu
-@pytest.mark.parametrize(("seen", "lands_on", "expected"), [
-    ([True, True, True], 2, (2, True)),        # the call found the request finished once: made again, and it landed
-    ([True] * 5, None, (5, False)),            # never landed: the situation is recorded as not built
-    ([False] * 5, None, (5, False)),           # never seen decoding: the call is still made (the step observed)
-])
-def test_a_call_meant_to_land_mid_decode_is_made_again_until_it_does_and_says_when_it_never_did(
-        monkeypatch: pytest.MonkeyPatch, seen: list[bool], lands_on: int | None, expected: tuple[int, bool]) -> None:
-    tries = iter(seen)
-    acts: list[int] = []
-    undos: list[int] = []
-
-    async def decoding(*_: Any) -> tuple[_Held, bool]:
-        return _Held(), next(tries)
-
-    async def act(_: Any) -> bool:
-        acts.append(1)
-        return len(acts) == lands_on
-
-    async def undo() -> None:
-        undos.append(1)
-
-    monkeypatch.setattr(script, "decoding", decoding)
-    _, landed = asyncio.run(script.during_decode(None, "", act, undo))  # type: ignore[arg-type]
-    assert (len(acts), landed) == expected and len(undos) == len(acts) - 1
 
 
 @pytest.mark.vllm

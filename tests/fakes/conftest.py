@@ -12,7 +12,9 @@ import pytest_asyncio
 
 from fakes.engine import FakeEngine
 
-CALL_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 15.0
+"""The bound on every call to an in-process fake: a hang fails in seconds. A fresh environment's first calls (modules
+imported and compiled lazily, under pytest-xdist on 2 cores) once took over 5 s; a warm call takes milliseconds."""
 PROFILE_VERSIONS = ("0.5.4", "0.5.10", "0.5.23")
 
 

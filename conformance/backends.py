@@ -63,6 +63,13 @@ class Backend(Protocol):
         """Engine-side truth for the history (event logs), or {}."""
 
 
+def trainer_digests(backend: Any, weights: Mapping[str, Any]) -> dict[str, str]:
+    """The trainer's ``weights`` digested as ``backend.digests()`` shows an engine's: the backend's own
+    ``digest_of`` where it has one (real vLLM shows only some parameters, as sha256 of their bytes), else
+    :func:`digest_of`."""
+    return getattr(backend, "digest_of", digest_of)(weights)
+
+
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
     """One context for every probe client: building one per client costs more than the probe itself."""

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import pytest
 
-from .backend_table import BackendRow, row
+from .backend_table import BACKENDS, BackendRow, row
 from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, batch_in_child, load_integration,
                     longest_first, run_isolated, run_one)
 from .expectations import Expectations, load_expectations
@@ -217,9 +217,10 @@ class ConformanceSession:
                                         "--conformance-integration (a class attribute cannot be re-imported in a "
                                         "fresh process)")
             return run_isolated(scenario, o.integration, o.integration_options, o.profile, o.seed, engine=o.engine)
-        if o.engine != "sglang" and "engine" not in entry.options:
-            return ScenarioResult(skipped=f"the {entry.name} backend runs SGLang engines; --conformance-engine "
-                                          f"{o.engine} runs on the fake backend (-m cpu) only")
+        if entry.family not in (None, o.engine):
+            runs = [r.name for r in BACKENDS.values() if r.family in (None, o.engine)]
+            return ScenarioResult(skipped=f"the {entry.name} backend runs {entry.family} engines; "
+                                          f"--conformance-engine {o.engine} runs on {' and '.join(runs)}")
         setup = self.setup(entry.name)
         why = _ask(setup, "why_not", None, scenario)
         if why:

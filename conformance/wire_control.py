@@ -56,13 +56,16 @@ _GENERATE = frozenset({"/generate"})
 @dataclass
 class AnswerHold:
     """The integration's answers on ``paths`` (from ``engine``, or every engine; only the first with ``first_only``)
-    held back from it until ``release()`` is true (at most ``timeout_s``): :meth:`WireControl.hold_answers`."""
+    held back from it until ``release()`` is true (at most ``timeout_s``, a bound that starts again while
+    ``waiting()`` is true): :meth:`WireControl.hold_answers`."""
 
     release: Callable[[], bool]
     timeout_s: float
     paths: frozenset[str] = _GENERATE
     engine: int | None = None
     first_only: bool = False
+    waiting: Callable[[], bool] | None = None
+    """While true, the bound does not run (e.g. a pause that drains waits for a request the suite knows will end)."""
     held: int = 0
     """Answers held so far."""
     held_at: float | None = None
@@ -130,12 +133,13 @@ class WireControl:
             return None if hold is None else (hold.passed - hold.went, set(hold.went))
 
     def hold_answers(self, release: Callable[[], bool], timeout_s: float, paths: frozenset[str] = _GENERATE,
-                     engine: int | None = None, first_only: bool = False) -> AnswerHold:
+                     engine: int | None = None, first_only: bool = False,
+                     waiting: Callable[[], bool] | None = None) -> AnswerHold:
         """Hold back every answer to the integration's calls on ``paths`` (from ``engine``, or every engine; only the
         first with ``first_only``), once the engine produced it, until ``release()`` is true (polled; at most
-        ``timeout_s``), until :meth:`release_holds`. The call's end is stamped when its answer goes on (when the
-        integration could read it)."""
-        hold = AnswerHold(release, timeout_s, frozenset(paths), engine, first_only)
+        ``timeout_s`` after ``waiting()``, if given, was last true), until :meth:`release_holds`. The call's end is
+        stamped when its answer goes on (when the integration could read it)."""
+        hold = AnswerHold(release, timeout_s, frozenset(paths), engine, first_only, waiting)
         with self._lock:
             self._answers = hold
         return hold
@@ -163,6 +167,9 @@ class WireControl:
         while hold.released_at is None:
             if hold.release():
                 hold.go("ready", self.clock())
+            elif hold.waiting is not None and hold.waiting():
+                deadline = self.clock() + hold.timeout_s
+                await asyncio.sleep(0.001)
             elif self.clock() >= deadline:
                 hold.go("timeout", self.clock())
             else:

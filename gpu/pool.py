@@ -21,22 +21,21 @@ import asyncio
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Coroutine, Mapping, TypeVar
+from typing import Any, Callable, Mapping
 
 from conformance.backends import probe_client, probe_labels
-from conformance.dialect import SGLANG_DIALECT
+from conformance.dialect import DIALECTS, SGLANG_DIALECT, Dialect
 from conformance.sentinels import SENTINEL_INPUT_IDS
 from conformance.wire import WireLog
 from conformance.wire_control import WireControl
 
 from .backend import EngineFailure, RayBackend, checkpoint
 from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState, reset_engine
-from .weights import read_all_digests
+from .vllm_reset import reset_vllm_engine
+from .weights import in_thread, read_all_checksums, read_all_digests
 
-T = TypeVar("T")
 SPEED_PROBE_TOKENS = 256
 """Tokens decoded once at start to measure the engines' speed."""
 SPEED_WARMUP_TOKENS = 16
@@ -74,18 +73,17 @@ class PoolStats:
         return out
 
 
-def run_sync(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-    """Run ``coro`` to completion in its own loop in a worker thread (callable from inside a running loop)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-pool") as pool:
-        return pool.submit(asyncio.run, coro).result(timeout_s)
 
 
 class EnginePool:
     """One engine set for a session, lent to one scenario at a time (see the module docstring)."""
 
     def __init__(self, make: Callable[[], RayBackend], *, profile: str, name: str = "sglang",
-                 sentinel_seconds: float = 4.0) -> None:
-        self.make, self.profile, self.name = make, profile, name
+                 sentinel_seconds: float = 4.0, family: str = "sglang", served_model: str | None = None) -> None:
+        self.make, self.profile, self.name, self.family = make, profile, name, family
+        """``family``: the engines' (``sglang`` or ``vllm``): their dialect, before they start."""
+        self.served_model = served_model
+        """The directory the engines are started on (and reset to)."""
         self.sentinel_seconds = sentinel_seconds
         self.stats = PoolStats()
         self.backend: RayBackend | None = None
@@ -148,7 +146,7 @@ class EnginePool:
             wire = backend.wire.snapshot()
             t0 = time.monotonic()
             try:
-                run_sync(self._reset_all(backend, wire), 3 * STEP_TIMEOUT_S + 60.0)
+                in_thread(self._reset_all(backend, wire), 3 * STEP_TIMEOUT_S + 60.0)
             except EngineResetError as exc:
                 self._discard(str(exc))
                 _stop_quietly(backend)
@@ -160,7 +158,8 @@ class EnginePool:
 
     async def _reset_all(self, backend: RayBackend, wire: list[Any]) -> None:
         assert self.initial is not None
-        await asyncio.gather(*(reset_engine(e.index, e.url, self.initial, [c for c in wire if c.engine == e.index])
+        reset = reset_vllm_engine if backend.family == "vllm" else reset_engine
+        await asyncio.gather(*(reset(e.index, e.url, self.initial, [c for c in wire if c.engine == e.index])
                                for e in backend.engines))
 
     def _discard(self, why: str) -> None:
@@ -183,7 +182,8 @@ class EnginePool:
         self.stats.engines_started += len(backend.engine_urls())
         try:
             self.initial = self._measure_initial(backend)
-            self.stats.decode_tokens_per_s = run_sync(decode_speed(backend.engine_urls()[0]), STEP_TIMEOUT_S + 5)
+            self.stats.decode_tokens_per_s = in_thread(decode_speed(backend.engine_urls()[0], backend.dialect),
+                                                      STEP_TIMEOUT_S + 5)
         except BaseException:
             _stop_quietly(backend)
             raise
@@ -194,26 +194,31 @@ class EnginePool:
 
     def _measure_initial(self, backend: RayBackend) -> InitialState:
         urls = backend.engine_urls()
-        labels = run_sync(probe_labels(urls), STEP_TIMEOUT_S)
+        labels = in_thread(probe_labels(urls, dialect=backend.dialect), STEP_TIMEOUT_S)
         params = checkpoint(backend.config.spec.model_path)[1]
-        digests = read_all_digests(urls, params, backend.config.digest_timeout_s)
+        if backend.family == "vllm":  # its own checksums, keyed by its fused parameters: what its reset compares
+            digests = in_thread(read_all_checksums(urls), STEP_TIMEOUT_S + 5)
+        else:
+            digests = read_all_digests(urls, params, backend.config.digest_timeout_s)
         if len(set(labels)) != 1 or any(d != digests[0] for d in digests):
             raise EngineFailure(f"the engines did not start alike: labels {labels}; "
                                 f"{sum(d != digests[0] for d in digests)} engine(s) hold other weights than engine 0")
         return InitialState(backend.config.spec.model_path, labels[0], digests[0], params)
 
 
-async def decode_speed(url: str, tokens: int = SPEED_PROBE_TOKENS) -> float:
-    """Tokens per second one greedy request decodes on the engine at ``url`` (``ignore_eos``, ``tokens`` long),
-    after a short warm-up request (real SGLang's first decode steps are slow: lazy initialisation)."""
+async def decode_speed(url: str, dialect: Dialect = SGLANG_DIALECT, tokens: int = SPEED_PROBE_TOKENS) -> float:
+    """Tokens per second one greedy request decodes on the engine at ``url`` (``ignore_eos``, ``tokens`` long, sent
+    in the engine's ``dialect``), after a short warm-up request (real SGLang's first decode steps are slow: lazy
+    initialisation)."""
     async with probe_client(STEP_TIMEOUT_S) as client:
         async def one(n: int) -> float:
-            t0 = time.monotonic()
-            r = await client.post(url + "/generate", json={"input_ids": [1, 2, 3, 4], "sampling_params": {
+            path, body = dialect.outgoing("/generate", {"input_ids": [1, 2, 3, 4], "sampling_params": {
                 "max_new_tokens": n, "ignore_eos": True, "temperature": 0.0}})
+            t0 = time.monotonic()
+            r = await client.post(url + path, json=body)
             elapsed = time.monotonic() - t0
             r.raise_for_status()
-            return r.json().get("meta_info", {}).get("completion_tokens", n) / elapsed
+            return n / elapsed  # ignore_eos: every request decodes its whole budget
         await one(SPEED_WARMUP_TOKENS)
         return await one(tokens)
 
@@ -235,13 +240,14 @@ def _stop_quietly(backend: RayBackend) -> None:
 class PooledBackend:
     """``conformance.backends.Backend`` for one scenario over an :class:`EnginePool`'s engines."""
 
-    dialect = SGLANG_DIALECT
-
     def __init__(self, pool: EnginePool) -> None:
         self.pool = pool
+        self.dialect: Dialect = DIALECTS[pool.family]
         self.wire, self.control = WireLog(), WireControl()
         self.urls: list[str] = []
         self.sentinel_tokens = 0
+        self.decode_tokens_per_s = 0.0
+        """Measured when the engines started (:func:`decode_speed`); 0 until this scenario's start."""
         self._backend: RayBackend | None = None
         self.name, self.profile = pool.name, pool.profile
 
@@ -249,6 +255,7 @@ class PooledBackend:
         self._backend = self.pool.acquire()
         self.wire, self.control, self.urls = self._backend.wire, self._backend.control, list(self._backend.urls)
         self.sentinel_tokens = self.pool.sentinel_tokens
+        self.decode_tokens_per_s = self.pool.stats.decode_tokens_per_s or 0.0
 
     def stop(self) -> None:
         if self._backend is None:
@@ -260,9 +267,18 @@ class PooledBackend:
         assert self._backend is not None
         return self._backend.initial_weights()
 
+    @property
+    def served_model(self) -> str | None:
+        """The directory the engines are started on (and reset to)."""
+        return self.pool.served_model
+
     def digests(self) -> list[dict[str, str]] | None:
         assert self._backend is not None
         return self._backend.digests()
+
+    def digest_of(self, weights: Mapping[str, Any]) -> dict[str, str]:
+        assert self._backend is not None
+        return self._backend.digest_of(weights)
 
     def truth(self) -> dict[str, Any]:
         assert self._backend is not None

@@ -21,6 +21,7 @@ import asyncio
 import json
 from typing import Any, Callable
 
+from conformance.dialect import SGLANG_DIALECT, Dialect
 from conformance.interface import KEEPALIVE_EXPIRY_S
 from conformance.wire import WireLog, WireRecorder
 from conformance.wire_control import WireControl
@@ -145,12 +146,12 @@ class RecordingProxy:
     talks to."""
 
     def __init__(self, target: str, engine: int, wire: WireLog, control: WireControl | None = None,
-                 on_unreachable: Callable[[str], None] | None = None) -> None:
+                 dialect: Dialect = SGLANG_DIALECT, on_unreachable: Callable[[str], None] | None = None) -> None:
         from fakes.server import LoopbackServer
 
         self.proxy = ForwardingProxy(target, on_unreachable=on_unreachable)
         self.control = WireControl(wire.clock) if control is None else control
-        self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire, self.control))
+        self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire, self.control, dialect))
 
     @property
     def url(self) -> str:

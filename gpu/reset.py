@@ -78,7 +78,7 @@ def left_open(calls: Sequence[WireCall]) -> tuple[list[str], list[str], bool]:
     return list(groups), list(adapters), session
 
 
-class _ResetCalls:
+class ResetCalls:
     """The reset's HTTP calls to one engine, each failure an :class:`EngineResetError` naming the engine and step."""
 
     def __init__(self, index: int, url: str, client: httpx.AsyncClient) -> None:
@@ -104,7 +104,7 @@ async def reset_engine(index: int, url: str, initial: InitialState, calls: Seque
     groups, adapters, session = left_open(calls)
     done: dict[str, Any] = {}
     async with probe_client(STEP_TIMEOUT_S) as client:
-        e = _ResetCalls(index, url, client)
+        e = ResetCalls(index, url, client)
         await e.call("continue", "POST", "/continue_generation", {})
         await e.call("abort", "POST", "/abort_request", {"abort_all": True})
         done["idle_s"] = await _until_idle(e, "wait for idle")
@@ -148,7 +148,7 @@ def _success(r: httpx.Response) -> bool:
     return not isinstance(body, dict) or body.get("success", True) is not False
 
 
-async def _until_idle(e: _ResetCalls, step: str) -> float:
+async def _until_idle(e: ResetCalls, step: str) -> float:
     """Seconds until ``/flush_cache`` answered 200 (no request running or waiting, cache flushed)."""
     t0 = time.monotonic()
     last = ""
@@ -162,12 +162,12 @@ async def _until_idle(e: _ResetCalls, step: str) -> float:
                        f"waiting): {last!r}")
 
 
-async def _adapters(e: _ResetCalls) -> list[str]:
+async def _adapters(e: ResetCalls) -> list[str]:
     r = await e.call("list adapters", "GET", "/v1/models")
     return [m["id"] for m in r.json().get("data", []) if m.get("parent")]
 
 
-async def _verify(e: _ResetCalls, initial: InitialState) -> None:
+async def _verify(e: ResetCalls, initial: InitialState) -> None:
     r = await e.call("verify the label", "GET", "/model_info")
     label = r.json().get("weight_version")
     if label != initial.label:

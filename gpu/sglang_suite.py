@@ -121,12 +121,23 @@ class SglangSuite:
                                 resources_per_engine={"CPU": 1}, health_timeout_s=self.health_timeout_s,
                                 profile=self.release, env=dict(CPU_ENV), engine_host="127.0.0.1")
 
+    family = "sglang"
+    """The engine family this backend runs (its dialect, reset and weight reads: :mod:`gpu.pool`)."""
+    title = "real SGLang"
+
+    @property
+    def recorded_profile(self) -> str:
+        """The SGLang release the wire is recorded as: the release itself."""
+        return self.release
+
     def pool(self) -> Any:
         """The session's engine pool (engines start at the first scenario)."""
         if self._pool is None:
             from .pool import EnginePool
 
-            self._pool = EnginePool(self._maker(self.config()), profile=self.release, name="sglang")
+            config = self.config()
+            self._pool = EnginePool(self._maker(config), profile=self.recorded_profile, name=self.family,
+                                    family=self.family, served_model=config.spec.model_path)
         return self._pool
 
     def _maker(self, config: Any) -> Callable[[], Any]:
@@ -163,7 +174,7 @@ class SglangSuite:
         if self._pool is None:
             return []
         where = "Ray actors on a simulated 2-node cluster" if self.ray else "local processes"
-        name = "real SGLang" if self.program == SGLANG else "the fake's drop-in"
+        name = "the fake's drop-in" if self.fake_args else self.title
         return [f"{name} {self.release} on CPU ({where}): " + line for line in self._pool.stats.lines()]
 
     def close(self) -> None:

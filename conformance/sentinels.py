@@ -4,7 +4,9 @@ A checker of "no request is aborted by an update" proves nothing about a cycle i
 engine when it was paused. So before each cycle a scenario sends one ``/generate`` per engine that cannot finish
 during the cycle (``ignore_eos``, a budget of seconds of decoding) through the engine's wire recorder, marked
 with the sentinel header (recorded with ``origin="sentinel"``), naming the LoRA adapter the integration's own
-requests on that engine use, and waits until every one has been open for :data:`SETTLE_S`. Each is released
+requests on that engine use, and waits until every one has been open for :data:`SETTLE_S`. One that ends on its own
+before the cycle's first pause, bump or transfer reached its engine (the integration took longer to get there than
+the budget lasts: a checkpoint written first on a busy machine) is sent again, under a new rid. Each is released
 (aborted by rid, recorded as injected so its abort is not blamed on the integration) as soon as the integration
 continues that engine (or, for an integration that does not pause, sends it new weights: SGLang's update then
 waits for every request in flight), or when the cycle ends. The wire then shows, for every engine and cycle,
@@ -28,13 +30,15 @@ import httpx
 
 from .backends import probe_client
 from .dialect import SGLANG_DIALECT, Dialect
-from .history import TRANSFER_PATHS, History, Injected, WireCall
+from .history import DISTURBING_PATHS, TRANSFER_PATHS, History, Injected, WireCall
 from .wire import SENTINEL_HEADER, WireLog
 
 SETTLE_S = 0.005
 """How long a sentinel must have been open at its recorder before the cycle starts: the recorder forwards at
 once, so this covers the hop to an engine behind a proxy."""
 START_TIMEOUT_S = 5.0
+MAX_RENEWALS = 3
+"""How many times one engine's sentinel is sent again in one cycle (each lasts seconds of decoding)."""
 END_TIMEOUT_S = 2.0
 """How long the suite waits for aborted sentinels to answer. An engine left paused in place answers only once
 it continues (SGLang finishes an aborted running request at its next decode step): the pause-pairing checker says
@@ -72,6 +76,10 @@ class Sentinels:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _released: set[int] = field(default_factory=set)
     _paused: set[int] = field(default_factory=set)
+    _disturbed: set[int] = field(default_factory=set)
+    """Engines the cycle's first pause, bump or transfer reached: their sentinel is not sent again."""
+    renewed: int = 0
+    """Sentinels sent again after they ended on their own."""
     _releasing: set[asyncio.Task[None]] = field(default_factory=set)
     _unlisten: Callable[[], None] | None = None
 
@@ -81,8 +89,7 @@ class Sentinels:
         tag = uuid.uuid4().hex[:6]
         self.rids = [f"conformance-sentinel-{self.label}-e{i}-{tag}" for i in range(len(self.urls))]
         adapters = list(self.adapters) or [None] * len(self.urls)
-        self._tasks = [asyncio.create_task(self._send(url, rid, adapter))
-                       for url, rid, adapter in zip(self.urls, self.rids, adapters)]
+        self._tasks = [asyncio.create_task(self._keep(engine, adapter)) for engine, adapter in enumerate(adapters)]
         loop = asyncio.get_running_loop()
         self._unlisten = self.wire.listen(
             lambda call, answered: loop.call_soon_threadsafe(self._on_call, call, answered))
@@ -102,14 +109,26 @@ class Sentinels:
                   and isinstance(c.payload, dict) and c.t_start <= newest}
         return all(rid in opened for rid in self.rids)
 
-    async def _send(self, url: str, rid: str, adapter: str | None) -> None:
+    async def _keep(self, engine: int, adapter: str | None) -> None:
+        """Engine ``engine``'s sentinel, sent again (a new rid) each time it ends before its engine was disturbed."""
+        first = self.rids[engine]
+        for again in range(MAX_RENEWALS + 1):
+            if again:
+                self.renewed += 1
+                self.rids[engine] = f"{first}-again{again}"
+            served = await self._send(self.urls[engine], self.rids[engine], adapter)
+            if not served or engine in self._disturbed or engine in self._released or self._client is None:
+                return
+
+    async def _send(self, url: str, rid: str, adapter: str | None) -> bool:
+        """One sentinel request; whether the engine served it (200)."""
         assert self._client is not None
         payload = {"input_ids": SENTINEL_INPUT_IDS, "rid": rid,
                    "sampling_params": {"max_new_tokens": self.max_new_tokens, "ignore_eos": True, "temperature": 0.0}}
         if adapter is not None:
             payload["lora_path"] = adapter
         path, body = self.dialect.outgoing("/generate", payload)
-        await self._client.post(url + path, json=body)
+        return (await self._client.post(url + path, json=body)).status_code == 200
 
     def _on_call(self, call: WireCall, answered: bool) -> None:
         """An engine's sentinel has done its job once the integration continued it, or once it sends new weights to
@@ -118,6 +137,8 @@ class Sentinels:
             return
         continued = call.path == "/continue_generation" and answered and call.ok
         unpaused_transfer = call.path in TRANSFER_PATHS and not answered and call.engine not in self._paused
+        if call.path in DISTURBING_PATHS and not answered:
+            self._disturbed.add(call.engine)
         if call.path == "/pause_generation" and not answered:
             self._paused.add(call.engine)
         if continued or unpaused_transfer:

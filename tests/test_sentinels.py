@@ -1,0 +1,42 @@
+"""The suite's long-lived requests (``conformance.sentinels``): one stays resident on every engine until the cycle
+reaches that engine, sent again when it ended on its own first; never again once the engine was paused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from conformance.backends import FakeBackend, FakeBackendConfig
+from conformance.sentinels import MAX_RENEWALS, Sentinels
+
+pytestmark = pytest.mark.cpu
+TOKENS_PER_S = 2000.0
+
+
+def test_a_sentinel_that_ends_before_its_engine_is_disturbed_is_sent_again_and_never_once_it_was() -> None:
+    backend = FakeBackend(FakeBackendConfig(engines=2, tokens_per_second=TOKENS_PER_S, stepped=True))
+    backend.start()
+    try:
+        async def scenario() -> dict[int, list[str]]:
+            sentinels = Sentinels(backend.urls, backend.wire, 100, "t")  # 100 tokens: 50 ms of decoding
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                async with backend.held():  # nothing decodes: engine 0 is paused while its first sentinel runs
+                    await asyncio.wait_for(sentinels.start(), 5.0)
+                    await client.post(backend.urls[0] + "/pause_generation", json={"mode": "in_place"})
+                # engine 1 was never disturbed: its sentinel ends and is sent again, at most MAX_RENEWALS times
+                await asyncio.wait_for(sentinels._tasks[1], 5.0)
+                await client.post(backend.urls[0] + "/continue_generation", json={})
+                await asyncio.wait_for(sentinels.release(), 5.0)
+            rids: dict[int, list[str]] = {0: [], 1: []}
+            for call in backend.wire.snapshot():
+                if call.origin == "sentinel" and call.path == "/generate":
+                    rids[call.engine].append(call.payload["rid"])
+            return rids
+
+        rids = asyncio.run(scenario())
+    finally:
+        backend.stop()
+    assert len(rids[0]) == 1, f"engine 0's sentinel was sent again after its engine was paused: {rids[0]}"
+    assert len(rids[1]) == MAX_RENEWALS + 1 and len(set(rids[1])) == len(rids[1]), rids[1]

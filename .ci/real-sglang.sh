@@ -20,22 +20,11 @@ started=$SECONDS
 python -m gpu.sglang_cpu install --release "$release"
 echo "CI: real SGLang $release environment ready in $((SECONDS - started)) s"
 
-junit=$(mktemp -d)
+source .ci/stage.sh
 run() {  # run RELEASE PYTEST-ARGS...
-  local release=$1 t0=$SECONDS code xml="$junit/stage-$SECONDS-$RANDOM.xml"
+  local release=$1
   shift
-  set +e
-  pytest -m sglang -p no:cacheprovider --timeout 900 --conformance-sglang-release "$release" --junitxml "$xml" "$@"
-  code=$?
-  set -e
-  echo "CI: pytest -m sglang ($release) $* -> exit $code in $((SECONDS - t0)) s"
-  if [ "$code" -eq 5 ]; then
-    echo "CI: pytest collected no tests (exit 5) — failing" >&2
-    code=1
-  elif [ "$code" -eq 0 ] && ! python .ci/ran_something.py "$xml"; then
-    code=1  # every test skipped: the real engine never judged anything
-  fi
-  return "$code"
+  run_stage "pytest -m sglang ($release)" -m sglang --conformance-sglang-release "$release" "$@"
 }
 
 cases=0; checks=0; others=0

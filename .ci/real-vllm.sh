@@ -14,24 +14,9 @@ for release in $(python -c "from gpu.vllm_cpu import RELEASES; print(*RELEASES)"
   echo "CI: real vLLM $release environment ready in $((SECONDS - t0)) s"
 done
 
-junit=$(mktemp -d)
-run() {  # run PYTEST-ARGS...
-  local t0=$SECONDS code xml="$junit/stage-$SECONDS-$RANDOM.xml"
-  set +e
-  pytest -m vllm -p no:cacheprovider --timeout 900 --junitxml "$xml" "$@"
-  code=$?
-  set -e
-  echo "CI: pytest -m vllm $* -> exit $code in $((SECONDS - t0)) s"
-  if [ "$code" -eq 5 ]; then
-    echo "CI: pytest collected no tests (exit 5) — failing" >&2
-    code=1
-  elif [ "$code" -eq 0 ] && ! python .ci/ran_something.py "$xml"; then
-    code=1  # every test skipped: real vLLM never judged anything
-  fi
-  return "$code"
-}
+source .ci/stage.sh
 
 diff=0
-run tests/gpu/test_fidelity_vllm.py || diff=$?
+run_stage "pytest -m vllm" -m vllm tests/gpu/test_fidelity_vllm.py || diff=$?
 echo "CI: real vLLM stage (install + tests) took $((SECONDS - started)) s"
 exit "$diff"

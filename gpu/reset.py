@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
@@ -150,16 +150,23 @@ def _success(r: httpx.Response) -> bool:
 
 async def _until_idle(e: ResetCalls, step: str) -> float:
     """Seconds until ``/flush_cache`` answered 200 (no request running or waiting, cache flushed)."""
+    return await until_idle(e, step, "/flush_cache", lambda r: r.status_code == 200, ok=(200, 400))
+
+
+async def until_idle(e: ResetCalls, step: str, path: str, idle: Callable[[httpx.Response], bool],
+                     ok: Sequence[int] = (200,)) -> float:
+    """Seconds until ``POST path`` (a cache reset the engine refuses while requests hold it) answered as ``idle``
+    says; :class:`EngineResetError` after :data:`IDLE_TIMEOUT_S`."""
     t0 = time.monotonic()
     last = ""
     while time.monotonic() - t0 < IDLE_TIMEOUT_S:
-        r = await e.call(step, "POST", "/flush_cache", None, ok=(200, 400))
-        if r.status_code == 200:
+        r = await e.call(step, "POST", path, None, ok=ok)
+        if idle(r):
             return time.monotonic() - t0
         last = r.text[:200]
         await asyncio.sleep(0.05)  # poll: the engine says nothing when it becomes idle
-    raise e.fail(step, f"/flush_cache still refused after {IDLE_TIMEOUT_S:.0f}s (requests still running or "
-                       f"waiting): {last!r}")
+    raise e.fail(step, f"{path} still refused after {IDLE_TIMEOUT_S:.0f}s (requests still running or waiting): "
+                       f"{last!r}")
 
 
 async def _adapters(e: ResetCalls) -> list[str]:

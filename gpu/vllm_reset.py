@@ -20,14 +20,12 @@ its parameters, keyed by its fused names, ``model_executor/model_loader/weight_c
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any, Sequence
 
 from conformance.backends import probe_client
 from conformance.history import WireCall
 
-from .reset import IDLE_TIMEOUT_S, STEP_TIMEOUT_S, InitialState, ResetCalls, left_open
+from .reset import STEP_TIMEOUT_S, InitialState, ResetCalls, left_open, until_idle
 from .weights import read_checksums
 
 ONE_TOKEN = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
@@ -62,16 +60,7 @@ async def reset_vllm_engine(index: int, url: str, initial: InitialState, calls: 
 
 async def _until_idle(e: ResetCalls, step: str) -> float:
     """Seconds until ``/reset_prefix_cache`` succeeded (no running request holds a block; the cache reset)."""
-    t0 = time.monotonic()
-    last = ""
-    while time.monotonic() - t0 < IDLE_TIMEOUT_S:
-        r = await e.call(step, "POST", "/reset_prefix_cache")
-        if r.json().get("success", True) is not False:
-            return time.monotonic() - t0
-        last = r.text[:200]
-        await asyncio.sleep(0.05)  # poll: the engine says nothing when it becomes idle
-    raise e.fail(step, f"/reset_prefix_cache still refused after {IDLE_TIMEOUT_S:.0f}s (requests still running): "
-                       f"{last!r}")
+    return await until_idle(e, step, "/reset_prefix_cache", lambda r: r.json().get("success", True) is not False)
 
 
 async def _adapters(e: ResetCalls) -> list[str]:

@@ -17,6 +17,6 @@ done
 source .ci/stage.sh
 
 diff=0
-run_stage "pytest -m vllm" -m vllm tests/gpu/test_fidelity_vllm.py || diff=$?
+run_stage "real vLLM" -m vllm tests/gpu/test_fidelity_vllm.py || diff=$?
 echo "CI: real vLLM stage (install + tests) took $((SECONDS - started)) s"
 exit "$diff"

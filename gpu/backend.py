@@ -245,7 +245,7 @@ class RayBackend:
     def initial_weights(self) -> Mapping[str, Any]:
         return dict(checkpoint(self.config.spec.model_path)[0])
 
-    def digests(self) -> list[dict[str, str]] | None:
+    def digests(self) -> list[dict[str, str]]:
         """Per engine, the digest of every parameter it holds: SGLang's ``/get_weights_by_name`` of each; vLLM's
         weight checker, of the parameters it shows as the checkpoint names them (:func:`gpu.weights.checkpoint_view`;
         {} for an engine left without weights)."""

@@ -34,7 +34,7 @@ from conformance.wire_control import WireControl
 from .backend import EngineFailure, RayBackend, checkpoint
 from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState, reset_engine
 from .vllm_reset import reset_vllm_engine
-from .weights import in_thread, read_all_checksums, read_all_digests
+from .weights import in_thread
 
 SPEED_PROBE_TOKENS = 256
 """Tokens decoded once at start to measure the engines' speed."""
@@ -71,8 +71,6 @@ class PoolStats:
                f"{resets}, decode {speed} tokens/s per request"]
         out += [f"engines discarded: {d.splitlines()[0]}" for d in self.discarded]
         return out
-
-
 
 
 class EnginePool:
@@ -196,10 +194,7 @@ class EnginePool:
         urls = backend.engine_urls()
         labels = in_thread(probe_labels(urls, dialect=backend.dialect), STEP_TIMEOUT_S)
         params = checkpoint(backend.config.spec.model_path)[1]
-        if backend.family == "vllm":  # its own checksums, keyed by its fused parameters: what its reset compares
-            digests = in_thread(read_all_checksums(urls), STEP_TIMEOUT_S + 5)
-        else:
-            digests = read_all_digests(urls, params, backend.config.digest_timeout_s)
+        digests = backend.digests()
         if len(set(labels)) != 1 or any(d != digests[0] for d in digests):
             raise EngineFailure(f"the engines did not start alike: labels {labels}; "
                                 f"{sum(d != digests[0] for d in digests)} engine(s) hold other weights than engine 0")

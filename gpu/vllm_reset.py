@@ -13,9 +13,9 @@ vLLM 0.32.0 with ``VLLM_SERVER_DEV_MODE=1``, ``vllm/entrypoints/rl/online/api_ro
    path from then on) and put the initial label back (``/update_weight_version``, which never aborts);
 5. one greedy token (``/inference/v1/generate``), then the prefix cache reset again.
 
-Then it verifies: the label ``/weight_info`` reports, no adapter listed, and the per-parameter checksums of
-``/weight_checker`` against those the engine answered when it started (:func:`read_checksums`: vLLM's own digests of
-its parameters, keyed by its fused names, ``model_executor/model_loader/weight_checksum.py``).
+Then it verifies: the label ``/weight_info`` reports, no adapter listed, and the checksums ``/weight_checker`` answers
+for the parameters it shows as the checkpoint names them (:func:`gpu.weights.checkpoint_view`) against those read when
+the engines started.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from conformance.backends import probe_client
 from conformance.history import WireCall
 
 from .reset import STEP_TIMEOUT_S, InitialState, ResetCalls, left_open, until_idle
-from .weights import read_checksums
+from .weights import checkpoint_view, read_checksums
 
 ONE_TOKEN = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
 
@@ -75,7 +75,7 @@ async def _verify(e: ResetCalls, initial: InitialState) -> None:
                                          f"{initial.label!r}")
     if await _adapters(e):
         raise e.fail("verify no adapter is loaded", f"/v1/models still lists {await _adapters(e)}")
-    checksums = await read_checksums(e.url)
+    checksums = checkpoint_view(await read_checksums(e.url), initial.params)
     differ = sorted(n for n in initial.digests if checksums.get(n) != initial.digests[n])
     if differ:
         raise e.fail("verify the weights", f"{len(differ)} of {len(initial.digests)} parameters differ from the "

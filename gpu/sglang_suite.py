@@ -15,12 +15,13 @@ on 127.0.0.1).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from fakes.facts import SGLANG as SGLANG_FACTS
 from fakes.profiles import DEFAULT_PROFILE
@@ -42,6 +43,13 @@ HEALTH_TIMEOUT_S = 300.0
 @dataclass
 class SglangSuite:
     """The ``sglang`` backend of one pytest session."""
+
+    family: ClassVar[str] = "sglang"
+    """The engine family this backend runs (its dialect, reset and weight reads: :mod:`gpu.pool`)."""
+    title: ClassVar[str] = "real SGLang"
+    installer: ClassVar[str] = "gpu.sglang_cpu"
+    """The module that builds and checks the family's environments (``status``, ``check_release``, ``python_of``)."""
+    real_program: ClassVar[tuple[str, ...]] = SGLANG
 
     release: str = DEFAULT_PROFILE
     venv: str | None = None
@@ -72,21 +80,21 @@ class SglangSuite:
                    **kwargs)
 
     def skip_reason(self) -> str | None:
-        """Why ``-m sglang`` cannot run here (one line), or None; checked once, in well under a second."""
+        """Why ``-m <family>`` cannot run here (one line), or None; checked once, in well under a second."""
         if not self._checked:
             self._checked = True
-            if self.program == SGLANG:
-                from .sglang_cpu import InstallError, check_release, status
-
+            if self.program == self.real_program:
+                env = importlib.import_module(self.installer)
                 try:
-                    found = status(check_release(self.release), Path(self.venv) if self.venv else None,
-                                   import_check=False)
-                except InstallError as exc:
-                    found = None
-                    self._skip = f"-m sglang: {exc}"
-                if found is not None and not found.usable:
-                    self._skip = f"-m sglang needs real SGLang {self.release} on CPU: {found.reason}, then rerun"
-                elif found is not None:
+                    found = env.status(env.check_release(self.release), Path(self.venv) if self.venv else None,
+                                       import_check=False)
+                except env.InstallError as exc:
+                    self._skip = f"-m {self.family}: {exc}"
+                    return self._skip
+                if not found.usable:
+                    self._skip = (f"-m {self.family} needs {self.title} {self.release} on CPU: {found.reason}, "
+                                  "then rerun")
+                else:
                     self.venv = str(found.venv)
         return self._skip
 
@@ -107,23 +115,33 @@ class SglangSuite:
     # -- engines ---------------------------------------------------------------------------------------------
 
     def config(self) -> Any:
+        """What the engines are started with: the tiny model (written once), the family's CPU flags and environment,
+        the environment's interpreter."""
         from .backend import RayBackendConfig
-        from .sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, default_venv, python_of
         from .tiny_model import write_model
 
         if self._model_dir is None:
-            self._model_dir = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-sglang-model-")) / "model"))
-        flags = CPU_FLAGS + (CPU_LORA_FLAGS if self.lora and self.program == SGLANG else ())
+            folder = tempfile.mkdtemp(prefix=f"weightsync-{self.family}-model-")
+            self._model_dir = str(write_model(Path(folder) / "model"))
         spec = EngineSpec(model_path=self._model_dir, enable_lora=self.lora, random_seed=self.seed,
-                          disable_cuda_graph=False, extra_args=flags, fake_args=self.fake_args)
-        python = self.python or str(python_of(Path(self.venv) if self.venv else default_venv(self.release)))
+                          disable_cuda_graph=False, extra_args=self.flags(), fake_args=self.fake_args)
+        env = importlib.import_module(self.installer)
+        python = self.python or str(env.python_of(Path(self.venv) if self.venv else env.default_venv(self.release)))
         return RayBackendConfig(spec, engines=self.engines, nodes=2, program=self.program, python=python,
                                 resources_per_engine={"CPU": 1}, health_timeout_s=self.health_timeout_s,
-                                profile=self.release, env=dict(CPU_ENV), engine_host="127.0.0.1")
+                                profile=self.recorded_profile, env=self.env(), engine_host="127.0.0.1")
 
-    family = "sglang"
-    """The engine family this backend runs (its dialect, reset and weight reads: :mod:`gpu.pool`)."""
-    title = "real SGLang"
+    def flags(self) -> tuple[str, ...]:
+        """The launch flags beyond the model and address: SGLang's CPU flags (and LoRA's, on real SGLang)."""
+        from .sglang_cpu import CPU_FLAGS, CPU_LORA_FLAGS
+
+        return CPU_FLAGS + (CPU_LORA_FLAGS if self.lora and self.program == SGLANG else ())
+
+    def env(self) -> dict[str, str]:
+        """The engines' environment (:data:`gpu.sglang_cpu.CPU_ENV`)."""
+        from .sglang_cpu import CPU_ENV
+
+        return dict(CPU_ENV)
 
     @property
     def recorded_profile(self) -> str:

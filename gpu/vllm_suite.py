@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance.dialect import VOCABULARY_PROFILE
 from fakes.facts import VLLM as VLLM_FACTS
@@ -38,8 +37,10 @@ class VllmSuite(SglangSuite):
     program: tuple[str, ...] = VLLM
     enable_lora: bool | None = True
 
-    family = "vllm"
-    title = "real vLLM"
+    family: ClassVar[str] = "vllm"
+    title: ClassVar[str] = "real vLLM"
+    installer: ClassVar[str] = "gpu.vllm_cpu"
+    real_program: ClassVar[tuple[str, ...]] = VLLM
 
     @classmethod
     def with_fake(cls, profile: str = VLLM_FACTS.default_release, tokens_per_second: float = 500.0,
@@ -55,43 +56,18 @@ class VllmSuite(SglangSuite):
         """vLLM's wire is recorded in the suite's vocabulary: SGLang's default release."""
         return VOCABULARY_PROFILE
 
-    def skip_reason(self) -> str | None:
-        """Why ``-m vllm`` cannot run here (one line), or None."""
-        if not self._checked:
-            self._checked = True
-            if self.program == VLLM:
-                from .vllm_cpu import InstallError, check_release, status
-
-                try:
-                    found = status(check_release(self.release), Path(self.venv) if self.venv else None,
-                                   import_check=False)
-                except InstallError as exc:
-                    self._skip = f"-m vllm: {exc}"
-                    return self._skip
-                if not found.usable:
-                    self._skip = f"-m vllm needs real vLLM {self.release} on CPU: {found.reason}, then rerun"
-                else:
-                    self.venv = str(found.venv)
-        return self._skip
-
     def why_not(self, scenario: str) -> str | None:
         """Every scenario can run (LoRA included: real vLLM serves runtime LoRA on CPU)."""
         return None
 
-    def config(self) -> Any:
-        from .backend import RayBackendConfig
-        from .launch import EngineSpec
-        from .tiny_model import write_model
-        from .vllm_cpu import CPU_ENV, CPU_FLAGS, default_venv, python_of
+    def flags(self) -> tuple[str, ...]:
+        """vLLM's CPU flags and the token-in/token-out route."""
+        from .vllm_cpu import CPU_FLAGS
 
-        if self._model_dir is None:
-            import tempfile
+        return CPU_FLAGS + SCALE_OUT
 
-            self._model_dir = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-vllm-model-")) / "model"))
-        spec = EngineSpec(model_path=self._model_dir, enable_lora=self.lora, random_seed=self.seed,
-                          extra_args=CPU_FLAGS + SCALE_OUT, fake_args=self.fake_args)
-        python = self.python or str(python_of(Path(self.venv) if self.venv else default_venv(self.release)))
-        return RayBackendConfig(spec, engines=self.engines, nodes=2, program=self.program, python=python,
-                                resources_per_engine={"CPU": 1}, health_timeout_s=self.health_timeout_s,
-                                profile=VOCABULARY_PROFILE, env={**CPU_ENV, **ENGINE_ENV},
-                                engine_host="127.0.0.1")
+    def env(self) -> dict[str, str]:
+        """:data:`gpu.vllm_cpu.CPU_ENV`, each engine unbound (:data:`ENGINE_ENV`)."""
+        from .vllm_cpu import CPU_ENV
+
+        return {**CPU_ENV, **ENGINE_ENV}

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # CI stage (called by .ci/run): real vLLM on CPU.
 #  1. the release's environment (python -m gpu.vllm_cpu install; a no-op when it is up to date);
-#  2. the differential, the fake vLLM against real vLLM (tests/gpu/test_fidelity_vllm.py).
-# Not yet here: the conformance cases and the mutants on real vLLM (-m vllm --conformance-engine vllm conformance/suite
-# tests/gpu/test_mutants_real.py run, but are not all green yet: docs/backends.md#real-vllm-on-cpu--m-vllm).
+#  2. the conformance cases on real vLLM (one pair of engines, shared by the session and reset between scenarios:
+#     -m vllm --conformance-engine vllm conformance/suite) and, on the same engines, a third of the vLLM mutants
+#     (tests/gpu/test_mutants_real.py: killed by the same checks as on the fake vLLM), the third chosen by commit
+#     count (WEIGHTSYNC_MUTANT_SHARE=K/3), so every mutant runs at least once in three commits;
+#  3. the differential, the fake vLLM against real vLLM (tests/gpu/test_fidelity_vllm.py).
 # pytest exit 5 (nothing collected) fails, and so does a step where every test skipped (.ci/ran_something.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,14 @@ done
 
 source .ci/stage.sh
 
-diff=0
+export WEIGHTSYNC_MUTANT_SHARE="$(( $(git rev-list --count HEAD 2>/dev/null || echo 0) % 3 ))/3"
+echo "CI: real vLLM mutants, share $WEIGHTSYNC_MUTANT_SHARE: $(python -c "import os
+from conformance.mutants import VLLM_MUTANTS; from gpu.mutation import mutant_share
+print(*mutant_share(sorted(VLLM_MUTANTS), os.environ['WEIGHTSYNC_MUTANT_SHARE']))")"
+cases=0; diff=0
+run_stage "real vLLM" -m vllm --conformance-engine vllm conformance/suite \
+  tests/gpu/test_mutants_real.py || cases=$?
 run_stage "real vLLM" -m vllm tests/gpu/test_fidelity_vllm.py || diff=$?
 echo "CI: real vLLM stage (install + tests) took $((SECONDS - started)) s"
+[ "$cases" -ne 0 ] && exit "$cases"
 exit "$diff"

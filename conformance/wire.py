@@ -84,20 +84,27 @@ class WireLog:
         return stop
 
     def open(self, engine: int, method: str, path: str, payload: Any, origin: str = "integration",
-             sent_as: str | None = None) -> WireCall:
+             sent_as: str | None = None, announce: bool = True) -> WireCall:
+        """Record a call as it arrives; listeners hear of it now, or, with ``announce`` false, once it goes on to its
+        engine (:meth:`went_on`)."""
         self._sync()
         with self._lock:
             call = WireCall(next(self._seq), engine, method, path, payload, self.clock(), origin=origin,
                             sent_as=sent_as)
             self.calls.append(call)
-        self._notify(call, False)
+        if announce:
+            self._notify(call, False)
         return call
 
-    def restart(self, call: WireCall) -> None:
-        """Stamp ``call``'s start now: it was held before it went on to its engine."""
-        self._sync()
-        with self._lock:
-            call.t_start = self.clock()
+    def went_on(self, call: WireCall, held: bool) -> None:
+        """``call`` goes on to its engine: listeners hear that it was sent; one that was ``held`` at the recorder has
+        its start stamped now (a listener that reacts to a pause, e.g. by no longer renewing a long-lived request,
+        must not react while the pause is still held back from the engine)."""
+        if held:
+            self._sync()
+            with self._lock:
+                call.t_start = self.clock()
+        self._notify(call, False)
 
     def close(self, call: WireCall, status: int | None, response: Any) -> None:
         self._sync()
@@ -171,9 +178,9 @@ class WireRecorder:
         sent_as = None if self.dialect is SGLANG_DIALECT else \
             f"{scope['method']} {scope['path']}{'?' + query if query else ''}"
         call = self.log.open(self.engine, scope["method"], path, payload,
-                             origin="sentinel" if SENTINEL_HEADER in names else "integration", sent_as=sent_as)
-        if await self.control.held(call):
-            self.log.restart(call)
+                             origin="sentinel" if SENTINEL_HEADER in names else "integration", sent_as=sent_as,
+                             announce=False)
+        self.log.went_on(call, held=await self.control.held(call))
         refusal = self.control.take_refusal(self.engine, path)
         if refusal is not None and refusal.rewrite is None:
             await self._refuse(call, send, refusal.status, refusal.body)

@@ -42,6 +42,8 @@ class _Hold:
     paths: frozenset[str]
     ready: Callable[[int, bool], bool]
     timeout_s: float
+    then: Callable[[int], bool] | None = None
+    then_timeout_s: float = 0.0
     passed: set[int] = field(default_factory=set)
     """Engines whose first held call arrived."""
     went: set[int] = field(default_factory=set)
@@ -119,12 +121,15 @@ class WireControl:
             self._refusals.clear()
             return unused
 
-    def hold_first(self, paths: frozenset[str], ready: Callable[[int, bool], bool], timeout_s: float) -> None:
+    def hold_first(self, paths: frozenset[str], ready: Callable[[int, bool], bool], timeout_s: float,
+                   then: Callable[[int], bool] | None = None, then_timeout_s: float = 0.0) -> None:
         """Hold the integration's first call to one of ``paths`` on each engine, before it goes on to the engine,
         until ``ready(engine, another_went)`` is true (``another_went``: another engine's held call already went
-        on), at most ``timeout_s``, until :meth:`release_holds`."""
+        on), at most ``timeout_s``, until :meth:`release_holds`. With ``then``, a call whose bound passed with
+        ``ready`` false is held on while ``then(engine)`` is false, at most ``then_timeout_s`` more (the least the
+        situation needs, e.g. some request resident there)."""
         with self._lock:
-            self._hold = _Hold(paths, ready, timeout_s)
+            self._hold = _Hold(paths, ready, timeout_s, then, then_timeout_s)
 
     def holding(self) -> tuple[set[int], set[int]] | None:
         """While :meth:`hold_first` holds: the engines whose first call is held now, and those whose call went on."""
@@ -188,6 +193,10 @@ class WireControl:
         while not (ready := hold.ready(call.engine, bool(hold.went - {call.engine}))) and self._hold is hold \
                 and self.clock() < deadline:
             await asyncio.sleep(0.001)
+        if not ready and hold.then is not None:
+            deadline = self.clock() + hold.then_timeout_s
+            while not hold.then(call.engine) and self._hold is hold and self.clock() < deadline:
+                await asyncio.sleep(0.001)
         with self._lock:
             hold.went.add(call.engine)
             if not ready and self._hold is hold:

@@ -68,3 +68,20 @@ def run_mutant(mutant: Mutant, factory: BackendFactory, *,
     return MutantOutcome(mutant.name, "survived", failed_without_witness=bare,
                          reason="; ".join(skipped) or "no expected checker failed")
 
+
+
+SHARE_ENV = "WEIGHTSYNC_MUTANT_SHARE"
+"""``K/N``: run only share ``K`` of ``N`` of the mutants on a real engine (CI rotates ``K`` by commit count, so every
+mutant runs at least once every ``N`` commits); unset: all of them."""
+
+
+def mutant_share(names: list[str], spec: str | None) -> list[str]:
+    """Share ``K/N`` of ``names`` (every ``N``-th, from the ``K``-th: the shares partition ``names``); all of them
+    when ``spec`` is empty."""
+    if not spec:
+        return names
+    k, sep, n = spec.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise ValueError(f"{SHARE_ENV}={spec!r}: expected K/N with 0 <= K < N (e.g. 1/3: the second third of the "
+                         f"mutants)")
+    return names[int(k)::int(n)]

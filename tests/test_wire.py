@@ -115,9 +115,13 @@ async def _until(condition) -> None:
 
 def test_the_first_held_call_per_engine_goes_on_when_ready_and_tells_the_next_that_another_went() -> None:
     """``hold_first`` holds each engine's first matching call until ``ready(engine, another_went)``; ``holding``
-    says which engines wait and which went on; later calls and other paths are never held."""
+    says which engines wait and which went on; later calls and other paths are never held. Listeners hear of a held
+    call only once it went on (the suite's long-lived request stops being renewed when the pause reaches the engine,
+    not while the pause is held back from it)."""
     log, engines, asked = WireLog(), [CountingApp(), CountingApp()], []
     control = WireControl(log.clock)
+    sent: list[tuple[int, str]] = []
+    log.listen(lambda call, answered: None if answered else sent.append((call.engine, call.path)))
     apps = [WireRecorder(engine, i, log, control) for i, engine in enumerate(engines)]
     go = asyncio.Event()
 
@@ -135,8 +139,10 @@ def test_the_first_held_call_per_engine_goes_on_when_ready_and_tells_the_next_th
             await asyncio.wait_for(_until(lambda: control.holding() == ({0, 1}, set())), 5)
             assert (await clients[0].post("/flush_cache", json={})).status_code == 200  # another path goes on
             assert engines[0].seen == ["/flush_cache"] and engines[1].seen == []
+            assert sent == [(0, "/flush_cache")], f"held calls were announced before they went on: {sent}"
             go.set()
             await asyncio.wait_for(asyncio.gather(first, second), 5)
+            assert sorted(sent) == [(0, "/flush_cache"), (0, "/pause_generation"), (1, "/pause_generation")]
             assert control.holding() == (set(), {0, 1})
             assert (await asyncio.wait_for(clients[0].post("/pause_generation", json={}), 5)).status_code == 200
         finally:
@@ -169,6 +175,41 @@ def test_a_held_call_that_goes_on_at_the_bound_is_reported_when_the_holds_end() 
     expired = control.release_holds()
     assert list(expired) == [0] and t0 + 0.05 <= expired[0] <= log.clock()
     assert control.release_holds() == {}
+
+
+def test_a_held_call_whose_bound_passed_waits_for_then_at_most_its_own_bound() -> None:
+    """Past the bound with ``ready`` false, ``then(engine)`` holds the call on (the least the situation needs: some
+    request resident there) until it is true, or at most ``then_timeout_s`` more; both are reported as expired."""
+    log, engines = WireLog(), [CountingApp(), CountingApp()]
+    control = WireControl(log.clock)
+    apps = [WireRecorder(engine, i, log, control) for i, engine in enumerate(engines)]
+    resident = asyncio.Event()
+    control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: False, timeout_s=0.05,
+                       then=lambda engine: engine == 1 or resident.is_set(), then_timeout_s=0.5)
+
+    async def run() -> tuple[float, float]:
+        clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine") for app in apps]
+        try:
+            t0 = log.clock()
+            waiting = asyncio.create_task(clients[0].post("/pause_generation", json={}))
+            await asyncio.wait_for(clients[1].post("/pause_generation", json={}), 5)
+            went_1 = log.clock() - t0
+            await asyncio.wait_for(_until(lambda: log.clock() - t0 > 0.2), 5)
+            assert not waiting.done() and engines[0].seen == []  # past its bound, held on until then(0)
+            resident.set()
+            await asyncio.wait_for(waiting, 5)
+            return went_1, log.clock() - t0
+        finally:
+            for client in clients:
+                await client.aclose()
+    went_1, went_0 = asyncio.run(run())
+    assert 0.05 <= went_1 < 0.2 and 0.2 < went_0 < 0.5
+    assert sorted(control.release_holds()) == [0, 1]
+    control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: False, timeout_s=0.01,
+                       then=lambda engine: False, then_timeout_s=0.05)
+    t0 = log.clock()
+    assert _post(apps[0], "/pause_generation", {}).status_code == 200
+    assert 0.06 <= log.clock() - t0 < 1.0  # then never true: at most its own bound more
 
 
 def test_frozen_calls_keep_their_times_when_the_call_is_answered_later() -> None:

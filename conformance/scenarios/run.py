@@ -18,7 +18,7 @@ from ..checks import REGISTRY
 from ..checks.labels import finish_type
 from ..history import DISTURBING_PATHS, LORA_LOAD_PATHS, BatchRecord, Breakage, History, Injected, Unmet, UpdateCycle, WireCall
 from ..interface import RolloutConfig, Roles, Updater
-from ..sentinels import Sentinels, adapters_in_use
+from ..sentinels import SETTLE_S, START_TIMEOUT_S as SENTINEL_START_TIMEOUT_S, Sentinels, adapters_in_use
 from ..wire_control import AnswerHold
 from .errors import Hang, ScenarioTimeout, UnexpectedUpdateFailure, bounded, wait_for_condition
 from .trainer import Trainer
@@ -181,7 +181,8 @@ class Run:
         refused = [self._refuse_transfer(engine, transport, lora) for engine in refuse]
         if resident:  # the cycle's first pause, bump or transfer reaches each engine while it holds such a request
             control.hold_first(DISTURBING_PATHS, self.holds_young,
-                            min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4))
+                               min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4),
+                               then=self.holds_any, then_timeout_s=SENTINEL_START_TIMEOUT_S)
         window, unfollow_window = self.hold_slow(slow, transport, lora) if slow else (None, lambda: None)
         feeder = asyncio.create_task(self._feed_held()) if resident else None
         t0 = time.monotonic()
@@ -419,6 +420,15 @@ class Run:
             stalled_since = await self._unstall(stalled_since, bool(used) and _open_everywhere(calls, used),
                                                 max(1, len(used)))
             await asyncio.sleep(0.002)
+
+    def holds_any(self, engine: int) -> bool:
+        """Whether ``engine`` holds a request (the integration's or the suite's long-lived one) that has been open
+        at its recorder for :data:`~conformance.sentinels.SETTLE_S`: what a held first pause, bump or transfer waits
+        for once no young request of the integration came (a long-lived request that just ended is sent again while
+        the call is held; on a starved 2-core machine its end and the hold's bound are seen in the same instant)."""
+        settled = time.monotonic() - SETTLE_S
+        return any(c.engine == engine and c.path == "/generate" and c.t_end is None and c.t_start <= settled
+                   for c in self.backend.wire.snapshot())
 
     def _young(self, call: WireCall, now: float, fraction: float = 0.5) -> bool:
         """Whether ``call`` is open and was sent less than ``fraction`` of its decode time ago (its ``max_new_tokens``

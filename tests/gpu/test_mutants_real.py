@@ -5,17 +5,20 @@ The mutants run on the session's real engines (the same pair the conformance cas
 ``conformance_session.setup("sglang")`` or ``setup("vllm")``), on the scenarios built to expose them, through
 :func:`gpu.mutation.run_mutant` as ``tests/test_mutants.py`` runs them on the fake. A mutant whose scenarios the
 real engine on CPU cannot run is skipped with that reason, never passed. ``gpu/scripts/mutant_table.py`` prints the
-whole SGLang table per release. CI runs every SGLang one (``.ci/real-sglang.sh``); the vLLM ones are not in CI yet
-(``docs/backends.md``: not all killed on real vLLM).
+whole SGLang table per release. CI runs every SGLang one (``.ci/real-sglang.sh``) and a third of the vLLM ones,
+rotating by commit count (``.ci/real-vllm.sh``; ``WEIGHTSYNC_MUTANT_SHARE=K/N`` limits the vLLM ones to share ``K``
+of ``N``: :func:`gpu.mutation.mutant_share`).
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from conformance.cases import fake_backend_factory
 from conformance.mutants import MUTANTS, VLLM_MUTANTS, Mutant
-from gpu.mutation import run_mutant
+from gpu.mutation import SHARE_ENV, mutant_share, run_mutant
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -42,7 +45,7 @@ def test_mutant_is_killed_on_real_sglang_as_on_the_fake(name: str, conformance_s
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", sorted(VLLM_MUTANTS))
+@pytest.mark.parametrize("name", mutant_share(sorted(VLLM_MUTANTS), os.environ.get(SHARE_ENV)))
 def test_vllm_mutant_is_killed_on_real_vllm_as_on_the_fake(name: str, conformance_session) -> None:
     suite = conformance_session.setup("vllm")  # skips with the install command where the environment is missing
     assert_killed_as_on_the_fake(VLLM_MUTANTS[name], suite, f"real vLLM {suite.release}", "vllm",

@@ -15,9 +15,20 @@ from conformance.reference import vllm as reference
 from fakes.vllm import FakeVLLMEngine
 from fakes.vllm.engine import CHECKSUM_PREFIX
 from gpu.launch import FAKE_VLLM, VLLM, EngineSpec, family_of, launch_command
-from gpu.mutation import run_mutant
+from gpu.mutation import mutant_share, run_mutant
 from gpu.vllm_suite import VllmSuite
 from gpu.weights import EMPTY_DIGEST, checkpoint_view, raw_digests
+
+
+@pytest.mark.cpu
+def test_the_mutant_shares_partition_the_mutants_and_a_bad_share_says_what_to_write() -> None:
+    names = sorted(VLLM_MUTANTS)
+    shares = [mutant_share(names, f"{k}/3") for k in range(3)]
+    assert sorted(n for share in shares for n in share) == names and all(shares)
+    assert mutant_share(names, None) == names and mutant_share(names, "") == names
+    for bad in ("3/3", "1", "a/3", "-1/3"):
+        with pytest.raises(ValueError, match="expected K/N"):
+            mutant_share(names, bad)
 
 
 @pytest.mark.cpu

@@ -6,7 +6,13 @@ are forwarded as they are, except the hop-by-hop ones (RFC 9110 §7.6.1) and tho
 themselves (``host``, ``content-length`` of the request, ``date``/``server`` of the answer). Bodies pass through
 byte for byte (no decompression). When the integration's client goes away mid-answer, the proxy closes its
 connection to the engine, so the engine sees the disconnect as it would without the proxy (SGLang aborts a
-request whose client disconnected).
+request whose client disconnected). Each request goes to the engine on a connection of its own: an engine's server
+closes a connection after a 500 its safety-net handler sent (vLLM 0.32.0: ``app.exception_handler(Exception)``,
+``entrypoints/serve/exception_handling/register.py``, answers in Starlette's ``ServerErrorMiddleware``, which raises
+again, and uvicorn then closes the transport: a failed ``/collective_rpc`` reload), and a pooled connection reused at
+that moment fails the next call with no answer (measured: the relabel right after a failed reload, 3 of 3 times
+direct, ``ReadError``; a 502 through a pooling proxy).
+The integration's own connections to the proxy are its client's to manage.
 
 :func:`recording_proxy` serves ``WireRecorder(ForwardingProxy(...))`` on loopback: every exchange becomes a
 ``WireCall``, refusals injected with ``WireLog.refuse`` are answered at the recorder, and probes pass unrecorded.
@@ -22,7 +28,6 @@ import json
 from typing import Any, Callable
 
 from conformance.dialect import SGLANG_DIALECT, Dialect
-from conformance.interface import KEEPALIVE_EXPIRY_S
 from conformance.wire import WireLog, WireRecorder
 from conformance.wire_control import WireControl
 from fakes.asgi import lifespan
@@ -65,7 +70,7 @@ class ForwardingProxy:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=KEEPALIVE_EXPIRY_S),
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
         return self._session

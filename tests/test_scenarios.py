@@ -57,6 +57,28 @@ def test_a_refusal_the_integration_never_triggers_is_reported_not_ignored() -> N
     assert len(errors) == 1 and "(0, '/no_such_endpoint')" in errors[0] and "never used" in errors[0], errors
 
 
+def test_a_cycle_whose_engine_is_gone_at_its_end_is_recorded_and_the_run_breaks() -> None:
+    """An engine that died by the cycle's end (real vLLM after a forward pass on the weights a failed reload left)
+    cannot be read for its weights: the cycle is recorded all the same, so the checkers see what the integration did
+    in it, and the run breaks with the error."""
+    recorded: list = []
+
+    async def script(run: Run) -> None:
+        await run.start()
+
+        def gone() -> None:
+            raise ConnectionError("engine 1 is gone")
+        run.backend.digests = gone
+        try:
+            await run.update()
+        finally:
+            recorded.extend(run.history.cycles)
+
+    errors = _run(script)
+    assert len(recorded) == 1 and recorded[0].ok and recorded[0].digests_after is None
+    assert any("engine 1 is gone" in e for e in errors), errors
+
+
 def test_a_slow_engine_keeps_its_call_in_progress_while_the_others_finished() -> None:
     """``update(slow=...)``: the last engine's pause, transfer and continue each stay open (on the wire) until every
     other engine answered its own, and the window is recorded."""

@@ -215,6 +215,10 @@ class Run:
                                                 "cycle", time.monotonic()))
         if error is None and not poison:
             self.step = step
+        try:
+            digests_after, gone = self.backend.digests(), None
+        except Exception as exc:  # an engine gone by the cycle's end: the cycle is recorded, then the run breaks
+            digests_after, gone = None, exc
         self.history.cycles.append(UpdateCycle(
             index=index, cell=self.cell, transport=transport, lora=lora,
             pause_mode=self.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
@@ -222,7 +226,7 @@ class Run:
             published_before=published_before, published_after=manager.weight_version,
             labels_before=labels_before, labels_after=await self.labels(), expect_failure=expect_failure,
             trainer_digest=trainer_digests(self.backend, weights) if weights is not None and not poison else None,
-            digests_after=self.backend.digests(), digests_before=digests_before))
+            digests_after=digests_after, digests_before=digests_before))
         if answers is not None and answers.released_by != "ready":
             why = "its cycle ended first" if answers.released_by == "end" else f"not within {answers.timeout_s:.1f}s"
             self.unmet(("S2",), f"update cycle {index}: the answers held back from the integration went on before "
@@ -232,6 +236,8 @@ class Run:
             self._record_window(window, slow, index)
         if hang is not None:
             raise hang
+        if gone is not None:
+            raise gone
         if isinstance(fed[0], BaseException):  # consuming a batch while the cycle's calls were held failed
             raise fed[0]
         if error is not None and not expect_failure:

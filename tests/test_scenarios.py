@@ -45,6 +45,21 @@ def test_update_waits_for_every_engine_even_from_a_full_buffer() -> None:
     assert _run(script) == []
 
 
+def test_waiting_for_the_next_call_consumes_batches_when_the_producer_blocked() -> None:
+    """Regression (real vLLM, 2 runs of 3 of mixed-versions for one mutant): an engine slower than the other let the
+    other fill the buffer before each had finished a call and sent the next, and the wait timed out. It consumes
+    batches while an engine has none of the integration's calls open, as a trainer would."""
+    consumed: list[int] = []
+
+    async def script(run: Run) -> None:
+        await run.start()
+        await run.until_producer_blocked()
+        await run.until_next_call()
+        consumed.append(len(run.history.batches))
+
+    assert _run(script) == [] and consumed and consumed[0] >= 1
+
+
 def test_a_refusal_the_integration_never_triggers_is_reported_not_ignored() -> None:
     """A fault that never fired must not let a scenario pass as if it had been survived."""
 

@@ -70,10 +70,14 @@ async def bounded(coro: Awaitable[T], timeout_s: float, what: str, wire: WireLog
     return task.result()
 
 
-async def wait_for_condition(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until true; raise ScenarioTimeout naming ``what`` at the deadline."""
+async def wait_for_condition(predicate: Callable[[], bool], timeout_s: float, what: str,
+                             between: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Poll ``predicate`` until true (awaiting ``between`` after each false poll); raise ScenarioTimeout naming
+    ``what`` at the deadline."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise ScenarioTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        if between is not None:
+            await between()
         await asyncio.sleep(0.005)

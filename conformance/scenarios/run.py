@@ -505,8 +505,16 @@ class Run:
     async def until_next_call(self) -> None:
         """Wait until every engine the integration uses finished one more of its ``/generate`` calls and has a call
         in flight that was sent after it (the next turn of a multi-turn sample, for a producer that keeps its
-        samples on one engine)."""
+        samples on one engine). Batches are consumed while an engine it uses has none of its calls open (a producer
+        blocked on a full buffer: one engine slower than the other can let the other fill it first)."""
         since = time.monotonic()
+        stalled_since = [since]
+
+        async def unstall() -> None:
+            calls = self.generates()
+            used = {c.engine for c in calls}
+            stalled_since[0] = await self._unstall(stalled_since[0], bool(used) and _open_everywhere(calls, used),
+                                                   max(1, len(used)))
 
         def progressed() -> bool:
             calls = self.generates()
@@ -520,7 +528,7 @@ class Run:
                     return False
             return True
         await wait_for_condition(progressed, self.deadlines.wait_s, "a finished /generate call followed by the next "
-                                 "one in flight on every engine")
+                                 "one in flight on every engine", between=unstall)
 
     async def until_producer_blocked(self, quiet_s: float = 0.1) -> None:
         """Wait until no /generate has been in flight for ``quiet_s``: the producer is blocked on a full buffer."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -66,13 +67,15 @@ class Wire:
     async def results(self, tasks: list[asyncio.Task]) -> list[httpx.Response]:
         return await asyncio.wait_for(asyncio.gather(*tasks), CALL_TIMEOUT_S)
 
-    async def step_until_done(self, tasks: list[asyncio.Task], max_steps: int = 500) -> list[httpx.Response]:
-        """Step the engine until every task has its answer."""
-        for _ in range(max_steps):
-            if all(t.done() for t in tasks):
-                break
+    async def step_until_done(self, tasks: list[asyncio.Task], timeout_s: float = CALL_TIMEOUT_S) -> list[httpx.Response]:
+        """Step the engine until every task has its answer, for at most ``timeout_s``: not a number of steps, since a
+        request may wait on a thread (an adapter read from disk) however many steps go by (CI flake: 500 steps went
+        by before an implicit LoRA reload finished under xdist load, and the request then waited unstepped)."""
+        deadline, steps = time.monotonic() + timeout_s, 0
+        while not all(t.done() for t in tasks) and time.monotonic() < deadline:
             await self.engine.step()
-            await asyncio.sleep(0)
+            steps += 1
+            await asyncio.sleep(0 if steps < 500 else 0.001)  # then leave the threads some time
         return await self.results(tasks)
 
 

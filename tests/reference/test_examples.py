@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from conformance.cases import fake_backend_factory, load_integration, run_one
 from conformance.interface import BuildEnv, Integration, RolloutConfig
 from examples.httpx_adapter import integration as httpx_example
 from examples.requests_adapter import integration as requests_example
@@ -57,3 +59,29 @@ def test_requests_example_declares_only_what_it_supports() -> None:
     assert requests_example.capabilities.missing(transport="tensor") is not None
     assert requests_example.capabilities.missing(lora=True) is not None
     assert httpx_example.capabilities.missing(transport="distributed") is not None
+
+
+VLLM_EXAMPLES = {"trl-client": "examples.vllm_trl_client:integration",
+                 "async-engine": "examples.vllm_async_engine:integration"}
+
+
+@pytest.mark.parametrize("scenario", ["steady-disk-retract", "steady-disk-in_place", "failing-transfer-disk"])
+@pytest.mark.parametrize("example", sorted(VLLM_EXAMPLES))
+def test_vllm_example_adapters_pass_the_disk_cases_on_the_fake_vllm(example: str, scenario: str) -> None:
+    result = run_one(scenario, load_integration(VLLM_EXAMPLES[example]), fake_backend_factory(engine="vllm"))
+    assert result.verdicts and not result.skipped, result.skipped
+    bad = [v.explain() for v in result.verdicts.values() if not v.passed]
+    assert not bad, "\n".join(bad)
+
+
+def test_async_engine_glue_that_leaves_the_pause_mode_out_is_caught_by_i3() -> None:
+    """``AsyncLLM.pause_generation``'s default mode is ``abort``: glue that relies on it fails I3, with a witness."""
+    from examples.vllm_async_engine import AsyncLLMClient, integration
+
+    class DefaultPause(AsyncLLMClient):
+        async def pause(self, mode: str) -> None:
+            await self.engine.pause_generation()
+
+    result = run_one("steady-disk-retract", replace(integration, client_cls=DefaultPause),
+                     fake_backend_factory(engine="vllm"))
+    assert result.verdicts["I3"].status == "fail" and result.verdicts["I3"].witness, result.verdicts["I3"].explain()

@@ -433,8 +433,8 @@ class Run:
         for once no young request of the integration came (a long-lived request that just ended is sent again while
         the call is held; on a starved 2-core machine its end and the hold's bound are seen in the same instant)."""
         settled = time.monotonic() - SETTLE_S
-        return any(c.engine == engine and c.path == "/generate" and c.t_end is None and c.t_start <= settled
-                   for c in self.backend.wire.snapshot())
+        return any(c.engine == engine and c.path == "/generate" and c.t_start <= settled
+                   for c in self.backend.wire.open_calls())
 
     def _young(self, call: WireCall, now: float, fraction: float = 0.5) -> bool:
         """Whether ``call`` is open and was sent less than ``fraction`` of its decode time ago (its ``max_new_tokens``

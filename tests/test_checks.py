@@ -96,8 +96,8 @@ def test_no_aborts_is_unknown_when_nothing_was_resident_at_the_pause():
                       pause(3, 1.4, engine=1), gen("r3", 1.35, 2.5, engine=1, seq=102)], cycles=[cycle()])
     v = check("I1-I2", h)
     assert v.status == "unknown", v.explain()
-    assert v.witness == ["engine 0: no request was resident when it was paused in cycle 0 (t=1.300s): the run proves "
-                         "nothing there"]
+    assert v.witness == ["engine 0: no request was resident when it was paused in cycle 0 (t=1.300s; the last "
+                         "request there (integration) ended at t=1.200s): the run proves nothing there"]
     assert v.metrics["overlap_at_pause"] == 0.5 and v.metrics["integration_overlap_at_pause"] == 0.5
 
 

@@ -132,7 +132,7 @@ def no_aborts_on_update(h: History) -> Verdict:
             if not resident:
                 idle.append(f"engine {engine}: no request was resident when it was "
                             f"{_ACTION.get(first.path, 'sent new weights')} in cycle {c.index} "
-                            f"(t={first.t_start:.3f}s)")
+                            f"(t={first.t_start:.3f}s{_around(h, engine, first.t_start)})")
     metrics = {"requests": total, "aborted_requests": aborted, "continued_requests": resumed,
                "aborted_request_rate": aborted / total if total else 0.0,
                "aborted_sample_rate": (aborted - resumed) / total if total else 0.0,
@@ -144,6 +144,20 @@ def no_aborts_on_update(h: History) -> Verdict:
     if not pairs:
         vacuous = "no update cycle touched an engine" if h.cycles else "no update cycle ran"
     return verdict(failures, vacuous=vacuous, metrics=metrics)
+
+
+def _around(h: History, engine: int, t: float) -> str:
+    """Where ``engine``'s requests were around ``t`` when none was open then: the last that ended before it and the
+    first sent after it (a long-lived request that ended just before a pause shows here)."""
+    calls = [w for w in h.wire if w.engine == engine and w.path == "/generate"]
+    before = max((w for w in calls if w.t_end is not None and w.t_end <= t), key=lambda w: w.t_end, default=None)
+    after = min((w for w in calls if w.t_start >= t), key=lambda w: w.t_start, default=None)
+    told = []
+    if before is not None:
+        told.append(f"the last request there ({before.origin}) ended at t={before.t_end:.3f}s")
+    if after is not None:
+        told.append(f"the next ({after.origin}) was sent at t={after.t_start:.3f}s")
+    return "; " + ", ".join(told) if told else "; no request was ever sent there"
 
 
 AROUND_S = 1.0

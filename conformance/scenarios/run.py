@@ -137,7 +137,10 @@ class Run:
 
         Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
         (:mod:`conformance.sentinels`), sent before the cycle and released once the integration continued that
-        engine. With ``resident`` the cycle also starts only once every engine the integration sends requests to
+        engine; the cycle's first pause, bump or transfer on each engine waits at the wire (at most
+        :data:`~conformance.sentinels.START_TIMEOUT_S`) until some request has been open there for
+        :data:`~conformance.sentinels.SETTLE_S` (one that ended on its own is being sent again: on a starved machine
+        its end and the pause are seen in the same instant). With ``resident`` the cycle also starts only once every engine the integration sends requests to
         is decoding one of them (:meth:`until_resident`), and the cycle's first pause, bump or transfer on each engine
         is held at the wire (for at most two turns, at least 0.5 s, at most a quarter of the cycle's deadline) until
         that engine holds one sent less than half a turn ago and the others one still decoding for a while
@@ -183,6 +186,8 @@ class Run:
             control.hold_first(DISTURBING_PATHS, self.holds_young,
                                min(max(0.5, 2 * self.turn_s()), self.deadlines.update_s / 4),
                                then=self.holds_any, then_timeout_s=SENTINEL_START_TIMEOUT_S)
+        elif not gate:  # ... while it holds some request (a long-lived one that just ended is sent again meanwhile)
+            control.hold_first(DISTURBING_PATHS, lambda engine, _: self.holds_any(engine), SENTINEL_START_TIMEOUT_S)
         window, unfollow_window = self.hold_slow(slow, transport, lora) if slow else (None, lambda: None)
         feeder = asyncio.create_task(self._feed_held()) if resident else None
         t0 = time.monotonic()
@@ -202,11 +207,13 @@ class Run:
             unfollow_window()
             fed = await asyncio.gather(feeder, return_exceptions=True) if feeder is not None else [None]
             await sentinels.release()
+        held_until = ("the continue was held until the integration sent a request while paused" if gate else
+                      "the first pause, bump or transfer was held until "
+                      + ("one of the integration's requests was decoding there" if resident else
+                         "a request was resident there"))
         for engine, t in sorted(expired.items()):  # a hold that went on at its bound built less than it aimed at
             self.history.injected.append(Injected(t, "hold-expired", engine, (
-                f"update cycle {index}: the first pause, bump or transfer was held until one of the integration's "
-                f"requests was decoding there" if resident else f"update cycle {index}: the continue was held until "
-                f"the integration sent a request while paused") + "; none was, it went on at the hold's bound"))
+                f"update cycle {index}: {held_until}; none was, it went on at the hold's bound")))
         left = set(control.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
         unused = sorted(left - {key for keys in refused if not set(keys) <= left for key in keys})
         if unused and error is None:  # a cycle that failed at the first refusal need not reach the others

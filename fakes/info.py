@@ -104,6 +104,7 @@ class InfoMixin:
             "dp_size": 1,
             "load_format": self.load_format,
             "internal_states": [{"paused": self.scheduler.paused, "num_running_reqs": len(self.scheduler.running)}],
+            "status": "ready",  # the scheduler's init info (managers/scheduler.py get_init_info, 0.5.10-0.5.23)
             "version": self.profile.version,
         }
 

@@ -54,8 +54,7 @@ class WeightUpdatesMixin:
         if obj.get("abort_all_requests"):
             self.abort(abort_all=True)
         try:
-            skip_lock = self.paused and self.profile.paused_updates_skip_lock
-            async with contextlib.nullcontext() if skip_lock else self.update_lock.write():
+            async with self._writer_unless_paused():
                 if needs_session and not self.session_open:
                     message = SGLANG.answer("session_required").text(source=source)
                     return Reply(400, {"success": False, "message": message, **extra})
@@ -66,6 +65,12 @@ class WeightUpdatesMixin:
                 return self._apply_update(source, obj, loaded, ok_message, flush, extra)
         except (EngineCrashed, EngineClosed):
             return self.dead_reply(f"/{source}")
+
+    def _writer_unless_paused(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The writer side of ``model_update_lock`` (it waits for every ``/generate`` in flight, each holding the
+        reader side to its end), skipped while paused (≥0.5.6: whoever paused holds it)."""
+        skip_lock = self.paused and self.profile.paused_updates_skip_lock
+        return contextlib.nullcontext() if skip_lock else self.update_lock.write()
 
     def _apply_update(
         self, source: str, obj: Mapping[str, Any], loaded: W.WeightStore, ok_message: str, flush: bool, extra: dict
@@ -258,19 +263,25 @@ class WeightUpdatesMixin:
         return Reply(200, {"success": True, "message": "Succeeded to destroy custom process group."})
 
     async def begin_weight_update(self, obj: Mapping[str, Any]) -> Reply:
-        """0.5.23 ``/begin_weight_update`` (``scheduler_components/weight_updater.py``)."""
-        if self.session_open:
-            message = SGLANG.answer("session_already_open").text()
-            return Reply(400, {"success": False, "message": message})
-        self.session_open = True
-        return Reply(200, {"success": True, "message": "Success"})
+        """0.5.23 ``/begin_weight_update`` (``scheduler_components/weight_updater.py``), under the writer lock
+        unless paused (``tokenizer_control_mixin.py`` ``_weight_update_session_call``): with a request decoding it
+        answers once that request ended (measured: the state matrix)."""
+        async with self._writer_unless_paused():
+            if self.session_open:
+                message = SGLANG.answer("session_already_open").text()
+                return Reply(400, {"success": False, "message": message})
+            self.session_open = True
+            return Reply(200, {"success": True, "message": "Success"})
 
     async def end_weight_update(self, obj: Mapping[str, Any]) -> Reply:
-        if not self.session_open:
-            message = SGLANG.answer("no_session_open").text()
-            return Reply(400, {"success": False, "message": message})
-        self.session_open = False
-        return Reply(200, {"success": True, "message": "Success"})
+        """0.5.23 ``/end_weight_update``: the same lock as :meth:`begin_weight_update`, also when no session is
+        open (the check runs in the scheduler, after the lock)."""
+        async with self._writer_unless_paused():
+            if not self.session_open:
+                message = SGLANG.answer("no_session_open").text()
+                return Reply(400, {"success": False, "message": message})
+            self.session_open = False
+            return Reply(200, {"success": True, "message": "Success"})
 
     async def get_weights_by_name(self, obj: Mapping[str, Any]) -> Reply:
         blob = self.weights.get(obj["name"])

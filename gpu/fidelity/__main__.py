@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -30,7 +31,8 @@ from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_
 
 from .coverage import UNCOVERED
 from .lists import CLASSES, command_line, compare, is_race, key  # noqa: F401  (CLASSES: read by the tests from here too)
-from .script import EXITED, LIFETIMES, Sent, diff, lost, run_script
+from .lifetimes import EXITED, LIFETIMES, lost, run_script
+from .script import Sent, diff
 
 HERE = Path(__file__).resolve().parent
 START_TIMEOUT_S = 240.0
@@ -51,14 +53,16 @@ OTHER_FAMILIES = ("fakes/vllm/", "fakes/facts/vllm.py")
 
 
 def script_digest() -> str:
-    """The digest of what a list was measured with: the fidelity script and the fake SGLang's sources (its modules,
-    the facts table, the snapshots; not another family's fake, :data:`OTHER_FAMILIES`). A list measured with another
-    script compares other steps; with another fake, other answers."""
+    """The digest of what a list was measured with: the fidelity script, its state matrix, its lifetimes and the
+    fake SGLang's sources (its modules, the facts table, the snapshots; not another family's fake,
+    :data:`OTHER_FAMILIES`). A list measured with another script compares other steps; with another fake, other
+    answers."""
     import hashlib
 
     root = HERE.parent.parent
-    sources = [HERE / "script.py", *sorted(p for p in (root / "fakes").rglob("*") if p.suffix in (".py", ".json")
-                                          and not p.relative_to(root).as_posix().startswith(OTHER_FAMILIES))]
+    sources = [HERE / "script.py", HERE / "matrix.py", HERE / "lifetimes.py",
+               *sorted(p for p in (root / "fakes").rglob("*") if p.suffix in (".py", ".json")
+                       and not p.relative_to(root).as_posix().startswith(OTHER_FAMILIES))]
     digest = hashlib.sha256()
     for path in sources:
         digest.update(path.relative_to(HERE.parent.parent).as_posix().encode() + b"\0" + path.read_bytes())
@@ -191,9 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-") as tmp:
         work = Path(tmp)
         model_dir = write_model(work / "model")
-        try:
-            fake, fake_cost = run_engine(model_dir, work, args.release, True, None)
-            real, real_cost = run_engine(model_dir, work, args.release, False, env.venv)
+        try:  # the fake beside the real engine: it mostly waits (on its held requests, on calls it holds)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                faked = pool.submit(run_engine, model_dir, work, args.release, True, None)
+                real, real_cost = run_engine(model_dir, work, args.release, False, env.venv)
+                fake, fake_cost = faked.result()
         except EngineStartError as error:
             print(f"gpu.fidelity: an engine did not start: {str(error).splitlines()[0]}", file=sys.stderr)
             return 1

@@ -1,13 +1,15 @@
 """What of the fake's surface the fidelity script compares with real SGLang, and what it does not.
 
 The surface of a release is every route the fake serves there (its route table, ``fakes.app.HANDLERS``, as the
-release's snapshot has it) and every field of the body struct each takes (``fakes.structs``) that the fake acts on
+release's snapshot has it), every field of the body struct each takes (``fakes.structs``) that the fake acts on
 (not in ``fakes.app.IGNORED_FIELDS``, the fields it validates and, like SGLang on CPU or by design, leaves
-alone). A route no step calls,
-or a field no step sends to it, is *uncovered*: the fake's behaviour there was never judged against the engine. Each
-must be compared or listed, with its reason, in ``uncovered.json`` (``{"route", "fields"?, "why"}``; a route of
-``"*"`` names fields of every struct, an entry without ``fields`` the route itself). ``python -m gpu.fidelity
---coverage`` runs the script on the fake alone and prints both; a test holds them equal.
+alone), and every engine state each is called in (``gpu.fidelity.matrix.states``: idle, a request decoding, paused
+in each mode, inside a weight-update session). A route no step calls, a field no step sends to it, or a state no
+step of the state matrix calls it from, is *uncovered*: the fake's behaviour there was never judged against the
+engine. Each must be compared or listed, with its reason, in ``uncovered.json`` (``{"route", "fields"? |
+"states"?, "why"}``; a route of ``"*"`` names fields of every struct, a state of ``"*"`` every state, an entry with
+neither the route itself). ``python -m gpu.fidelity --coverage`` runs the script on the fake alone and prints both;
+a test holds them equal.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from .script import Sent
 
 UNCOVERED = Path(__file__).resolve().parent / "uncovered.json"
 
-Item = tuple[str, str | None]
-"""An uncovered route (``(route, None)``) or field (``(route, field)``)."""
+Item = tuple[str, str | None] | tuple[str, None, str]
+"""An uncovered route (``(route, None)``), field (``(route, field)``) or state (``(route, None, state)``)."""
 
 
 def surface(release: str) -> dict[str, frozenset[str]]:
@@ -51,22 +53,29 @@ def _route_of(path: str, routes: Iterable[str]) -> str | None:
 
 
 def uncovered(release: str, sent: Iterable[Sent]) -> list[Item]:
-    """What of ``release``'s surface none of ``sent`` exercised."""
-    return uncovered_in(surface(release), sent)
+    """What of ``release``'s surface (its routes, their fields, the engine states) none of ``sent`` exercised."""
+    from .matrix import states
+
+    return uncovered_in(surface(release), sent, states(release))
 
 
-def uncovered_in(routes: dict[str, frozenset[str]], sent: Iterable[Sent]) -> list[Item]:
-    """What of ``routes`` (route → the body fields the fake acts on) none of ``sent`` exercised: any family's."""
+def uncovered_in(routes: dict[str, frozenset[str]], sent: Iterable[Sent], states: Iterable[str] = ()) -> list[Item]:
+    """What of ``routes`` (route → the body fields the fake acts on) none of ``sent`` exercised, each route also in
+    each of ``states``: any family's."""
     called: dict[str, set[str]] = {}
-    for _method, path, fields in sent:
-        route = _route_of(path, routes)
+    called_in: dict[str, set[str]] = {}
+    for request in sent:
+        route = _route_of(request.path, routes)
         if route is not None:
-            called.setdefault(route, set()).update(fields)
+            called.setdefault(route, set()).update(request.fields)
+            if request.state is not None:
+                called_in.setdefault(route, set()).add(request.state)
     found: list[Item] = []
     for route, fields in routes.items():
         if route not in called:
             found.append((route, None))
         found += [(route, f) for f in sorted(fields - called.get(route, set()))]
+        found += [(route, None, state) for state in states if state not in called_in.get(route, set())]
     return found
 
 
@@ -77,32 +86,56 @@ class Listed:
     route: str
     fields: tuple[str, ...] | None
     why: str
+    states: tuple[str, ...] | None = None
 
     def explains(self, item: Item) -> bool:
-        route, field = item
+        route, field, state = (*item, None)[:3]
+        if state is not None:
+            return self.states is not None and (state in self.states or "*" in self.states) and \
+                self.route in ("*", route)
         if field is None:
-            return self.fields is None and self.route == route
+            return self.fields is None and self.states is None and self.route == route
         return self.fields is not None and field in self.fields and self.route in ("*", route)
+
+    def names(self) -> list[str | None]:
+        """What the entry lists: its fields, its states, or (None) the route."""
+        return list(self.fields or self.states or [None])
 
 
 def listed(path: Path = UNCOVERED) -> list[Listed]:
     """The committed list."""
     entries: list[dict[str, Any]] = json.loads(path.read_text())["uncovered"]
-    return [Listed(e["route"], tuple(e["fields"]) if "fields" in e else None, e["why"]) for e in entries]
+    return [Listed(e["route"], tuple(e["fields"]) if "fields" in e else None, e["why"],
+                   tuple(e["states"]) if "states" in e else None) for e in entries]
+
+
+def _what(item: Item) -> str:
+    """An item's name in the report: its field, its state, or the route."""
+    if len(item) == 3:
+        return f"in state {item[2]}"
+    return item[1] or "(the route)"
 
 
 def judge(found: dict[str, list[Item]], entries: list[Listed]) -> tuple[list[tuple[str, Item]], list[str]]:
-    """Uncovered items (per release) no entry explains, and the listed routes or fields that are uncovered on no
-    release (compared now, or gone: remove them)."""
+    """Uncovered items (per release) no entry explains, and the listed routes, fields or states that are uncovered
+    on no release (compared now, or gone: remove them)."""
     unexplained = [(release, item) for release, items in found.items() for item in items
                    if not any(e.explains(item) for e in entries)]
     everywhere = [item for items in found.values() for item in items]
     stale = []
     for entry in entries:
-        names = [None] if entry.fields is None else list(entry.fields)
-        stale += [f"{entry.route} {name or '(the route)'}" for name in names
-                  if not any(entry.explains(item) and item[1] == name for item in everywhere)]
+        for name in entry.names():
+            if not any(entry.explains(item) and _names(entry, name, item) for item in everywhere):
+                item = (entry.route, None, name) if entry.states else (entry.route, name)
+                stale.append(f"{entry.route} {_what(item)}")
     return unexplained, stale
+
+
+def _names(entry: Listed, name: str | None, item: Item) -> bool:
+    """Whether ``name`` of ``entry`` (one of its fields or states, or None: the route) is ``item``."""
+    if entry.states is not None:
+        return len(item) == 3 and name in ("*", item[2])
+    return len(item) == 2 and item[1] == name
 
 
 def report(found: dict[str, list[Item]], entries: list[Listed], family: str = "sglang",
@@ -113,14 +146,16 @@ def report(found: dict[str, list[Item]], entries: list[Listed], family: str = "s
     unexplained, stale = judge(found, entries)
     lines = []
     for release, items in found.items():
-        routes = sum(1 for _, f in items if f is None)
+        routes = sum(1 for item in items if len(item) == 2 and item[1] is None)
+        states = sum(1 for item in items if len(item) == 3)
         lines.append(f"{family} {release}: {len(surface_of(release))} routes served, {routes} uncovered route(s), "
-                     f"{len(items) - routes} uncovered field(s)")
+                     f"{len(items) - routes - states} uncovered field(s), {states} uncovered route state(s)")
     for entry in entries:
-        what = "the route" if entry.fields is None else ", ".join(entry.fields)
+        what = ", ".join(entry.fields) if entry.fields else \
+            "in state " + ", ".join(entry.states) if entry.states else "the route"
         lines.append(f"  listed  {entry.route}: {what} — {entry.why}")
-    for release, (route, field) in unexplained:
-        lines.append(f"  UNCOMPARED {release} {route} {field or '(the route)'}: compare it, or list it with its "
-                     f"reason in {list_path.name}")
+    for release, item in unexplained:
+        lines.append(f"  UNCOMPARED {release} {item[0]} {_what(item)}: compare it, or list it with its reason in "
+                     f"{list_path.name}")
     lines += [f"  STALE   {name}: compared on every release now; remove it from {list_path.name}" for name in stale]
     return "\n".join(lines), not unexplained and not stale

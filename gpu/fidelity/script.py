@@ -21,10 +21,11 @@ import io
 import json
 import re
 import sys
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, NamedTuple, Protocol, TypeVar
 
 import httpx
 import torch
@@ -115,6 +116,8 @@ class Held:
         self.first = asyncio.Event()
         self.meta: dict[str, Any] | None = None
         self.status: int | None = None
+        self.last_chunk = 0.0
+        """When its last chunk arrived (``time.monotonic``)."""
         self.task = asyncio.ensure_future(self._run(client, url))
 
     async def _run(self, client: httpx.AsyncClient, url: str) -> None:
@@ -128,6 +131,7 @@ class Held:
                     if not line.startswith("data:") or line.strip() == "data: [DONE]":
                         continue
                     chunk = json.loads(line[5:])
+                    self.last_chunk = time.monotonic()
                     self.first.set()
                     self.meta = chunk.get("meta_info", self.meta)
                     self.rid_seen = (self.meta or {}).get("id")
@@ -251,8 +255,18 @@ def safetensors_b64(named: list[tuple[str, torch.Tensor]]) -> str:
 Call = Callable[..., Awaitable[httpx.Response]]
 
 
-Sent = tuple[str, str, frozenset[str]]
-"""A request the script sent: method, path, the top-level fields of its JSON body."""
+class Sent(NamedTuple):
+    """A request the script sent: method, path, the top-level fields of its JSON body, and the engine state it was
+    sent in where the state matrix names it (:data:`STATE_HEADER`)."""
+
+    method: str
+    path: str
+    fields: frozenset[str]
+    state: str | None = None
+
+
+STATE_HEADER = "x-fidelity-state"
+"""Names the engine state a call of the state matrix (:mod:`gpu.fidelity.matrix`) was sent in."""
 
 
 def sent_by(request: httpx.Request) -> Sent:
@@ -261,7 +275,8 @@ def sent_by(request: httpx.Request) -> Sent:
         body = json.loads(request.content) if request.content else None
     except (ValueError, UnicodeDecodeError):
         body = None
-    return request.method, request.url.path, frozenset(body) if isinstance(body, dict) else frozenset()
+    return Sent(request.method, request.url.path, frozenset(body) if isinstance(body, dict) else frozenset(),
+                request.headers.get(STATE_HEADER))
 
 
 class Steps:
@@ -289,7 +304,7 @@ class Steps:
         from gpu.weights import read_engine_digests
 
         self.out[step] = {"holds": self.ckpt.held(await read_engine_digests(self.url, self.ckpt.specs))}
-        self.sent.append(("POST", "/get_weights_by_name", frozenset({"name", "truncate_size"})))  # its own client
+        self.sent.append(Sent("POST", "/get_weights_by_name", frozenset({"name", "truncate_size"})))  # its own client
 
     async def label(self, step: str) -> None:
         info = (await self.client.get(self.url + "/model_info")).json()
@@ -324,34 +339,6 @@ class Steps:
         await self.call(step, "/pause_generation", {"mode": mode})
         self.out[step]["running_at_pause"] = running
         return held
-
-
-async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: bool = False,
-                     lifetime: str = "main", sent: list[Sent] | None = None) -> dict[str, Observation]:
-    """Drive the engine at ``url`` (serving ``model_dir``, label ``default``; with ``lora``, started with LoRA on)
-    through one of :data:`LIFETIMES`; a connection lost mid-way ends it, recorded as ``server lost`` (with the step
-    it happened at) under the lifetime's name. Every request the script sends is appended to ``sent``."""
-    out: dict[str, Observation] = {}
-    timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
-    sent = [] if sent is None else sent
-
-    async def record(request: httpx.Request) -> None:
-        sent.append(sent_by(request))
-    async with httpx.AsyncClient(timeout=timeout, event_hooks={"request": [record]}) as client:
-        steps = Steps(client, url, Checkpoints(model_dir, work), work, release, out, sent)
-        try:
-            if lifetime == "main":
-                await main_steps(steps, model_dir, lora)
-            else:
-                await ENDINGS[lifetime](steps)
-        except httpx.HTTPError as error:
-            out[lost(lifetime)] = {"at": list(out)[-1] if out else None, "error": type(error).__name__}
-    return out
-
-
-def lost(lifetime: str) -> str:
-    """The step that records the server lost during ``lifetime``."""
-    return "server lost" if lifetime == "main" else f"server lost ({lifetime})"
 
 
 async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
@@ -603,12 +590,6 @@ ENDINGS: dict[str, Callable[[Steps], Awaitable[None]]] = {
     "LocalSerializedTensor of another release": _local_tensor_of_another_release,
 }
 """The calls that may end a real server, by the lifetime each runs in."""
-LIFETIMES = ("main", *ENDINGS)
-"""The server lifetimes of the script, in order: each starts a fresh server."""
-EXITED = "server exited"
-"""The step recording, after each lifetime, whether the server process exited (:func:`gpu.fidelity.__main__.run_engine`)."""
-
-
 async def distributed_steps(call: Call, ckpt: Checkpoints,
                             out: dict[str, Observation], sessions: bool) -> None:
     """A one-engine gloo group (this process is rank 0, keyed as SGLang keys its ranks), m1 broadcast into it."""

@@ -513,15 +513,7 @@ class EngineMachine(RuleBasedStateMachine):
             either_sched = frozenset({sched_before, version or sched_before})
             if abort_all_requests:  # answers of waiting aborts may be built before or after the version changes
                 self._abort(lambda r: True, labels=either, sched=either_sched)
-            task = asyncio.ensure_future(self.client.post(endpoint, json=body))
-            lock = self.engine.update_lock
-            steps = 0
-            while not await self._race(task, lambda: lock.writers_waiting > 0 and lock.readers > 0):
-                assert locked, f"{endpoint} waited for the model-update lock while paused (spec §3.3.2)"
-                steps += 1
-                assert steps <= MAX_UPDATE_STEPS, f"{endpoint} still waits for readers after {steps} steps"
-                await self._engine_step()
-            resp = task.result()
+            resp = await self._under_writer_lock(endpoint, body, locked)
             extra = {"num_paused_requests": 0} if disk else {}
             self.digest = _digest(step)  # weights change even when the flush fails (spec §3.3.3)
             if flush_fails:  # 0.5.23: 400, scheduler version recorded; tokenizer label and model_path NOT (§3.3.3)
@@ -554,11 +546,28 @@ class EngineMachine(RuleBasedStateMachine):
         ignore_waiting = self.profile.flush_ignores_waiting_while_paused and self.sched_pause is not None
         return bool(resident) and not ignore_waiting
 
+    async def _under_writer_lock(self, endpoint: str, body: dict[str, Any], locked: bool) -> Any:
+        """POST a call that takes the writer side of the model-update lock (``locked``; skipped while paused):
+        the engine is stepped while it waits for the ``/generate`` calls holding the reader side."""
+        task = asyncio.ensure_future(self.client.post(endpoint, json=body))
+        lock = self.engine.update_lock
+        steps = 0
+        while not await self._race(task, lambda: lock.writers_waiting > 0 and lock.readers > 0):
+            assert locked, f"{endpoint} waited for the model-update lock while paused (spec §3.3.2)"
+            steps += 1
+            assert steps <= MAX_UPDATE_STEPS, f"{endpoint} still waits for readers after {steps} steps"
+            await self._engine_step()
+        return task.result()
+
+    def _session_call(self, endpoint: str) -> Any:
+        """A session call: under the writer lock unless paused (0.5.23 ``_weight_update_session_call``)."""
+        return self._under_writer_lock(endpoint, {}, not (self.paused and self.profile.paused_updates_skip_lock))
+
     @precondition(lambda self: self.profile.weight_update_sessions and not self.session_open)
     @rule()
     def begin_weight_update(self) -> None:
         async def go() -> None:
-            resp = await self.client.post("/begin_weight_update", json={})
+            resp = await self._session_call("/begin_weight_update")
             assert resp.status_code == 200 and resp.json() == {"success": True, "message": "Success"}, resp.text
             self.session_open = True
             await self._settle()
@@ -569,7 +578,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def end_weight_update(self) -> None:
         async def go() -> None:
-            resp = await self.client.post("/end_weight_update", json={})
+            resp = await self._session_call("/end_weight_update")
             assert resp.status_code == 200 and resp.json() == {"success": True, "message": "Success"}, resp.text
             self.session_open = False
             await self._settle()

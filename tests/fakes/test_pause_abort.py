@@ -277,6 +277,28 @@ async def test_update_while_paused_skips_the_lock(connect, tmp_path) -> None:
         assert [s["version"] for s in spans] == ["default", "2"]
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("path", ["/begin_weight_update", "/end_weight_update"])
+async def test_a_session_call_waits_for_readers_unless_paused(connect, path: str) -> None:
+    """0.5.23's session calls take the writer side of the model-update lock unless paused
+    (``tokenizer_control_mixin.py`` ``_weight_update_session_call``): with a request decoding they answer once it
+    ended, even an ``end`` with no session open (found by the fidelity state matrix: the fake answered at once)."""
+    wire = await connect(FakeEngine("0.5.23"))
+    if path == "/end_weight_update":
+        await wire.post("/begin_weight_update", json={})
+    (first,) = await wire.start_generates(1, max_new_tokens=3)
+    call = wire.spawn("POST", path, json={})
+    await wire.wait(lambda: wire.engine.update_lock.writers_waiting == 1)
+    await wire.step_until_done([first])
+    assert (await wire.result(call)).json() == {"success": True, "message": "Success"}
+    tasks = await decoding(wire, n=1)
+    await wire.post("/pause_generation", json={"mode": "in_place"})
+    again = await wire.post(path, json={})  # paused: no lock, answered at once
+    assert again.status_code == 400 and wire.engine.update_lock.writers_waiting == 0
+    await wire.post("/continue_generation", json={})
+    await wire.step_until_done(tasks)
+
+
 # -- LoRA unload waits for its users ------------------------------------------------------------------------------
 
 

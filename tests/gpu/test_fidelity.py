@@ -135,27 +135,51 @@ def test_coverage_names_each_route_and_acted_on_field_no_request_sent() -> None:
     """The surface is the fake's route table as the release serves it, each with the body fields the fake acts on
     (its ignored fields left out); a route no request called, or a field none sent to it, is uncovered."""
     from gpu.fidelity.coverage import surface, uncovered
+    from gpu.fidelity.script import Sent
 
     routes = surface("0.5.23")
     assert "http_worker_ipc" not in routes["/pause_generation"] and "mode" in routes["/pause_generation"]
     assert "/get_weight_version" not in routes and "/get_weight_version" in surface("0.5.10")
-    sent = [("POST", "/pause_generation", frozenset({"mode"})), ("GET", "/v1/models/tiny", frozenset())]
+    sent = [Sent("POST", "/pause_generation", frozenset({"mode"})), Sent("GET", "/v1/models/tiny", frozenset()),
+            Sent("POST", "/flush_cache", frozenset(), "decoding")]
     found = uncovered("0.5.23", sent)
     assert ("/pause_generation", None) not in found and ("/pause_generation", "mode") not in found
     assert ("/pause_generation", "rid") in found and ("/continue_generation", None) in found
     assert ("/v1/models/{model:path}", None) not in found and ("/v1/models", None) in found
+    # the engine states: a route is compared from each only by the state matrix (its calls name their state)
+    assert ("/flush_cache", None, "decoding") not in found and ("/flush_cache", None, "idle") in found
+    assert ("/pause_generation", None, "in a session") in found
+    assert not any(len(item) == 3 and item[2] == "in a session" for item in uncovered("0.5.10", sent))
+
+
+@pytest.mark.cpu
+def test_the_state_matrix_probes_every_control_route_and_every_plain_get_from_every_state() -> None:
+    """The matrix's cases are generated: its control routes with their valid bodies, and a GET of every route of the
+    fake's table that takes one and no body, each from every state the release has (sessions only where it does)."""
+    from gpu.fidelity.matrix import probes, states
+
+    routes = {p.route: p.method for p in probes("0.5.23")}
+    assert routes["/update_weights_from_disk"] == "POST" and routes["/get_server_info"] == "GET"
+    assert "/begin_weight_update" in routes and "/begin_weight_update" not in {p.route for p in probes("0.5.10")}
+    assert "/get_weight_version" in {p.route for p in probes("0.5.10")}
+    assert states("0.5.23")[-1] == "in a session" and "in a session" not in states("0.5.15")
+    assert {"idle", "decoding", "paused abort", "paused retract", "paused in_place"} <= set(states("0.5.10"))
 
 
 @pytest.mark.cpu
 def test_coverage_holds_only_when_every_uncovered_item_is_listed_and_no_listing_is_stale() -> None:
     from gpu.fidelity.coverage import Listed, judge, report
 
-    found = {"9.1": [("/a", None), ("/b", "x"), ("/b", "rid")], "9.2": [("/b", "rid")]}
-    entries = [Listed("/a", None, "why a"), Listed("*", ("rid",), "why rid"), Listed("/c", ("y",), "why c")]
+    found = {"9.1": [("/a", None), ("/b", "x"), ("/b", "rid"), ("/b", None, "idle"), ("/a", None, "decoding")],
+             "9.2": [("/b", "rid")]}
+    entries = [Listed("/a", None, "why a"), Listed("*", ("rid",), "why rid"), Listed("/c", ("y",), "why c"),
+               Listed("/a", None, "why a's states", ("*",)), Listed("/d", None, "why d", ("idle",))]
     unexplained, stale = judge(found, entries)
-    assert unexplained == [("9.1", ("/b", "x"))] and stale == ["/c y"]
+    assert unexplained == [("9.1", ("/b", "x")), ("9.1", ("/b", None, "idle"))]
+    assert stale == ["/c y", "/d in state idle"]
     text, holds = report(found, entries)
-    assert not holds and "UNCOMPARED 9.1 /b x" in text and "STALE   /c y" in text
+    assert not holds and "UNCOMPARED 9.1 /b x" in text and "UNCOMPARED 9.1 /b in state idle" in text
+    assert "STALE   /c y" in text and "1 uncovered route state(s)" not in text and "2 uncovered route state(s)" in text
 
 
 @pytest.mark.cpu

@@ -1,0 +1,49 @@
+"""The script's server lifetimes: the main sequence, the generated state matrix, and each call that may end a server,
+each run on a fresh server (:func:`run_script` drives one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from .matrix import matrix_steps
+from .script import CALL_TIMEOUT_S, ENDINGS, Checkpoints, Observation, Sent, Steps, main_steps, sent_by
+
+MATRIX = "state matrix"
+"""The lifetime of the generated state matrix (:mod:`gpu.fidelity.matrix`)."""
+LIFETIMES = ("main", MATRIX, *ENDINGS)
+"""The server lifetimes of the script, in order: each starts a fresh server."""
+EXITED = "server exited"
+"""The step recording, after each lifetime, whether the server process exited
+(:func:`gpu.fidelity.__main__.run_engine`)."""
+
+
+async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: bool = False,
+                     lifetime: str = "main", sent: list[Sent] | None = None) -> dict[str, Observation]:
+    """Drive the engine at ``url`` (serving ``model_dir``, label ``default``; with ``lora``, started with LoRA on)
+    through one of :data:`LIFETIMES`; a connection lost mid-way ends it, recorded as ``server lost`` (with the step
+    it happened at) under the lifetime's name. Every request the script sends is appended to ``sent``."""
+    out: dict[str, Observation] = {}
+    timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
+    sent = [] if sent is None else sent
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(sent_by(request))
+    async with httpx.AsyncClient(timeout=timeout, event_hooks={"request": [record]}) as client:
+        steps = Steps(client, url, Checkpoints(model_dir, work), work, release, out, sent)
+        try:
+            if lifetime == "main":
+                await main_steps(steps, model_dir, lora)
+            elif lifetime == MATRIX:
+                await matrix_steps(steps)
+            else:
+                await ENDINGS[lifetime](steps)
+        except httpx.HTTPError as error:
+            out[lost(lifetime)] = {"at": list(out)[-1] if out else None, "error": type(error).__name__}
+    return out
+
+
+def lost(lifetime: str) -> str:
+    """The step that records the server lost during ``lifetime``."""
+    return "server lost" if lifetime == "main" else f"server lost ({lifetime})"

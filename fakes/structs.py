@@ -294,9 +294,9 @@ def check(node: Any, value: Any, loc: tuple = (), strict: bool = False) -> tuple
     if kind == "bytes":
         return _check_bytes(value, loc, strict)
     if kind == "base64":
-        if not _base64_ok(value):
-            return value, [_err("value_error", loc, "Value error, Expected base64-encoded bytes", value,
-                                {"error": ValueError("Expected base64-encoded bytes")})]
+        message = _base64_error(value)
+        if message is not None:
+            return value, [_err("value_error", loc, f"Value error, {message}", value, {"error": ValueError(message)})]
         _, errors = check(node[1], value, loc, strict)
         return value, errors  # returned as received: the engine decodes it (module docstring)
     if kind == "literal":
@@ -443,17 +443,21 @@ def _check_bytes(value: Any, loc: tuple, strict: bool) -> tuple[Any, list[dict[s
     return value, [_err("bytes_type", loc, "Input should be a valid bytes", value)]
 
 
-def _base64_ok(value: Any) -> bool:
-    """SGLang's `Base64Bytes._decode_value` succeeds (str: strict base64; lists/tuples: every item)."""
+def _base64_error(value: Any) -> str | None:
+    """Why SGLang's `Base64Bytes._decode_value` (`utils/msgspec_utils.py`, 0.5.23) refuses ``value``, or None (str:
+    strict base64; lists/tuples: every item). Only `binascii.Error` becomes "Expected base64-encoded bytes"; a str
+    with a non-ASCII character fails `b64decode` with its own `ValueError`, which pydantic reports as it is."""
     if isinstance(value, str):
         try:
             base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            return False
-        return True
+        except binascii.Error:
+            return "Expected base64-encoded bytes"
+        except ValueError as error:
+            return str(error)
+        return None
     if isinstance(value, list | tuple):
-        return all(_base64_ok(item) for item in value)
-    return True
+        return next((m for m in map(_base64_error, value) if m is not None), None)
+    return None
 
 
 def _or_join(items: list[str]) -> str:

@@ -5,7 +5,7 @@ The mutants run on the session's real engines (the same pair the conformance cas
 ``conformance_session.setup("sglang")`` or ``setup("vllm")``), on the scenarios built to expose them, through
 :func:`gpu.mutation.run_mutant` as ``tests/test_mutants.py`` runs them on the fake. A mutant whose scenarios the
 real engine on CPU cannot run is skipped with that reason, never passed. ``gpu/scripts/mutant_table.py`` prints the
-whole SGLang table per release. CI runs every SGLang one (``.ci/real-sglang.sh``) and a third of the vLLM ones,
+whole SGLang table per release. CI runs every SGLang one (``.ci/real-sglang.sh``) and a quarter of the vLLM ones,
 rotating by commit count (``.ci/real-vllm.sh``; ``WEIGHTSYNC_MUTANT_SHARE=K/N`` limits the vLLM ones to share ``K``
 of ``N``: :func:`gpu.mutation.mutant_share`).
 """

@@ -140,8 +140,8 @@ class Run:
         engine; the cycle's first pause, bump or transfer on each engine waits at the wire (at most
         :data:`~conformance.sentinels.START_TIMEOUT_S`) until some request has been open there for
         :data:`~conformance.sentinels.SETTLE_S` (one that ended on its own is being sent again: on a starved machine
-        its end and the pause are seen in the same instant). With ``resident`` the cycle also starts only once every engine the integration sends requests to
-        is decoding one of them (:meth:`until_resident`), and the cycle's first pause, bump or transfer on each engine
+        its end and the pause are seen in the same instant). With ``resident`` the cycle also starts only once every
+        engine the integration sends requests to is decoding one of them (:meth:`until_resident`), and the cycle's first pause, bump or transfer on each engine
         is held at the wire (for at most two turns, at least 0.5 s, at most a quarter of the cycle's deadline) until
         that engine holds one sent less than half a turn ago and the others one still decoding for a while
         (:meth:`holds_young`; a cycle may take a while before its first pause: a process group to build, a

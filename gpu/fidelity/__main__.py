@@ -53,14 +53,14 @@ OTHER_FAMILIES = ("fakes/vllm/", "fakes/facts/vllm.py")
 
 
 def script_digest() -> str:
-    """The digest of what a list was measured with: the fidelity script, its state matrix, its lifetimes and the
-    fake SGLang's sources (its modules, the facts table, the snapshots; not another family's fake,
+    """The digest of what a list was measured with: the fidelity script, its state matrix and malformed bodies, its
+    lifetimes and the fake SGLang's sources (its modules, the facts table, the snapshots; not another family's fake,
     :data:`OTHER_FAMILIES`). A list measured with another script compares other steps; with another fake, other
     answers."""
     import hashlib
 
     root = HERE.parent.parent
-    sources = [HERE / "script.py", HERE / "matrix.py", HERE / "lifetimes.py",
+    sources = [HERE / "script.py", HERE / "matrix.py", HERE / "malformed.py", HERE / "lifetimes.py",
                *sorted(p for p in (root / "fakes").rglob("*") if p.suffix in (".py", ".json")
                        and not p.relative_to(root).as_posix().startswith(OTHER_FAMILIES))]
     digest = hashlib.sha256()

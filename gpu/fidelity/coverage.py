@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from fakes.app import HANDLERS, IGNORED_FIELDS
 from fakes.structs import endpoints, struct_fields
@@ -53,21 +53,28 @@ def _route_of(path: str, routes: Iterable[str]) -> str | None:
 
 
 def uncovered(release: str, sent: Iterable[Sent]) -> list[Item]:
-    """What of ``release``'s surface (its routes, their fields, the engine states) none of ``sent`` exercised."""
+    """What of ``release``'s surface (its routes, their fields, the engine states, a malformed body for each route
+    that takes a struct) none of ``sent`` exercised."""
+    from .malformed import MALFORMED, malformed
     from .matrix import states
 
-    return uncovered_in(surface(release), sent, states(release))
+    return uncovered_in(surface(release), sent, states(release),
+                        {case.route: (MALFORMED,) for case in malformed(release)}, refused=frozenset({MALFORMED}))
 
 
-def uncovered_in(routes: dict[str, frozenset[str]], sent: Iterable[Sent], states: Iterable[str] = ()) -> list[Item]:
+def uncovered_in(routes: dict[str, frozenset[str]], sent: Iterable[Sent], states: Iterable[str] = (),
+                 more_states: Mapping[str, Iterable[str]] | None = None,
+                 refused: frozenset[str] = frozenset()) -> list[Item]:
     """What of ``routes`` (route → the body fields the fake acts on) none of ``sent`` exercised, each route also in
-    each of ``states``: any family's."""
+    each of ``states`` and of its ``more_states``: any family's. A request sent in a state of ``refused`` (a body the
+    engine refuses before it acts) covers that state only, not its route or fields."""
     called: dict[str, set[str]] = {}
     called_in: dict[str, set[str]] = {}
     for request in sent:
         route = _route_of(request.path, routes)
         if route is not None:
-            called.setdefault(route, set()).update(request.fields)
+            if request.state not in refused:
+                called.setdefault(route, set()).update(request.fields)
             if request.state is not None:
                 called_in.setdefault(route, set()).add(request.state)
     found: list[Item] = []
@@ -75,7 +82,8 @@ def uncovered_in(routes: dict[str, frozenset[str]], sent: Iterable[Sent], states
         if route not in called:
             found.append((route, None))
         found += [(route, f) for f in sorted(fields - called.get(route, set()))]
-        found += [(route, None, state) for state in states if state not in called_in.get(route, set())]
+        found += [(route, None, state) for state in (*states, *(more_states or {}).get(route, ()))
+                  if state not in called_in.get(route, set())]
     return found
 
 

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import httpx
 
+from .malformed import malformed_steps
 from .matrix import matrix_steps
 from .script import CALL_TIMEOUT_S, ENDINGS, Checkpoints, Observation, Sent, Steps, main_steps, sent_by
 
 MATRIX = "state matrix"
-"""The lifetime of the generated state matrix (:mod:`gpu.fidelity.matrix`)."""
+"""The lifetime of the generated cases: the state matrix (:mod:`gpu.fidelity.matrix`), then the malformed bodies
+(:mod:`gpu.fidelity.malformed`)."""
 LIFETIMES = ("main", MATRIX, *ENDINGS)
 """The server lifetimes of the script, in order: each starts a fresh server."""
 EXITED = "server exited"
@@ -36,7 +38,8 @@ async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: 
             if lifetime == "main":
                 await main_steps(steps, model_dir, lora)
             elif lifetime == MATRIX:
-                await matrix_steps(steps)
+                await matrix_steps(steps, lora)
+                await malformed_steps(steps)
             else:
                 await ENDINGS[lifetime](steps)
         except httpx.HTTPError as error:

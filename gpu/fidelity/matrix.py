@@ -4,8 +4,9 @@ state (and every plain GET of its route table, at once from each state), compare
 
 The script (:mod:`gpu.fidelity.script`) walks the surface in one order, so a route is compared in the states that
 order happens to leave the engine in. Here the cases are generated: :func:`probes` (route → valid body, from the
-routes the release serves) × :func:`states` (idle; a request decoding; paused in each mode, the running request
-held where the mode keeps it; inside a weight-update session where the release has them). Each case builds its
+routes the release serves; the LoRA routes too on a server started with LoRA) × :func:`states` (idle; a request
+decoding; paused in each mode, the running request held where the mode keeps it; inside a weight-update session where
+the release has them). Each case builds its
 state from scratch, sends the call (marked with :data:`STATE_HEADER`, so the coverage report knows the state it was
 sent in), and records its answer, or that none came within :data:`ANSWER_S` (SGLang's pause gate holds a
 ``/generate``); then it undoes the state (continue, end the session, abort the held request by rid), reads what the
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import httpx
 
@@ -28,7 +29,8 @@ from fakes.app import HANDLERS
 from fakes.facts import SGLANG
 from fakes.structs import endpoints
 
-from .script import STATE_HEADER, Held, Observation, Steps, forking_pickle_b64, generation, normalise
+from .script import (STATE_HEADER, Held, Observation, Steps, forking_pickle_b64, generation, lora_adapter_dir,
+                     lora_tensors_body, normalise)
 
 ANSWER_S = 4.0
 """How long a call is given before it is recorded as not answered yet (then the state is undone): a call that waits
@@ -58,11 +60,14 @@ def states(release: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Probe:
-    """One route's valid call."""
+    """One route's valid call; what makes it meaningful (``before``, idle, before the state is built) and what undoes
+    it (``after``, once the state is left and the call answered)."""
 
     route: str
     body: Callable[[Steps], Any] | None = None
     method: str = "POST"
+    before: Callable[[Steps], Awaitable[Any]] | None = None
+    after: Callable[[Steps], Awaitable[Any]] | None = None
 
 
 def _first(steps: Steps) -> tuple[str, Any]:
@@ -90,14 +95,44 @@ PROBES = (
 )
 """The control routes, each with a valid body that leaves the served weights as they were (m0 loaded again)."""
 
+ADAPTER = "matrix-adapter"
+"""The LoRA adapter the LoRA probes load and unload."""
 
-def probes(release: str) -> list[Probe]:
-    """The probes of the routes the fake serves on ``release``: :data:`PROBES`, and a GET of every route of its
-    route table that takes a GET and no body or path parameter."""
+
+def _adapter_dir(steps: Steps) -> str:
+    path = steps.work / "matrix-lora" / ADAPTER
+    return str(path) if path.exists() else lora_adapter_dir(steps.ckpt, path.parent, ADAPTER)
+
+
+async def _load_adapter(steps: Steps) -> None:
+    await steps.client.post(steps.url + "/load_lora_adapter", json={"lora_name": ADAPTER,
+                                                                    "lora_path": _adapter_dir(steps)})
+
+
+async def _unload_adapter(steps: Steps) -> None:
+    """Unload the probes' adapter (an error answer where it is not loaded, as the probe left it)."""
+    await steps.client.post(steps.url + "/unload_lora_adapter", json={"lora_name": ADAPTER})
+
+
+LORA_PROBES = (
+    Probe("/load_lora_adapter", lambda s: {"lora_name": ADAPTER, "lora_path": _adapter_dir(s)},
+          after=_unload_adapter),
+    Probe("/load_lora_adapter_from_tensors", lambda s: lora_tensors_body(s.ckpt, s.release, ADAPTER),
+          after=_unload_adapter),
+    Probe("/unload_lora_adapter", lambda s: {"lora_name": ADAPTER}, before=_load_adapter, after=_unload_adapter),
+)
+"""The LoRA routes, on a server started with LoRA (each leaves no adapter loaded)."""
+
+
+def probes(release: str, lora: bool = False) -> list[Probe]:
+    """The probes of the routes the fake serves on ``release``: :data:`PROBES` (and :data:`LORA_PROBES` on a server
+    started with ``lora``), and a GET of every route of its route table that takes a GET and no body or path
+    parameter."""
     served = endpoints(release)
     gets = [Probe(route, method="GET") for route in HANDLERS if route in served and "{" not in route
             and served[route].get("methods") == ["GET"]]
-    return [p for p in PROBES if p.route in served] + gets
+    control = PROBES + (LORA_PROBES if lora else ())
+    return [p for p in control if p.route in served] + gets
 
 
 class _Case:
@@ -148,6 +183,9 @@ class _Case:
     async def run(self) -> dict[str, Observation]:
         """Each probe's observation, by step."""
         client, url = self.steps.client, self.steps.url
+        for probe in self.probes:
+            if probe.before is not None:
+                await probe.before(self.steps)
         for attempt in range(TRIES):
             running = await self.build(attempt)
             if running or attempt == TRIES - 1:
@@ -166,6 +204,9 @@ class _Case:
         await self.undo()
         after: Observation = {"running_at_call": running} if self.state in HOLDING else {}
         answers = [_answer(await call) for call in calls]
+        for probe in self.probes:
+            if probe.after is not None:
+                await probe.after(self.steps)
         if self.held is not None:
             held = await self.held.result()
             after["held request"] = {k: held.get(k) for k in ("finish_reason.type", "full budget", "error")
@@ -186,8 +227,9 @@ def _answer(response: httpx.Response) -> Observation:
     return seen
 
 
-async def matrix_steps(steps: Steps) -> None:
-    """Every probe of the routes the release serves, from every state of the release, into ``steps.out``. First a
+async def matrix_steps(steps: Steps, lora: bool = False) -> None:
+    """Every probe of the routes the release serves (the LoRA routes on a server started with ``lora``), from every
+    state of the release, into ``steps.out``. First a
     tensor update of the served weights, outside the cases: the fake imports torch at its first tensor payload
     (seconds on a busy machine), which would otherwise show as a call not answered in time."""
     if steps.sessions:
@@ -195,7 +237,7 @@ async def matrix_steps(steps: Steps) -> None:
     await steps.call("matrix warm-up: tensor update", "/update_weights_from_tensor", _tensor_body(steps))
     if steps.sessions:
         await steps.call("matrix warm-up: end_weight_update", "/end_weight_update", {})
-    every = probes(steps.release)
+    every = probes(steps.release, lora)
     gets = [[p for p in every if p.method == "GET" and (p.route in HEALTH) == health] for health in (True, False)]
     idle_keys: dict[str, Any] = {}
     for state in states(steps.release):

@@ -55,6 +55,18 @@ def message_class(text: Any) -> str | None:
     return text.strip()[:160]
 
 
+_ERROR = re.compile(r"'type': '(\w+)', 'loc': \((.*?)\), 'msg'")
+
+
+def validation_errors(text: Any) -> list[str] | None:
+    """A validation error's errors as ``type at loc`` (what FastAPI's ``exc.errors()`` lists, in the message SGLang
+    answers with: ``entrypoints/http_server.py`` ``validation_exception_handler``), sorted; None for other
+    messages."""
+    found = sorted({f"{kind} at {loc.rstrip(',')}" for kind, loc in _ERROR.findall(text)}) if isinstance(text, str) \
+        else []
+    return found or None
+
+
 def normalise(response: httpx.Response) -> Observation:
     """Status, and for a JSON object its keys, ``success``, message class and the weight-sync fields."""
     seen: Observation = {"status": response.status_code}
@@ -73,6 +85,9 @@ def normalise(response: httpx.Response) -> Observation:
         for key in ("message", "detail", "error", "error_message"):
             if key in body:
                 seen["body." + key] = message_class(body[key] if isinstance(body[key], str) else json.dumps(body[key]))
+                errors = validation_errors(body[key])
+                if errors:
+                    seen["validation errors"] = errors
     else:
         seen["body"] = "null" if body is None else type(body).__name__
     return seen
@@ -288,10 +303,14 @@ class Steps:
         self.sent = sent
         self.sessions = bool(SGLANG.fact("weight_update_sessions", release))
 
-    async def call(self, step: str, path: str, body: Any = None, method: str = "POST", **extra: Any) -> httpx.Response:
+    async def call(self, step: str, path: str, body: Any = None, method: str = "POST",
+                   headers: Mapping[str, str] | None = None, **extra: Any) -> httpx.Response:
+        """Send ``body`` (JSON, or raw ``bytes`` as JSON's content type) and record the answer, with ``extra``."""
         kwargs: dict[str, Any] = {"json": body} if body is not None and not isinstance(body, bytes) else {}
         if isinstance(body, bytes):
             kwargs = {"content": body, "headers": {"content-type": "application/json"}}
+        if headers:
+            kwargs["headers"] = {**kwargs.get("headers", {}), **headers}
         try:
             response = await self.client.request(method, self.url + path, **kwargs)
         except httpx.HTTPError as error:
@@ -334,10 +353,12 @@ class Steps:
         return last[-1]
 
     async def held_pause(self, mode: str, step: str) -> Held:
+        """Pause in ``mode`` while a held request decodes; ``running_at_pause`` says whether it had started and had not
+        ended when the pause answered (the pause landed on it; what became of it: the held request's result)."""
         held = Held(self.client, self.url)
-        running = await held.started()  # when the pause is sent (what becomes of it: the step's held.result())
+        running = await held.started()
         await self.call(step, "/pause_generation", {"mode": mode})
-        self.out[step]["running_at_pause"] = running
+        self.out[step]["running_at_pause"] = running and not held.task.done()
         return held
 
 
@@ -619,21 +640,40 @@ async def distributed_steps(call: Call, ckpt: Checkpoints,
     group.shutdown()
 
 
+def lora_adapter_dir(ckpt: Checkpoints, root: Path, name: str, rank: int = 2,
+                     modules: tuple[str, ...] = ("q_proj",)) -> str:
+    """A PEFT adapter directory of the served model written under ``root`` (its config naming ``modules``)."""
+    from conformance.reference.transports import write_checkpoint_atomic
+    from conformance.scenarios.trainer import Trainer
+
+    adapter = Trainer(ckpt.weights["m0"], seed=0).lora(1, rank=rank)
+    config = {**adapter.config, "target_modules": list(modules)}
+    return str(write_checkpoint_atomic(root, name, adapter.tensors, config,
+                                       weights_file="adapter_model.safetensors", config_file="adapter_config.json"))
+
+
+def lora_tensors_body(ckpt: Checkpoints, release: str, name: str, pairs: bool = False) -> dict[str, Any] | None:
+    """A ``/load_lora_adapter_from_tensors`` body for an adapter of the served model (its tensors pickled as a dict,
+    or as a list of pairs), or None where the release has no such route."""
+    from conformance.scenarios.trainer import Trainer
+
+    field = SGLANG.fact("lora_from_tensors_field", release)
+    if field is None:
+        return None
+    adapter = Trainer(ckpt.weights["m0"], seed=0).lora(2)
+    payload = forking_pickle_b64(list(adapter.tensors.items()) if pairs else dict(adapter.tensors))
+    return {"lora_name": name, "config_dict": dict(adapter.config),
+            field: payload if field == "serialized_tensors" else [payload]}
+
+
 async def lora_steps(call: Call, ckpt: Checkpoints, work: Path,
                      release: str, out: dict[str, Observation]) -> None:
     """LoRA on an engine started with ``--enable-lora`` (rank ≤ 8, attention projections): adapters loaded from
     disk and from tensors, used by ``/generate``, refused by the memory-pool checks, unloaded."""
-    from conformance.reference.transports import write_checkpoint_atomic
-    from conformance.scenarios.trainer import Trainer
-
-    trainer = Trainer(ckpt.weights["m0"], seed=0)
     root = work / "lora"
 
     def adapter_dir(name: str, rank: int = 2, modules: tuple[str, ...] = ("q_proj",)) -> str:
-        adapter = trainer.lora(1, rank=rank)
-        config = {**adapter.config, "target_modules": list(modules)}
-        return str(write_checkpoint_atomic(root, name, adapter.tensors, config,
-                                           weights_file="adapter_model.safetensors", config_file="adapter_config.json"))
+        return lora_adapter_dir(ckpt, root, name, rank, modules)
 
     def generate(lora_path: str) -> dict[str, Any]:
         return {"input_ids": [1, 2, 3], "lora_path": lora_path,
@@ -651,18 +691,11 @@ async def lora_steps(call: Call, ckpt: Checkpoints, work: Path,
     await call("lora load a module outside --lora-target-modules", "/load_lora_adapter",
                {"lora_name": "mlp", "lora_path": adapter_dir("mlp", modules=("gate_proj",))})
     await call("lora load a missing path", "/load_lora_adapter", {"lora_name": "gone", "lora_path": str(root / "gone")})
-    field = SGLANG.fact("lora_from_tensors_field", release)
-    if field is not None:
-        adapter = trainer.lora(2)
-
-        def from_tensors(name: str, payload: str) -> dict[str, Any]:
-            return {"lora_name": name, "config_dict": dict(adapter.config),
-                    field: payload if field == "serialized_tensors" else [payload]}
-        await call("lora load from tensors sent as pairs", "/load_lora_adapter_from_tensors",
-                   from_tensors("pairs", forking_pickle_b64(list(adapter.tensors.items()))))
+    pairs = lora_tensors_body(ckpt, release, "pairs", pairs=True)
+    if pairs is not None:
+        await call("lora load from tensors sent as pairs", "/load_lora_adapter_from_tensors", pairs)
         await call("lora load a2 from tensors", "/load_lora_adapter_from_tensors",
-                   {**from_tensors("a2", forking_pickle_b64(dict(adapter.tensors))), "pinned": False,
-                    "load_format": None})
+                   {**lora_tensors_body(ckpt, release, "a2"), "pinned": False, "load_format": None})
         await call("generate with lora a2", "/generate", generate("a2"))
         await call("lora unload a2", "/unload_lora_adapter", {"lora_name": "a2"})
     await call("lora unload a1", "/unload_lora_adapter", {"lora_name": "a1"})

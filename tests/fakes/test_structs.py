@@ -9,6 +9,7 @@ installed. The end-to-end check that the fake's app accepts every field SGLang a
 
 from __future__ import annotations
 
+import array
 import base64
 import binascii
 import importlib.util
@@ -234,11 +235,13 @@ def _message(exc: pytest.ExceptionInfo[RequestError]) -> str:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_bad_bodies_get_sglangs_400(version: str) -> None:
+    union = structs.snapshot(version)["structs"]["UpdateWeightVersionReqInput"]["kind"] == "msgspec"  # one error more
     with pytest.raises(RequestError) as exc:
         validate("UpdateWeightVersionReqInput", {}, version, path="/update_weight_version")
     msg = _message(exc)
-    assert msg.startswith("1 validation error:\n") and "'msg': 'Field required'" in msg
-    assert "('body', 'new_version')" in msg and "POST /update_weight_version" in msg
+    assert msg.startswith(f"{1 + union} validation error") and "'msg': 'Field required'" in msg
+    branch = "'function-after[build_struct(), UpdateWeightVersionReqInput]', " if union else ""
+    assert f"('body', {branch}'new_version')" in msg and "POST /update_weight_version" in msg
     with pytest.raises(RequestError) as exc:
         validate("UpdateWeightVersionReqInput", {"new_version": 7}, version)
     assert "'type': 'string_type'" in _message(exc)  # int -> str is refused (pydantic v2)
@@ -254,9 +257,46 @@ def test_bad_bodies_get_sglangs_400(version: str) -> None:
     with pytest.raises(RequestError) as exc:
         validate("InitWeightsUpdateGroupReqInput", {"master_address": "h", "master_port": "x"}, version)
     msg = _message(exc)
-    assert msg.startswith("3 validation errors:") and "int_parsing" in msg and "'rank_offset'" in msg
+    union = structs.snapshot(version)["structs"]["InitWeightsUpdateGroupReqInput"]["kind"] == "msgspec"
+    assert msg.startswith(f"{3 + union} validation errors:") and "int_parsing" in msg and "'rank_offset'" in msg
     with pytest.raises(KeyError):
         validate("NoSuchReqInput", {}, version)
+
+
+def test_a_msgspec_struct_s_errors_are_those_of_its_union_schema_as_real_sglang_answers() -> None:
+    """0.5.15+ validates a msgspec struct through a union (an instance check, then the struct built from a typed
+    dict: ``utils/msgspec_utils.py``); the first errors of what real SGLang 0.5.23 answered (``python -m
+    gpu.fidelity``'s malformed bodies), verbatim."""
+    with pytest.raises(RequestError) as exc:
+        validate("PauseGenerationReqInput", [], "0.5.23")
+    assert _message(exc).startswith(
+        "2 validation errors:\n  {'type': 'is_instance_of', 'loc': ('body', 'is-instance[PauseGenerationReqInput]'), "
+        "'msg': 'Input should be an instance of PauseGenerationReqInput', 'input': [], 'ctx': {'class': "
+        "'PauseGenerationReqInput'}}\n  {'type': 'dict_type', 'loc': ('body', 'function-after[build_struct(), "
+        "PauseGenerationReqInput]'), 'msg': 'Input should be a valid dictionary', 'input': []}")
+    with pytest.raises(RequestError) as exc:
+        validate("UpdateWeightVersionReqInput", {"rid": {"malformed": 1}}, "0.5.23")
+    assert "  {'type': 'string_type', 'loc': ('body', 'function-after[build_struct(), UpdateWeightVersionReqInput]', "\
+           "'rid'), 'msg': 'Input should be a valid string', 'input': {'malformed': 1}}\n  {'type': 'missing', 'loc': "\
+           "('body', 'function-after[build_struct(), UpdateWeightVersionReqInput]', 'new_version')" in _message(exc)
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    ({"malformed": 1}, "must be list or null; got dict"), (["a"], "elements must be int or list; got str"),
+    ([1, "a"], "contains non-int64 element: 'str' object cannot be interpreted as an integer"),
+    ([[1], "a"], "row 1: must be list; got str"), ([[1], [2**63]], "row 1: contains non-int64 element: "),
+    ([], None), (None, None), ([[1, 2], []], None)])
+def test_input_ids_are_checked_by_sglangs_plain_validator(value: Any, error: str | None) -> None:
+    """0.5.23 checks ``/generate``'s ``input_ids`` with ``PlainValidator(validate_optional_list_i64_1d_2d)``
+    (``utils/field_validators.py``): its messages, as a pydantic ``value_error`` (real SGLang 0.5.23 answered
+    ``Value error, must be list or null; got dict`` for a dict)."""
+    if error is None:
+        assert validate("GenerateReqInput", {"input_ids": value}, "0.5.23")["input_ids"] == value
+        return
+    with pytest.raises(RequestError) as exc:
+        validate("GenerateReqInput", {"input_ids": value}, "0.5.23")
+    message = _message(exc)
+    assert "'type': 'value_error', 'loc': ('body', 'input_ids')" in message and f"Value error, {error}" in message
 
 
 def test_literal_and_base64_errors() -> None:
@@ -311,12 +351,51 @@ class _Base64Bytes:
         return value
 
 
+def _validate_list_i64_1d(v: Any) -> list[int]:
+    """SGLang 0.5.23 `sglang.srt.utils.field_validators.validate_list_i64_1d`, copied for the differential test."""
+    if v is None:
+        raise ValueError("must not be None")
+    if not isinstance(v, list):
+        raise ValueError(f"must be list; got {type(v).__name__}")
+    if not v:
+        return v
+    if not isinstance(v[0], int):
+        raise ValueError(f"elements must be int; got {type(v[0]).__name__}")
+    try:
+        array.array("q", v)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"contains non-int64 element: {e}") from None
+    return v
+
+
+def _validate_optional_list_i64_1d_2d(v: Any) -> Any:
+    """SGLang 0.5.23 `validate_optional_list_i64_1d_2d` (`utils/field_validators.py`), copied likewise."""
+    if v is None:
+        return v
+    if not isinstance(v, list):
+        raise ValueError(f"must be list or null; got {type(v).__name__}")
+    if not v:
+        return v
+    if isinstance(v[0], int):
+        return _validate_list_i64_1d(v)
+    if isinstance(v[0], list):
+        for i, row in enumerate(v):
+            try:
+                _validate_list_i64_1d(row)
+            except ValueError as e:
+                raise ValueError(f"row {i}: {e}") from None
+        return v
+    raise ValueError(f"elements must be int or list; got {type(v[0]).__name__}")
+
+
 def _pydantic_type(text: str, version: str) -> Any:
     snap = structs.snapshot(version)
     ns: dict[str, Any] = {n: getattr(typing, n) for n in typing.__all__}
     ns.update({name: Any for name in snap["external_names"]})
-    ns.update(Base64Bytes=_Base64Bytes, PlainValidator=lambda fn: "plain-validator: checked as the inner type",
-              validate_optional_list_i64_1d_2d=None)
+    from pydantic import PlainValidator
+
+    ns.update(Base64Bytes=_Base64Bytes, PlainValidator=PlainValidator,
+              validate_optional_list_i64_1d_2d=_validate_optional_list_i64_1d_2d)
     todo = dict(snap["aliases"])
     while todo:
         progressed = False

@@ -167,6 +167,63 @@ def test_the_state_matrix_probes_every_control_route_and_every_plain_get_from_ev
 
 
 @pytest.mark.cpu
+def test_the_state_matrix_probes_the_lora_routes_on_a_server_started_with_lora() -> None:
+    """On a LoRA server each LoRA route is probed from every state too, each probe leaving no adapter loaded (the
+    unload's adapter is loaded before its state is built)."""
+    from gpu.fidelity.matrix import LORA_PROBES, probes
+
+    lora = {p.route: p for p in probes("0.5.23", lora=True)}
+    assert {"/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter"} <= set(lora)
+    assert "/load_lora_adapter" not in {p.route for p in probes("0.5.23")}
+    assert all(p.after is not None for p in LORA_PROBES) and lora["/unload_lora_adapter"].before is not None
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_generated_malformed_body_is_refused_by_the_fakes_validation(release: str) -> None:
+    """The malformed bodies are generated from the request structs: the generic ones (not JSON, none, an array, no
+    required field) and a wrong-typed value for every field that does not take anything; each is one the fake's
+    validation refuses with a 400 before any handler runs (so, the structs agreeing with pydantic, real SGLang too)."""
+    from fakes.structs import RequestError, endpoints, validate_raw
+    from gpu.fidelity.malformed import malformed, wrong_value
+
+    served = endpoints(release)
+    cases = malformed(release)
+    assert {c.what for c in cases if c.route == "/update_weight_version"} >= {
+        "not JSON", "no body", "a JSON array", "no required field", "new_version of a wrong type",
+        "abort_all_requests of a wrong type"}
+    assert "no required field" not in {c.what for c in cases if c.route == "/pause_generation"}
+    assert wrong_value("Any", release) is None and wrong_value("Optional[Dict[str, Any]]", release) == ["malformed"]
+    for case in cases:
+        with pytest.raises(RequestError) as refused:
+            validate_raw(served[case.route]["struct"], case.body, release, method="POST", path=case.route)
+        assert refused.value.status == 400, (case, refused.value)
+
+
+@pytest.mark.cpu
+def test_a_validation_error_is_compared_by_the_type_and_place_of_each_error() -> None:
+    message = ("2 validation errors:\n  {'type': 'missing', 'loc': ('body', 'name'), 'msg': 'Field required'}\n"
+               "  {'type': 'int_type', 'loc': ('body', 'truncate_size'), 'msg': 'x'} [...]")
+    seen = normalise(httpx.Response(400, json={"object": "error", "message": message, "code": 400}))
+    assert seen["body.message"] == "<validation error>"
+    assert seen["validation errors"] == ["int_type at 'body', 'truncate_size'", "missing at 'body', 'name'"]
+    assert "validation errors" not in normalise(httpx.Response(400, json={"message": "Failed at v3"}))
+
+
+@pytest.mark.cpu
+def test_coverage_asks_a_malformed_body_of_every_route_that_takes_a_struct() -> None:
+    from gpu.fidelity.coverage import uncovered
+    from gpu.fidelity.malformed import MALFORMED
+    from gpu.fidelity.script import Sent
+
+    found = uncovered("0.5.23", [Sent("POST", "/pause_generation", frozenset({"mode"}), MALFORMED)])
+    assert ("/pause_generation", None, MALFORMED) not in found
+    # a refused body compares no field and no route: it covers only its state
+    assert ("/pause_generation", "mode") in found and ("/pause_generation", None) in found
+    assert ("/update_weight_version", None, MALFORMED) in found and ("/model_info", None, MALFORMED) not in found
+
+
+@pytest.mark.cpu
 def test_coverage_holds_only_when_every_uncovered_item_is_listed_and_no_listing_is_stale() -> None:
     from gpu.fidelity.coverage import Listed, judge, report
 

@@ -167,6 +167,21 @@ def test_the_state_matrix_probes_every_control_route_and_every_plain_get_from_ev
 
 
 @pytest.mark.cpu
+def test_the_state_matrix_records_a_held_request_ended_by_its_state_or_call_apart_from_one_that_outlived_it() -> None:
+    """What the matrix compares of its held request does not hang on the machine's timing: a request that ran its
+    whole budget before the state was left and one the teardown aborted have both outlived the call (CI saw real
+    0.5.10 finish the budget while slow GETs answered, where the fake's was aborted by the teardown); one the state or
+    the call ended short of its budget is told by how it ended, and an error always shows."""
+    from gpu.fidelity.matrix import held_fate
+
+    full = {"finish_reason.type": "length", "full budget": True}
+    aborted = {"finish_reason.type": "abort", "full budget": False}
+    assert held_fate(full, ended_first=True) == held_fate(aborted, ended_first=False) == {"outlived the call": True}
+    assert held_fate(aborted, ended_first=True) == aborted
+    assert held_fate({"error": "TimeoutError"}, ended_first=False) == {"error": "TimeoutError"}
+
+
+@pytest.mark.cpu
 def test_the_state_matrix_probes_the_lora_routes_on_a_server_started_with_lora() -> None:
     """On a LoRA server each LoRA route is probed from every state too, each probe leaving no adapter loaded (the
     unload's adapter is loaded before its state is built)."""

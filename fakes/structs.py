@@ -22,7 +22,9 @@ Deviations (documented, deliberate):
     returned as received (the base64 string), so the engine decodes them itself on every profile.
   * `Annotated[X, PlainValidator(f)]` is checked by the fake's copy of `f` where it has one (`_PLAIN`: 0.5.23
     `GenerateReqInput.input_ids`), else as X.
-  * Names that io_struct imports from elsewhere (`ImageData`, `Modality`, ...) are `Any`.
+  * Names that io_struct imports from another SGLang module are checked where the snapshot resolved them (a type
+    alias; `Modality`, a plain `Enum`: a JSON key never matches its int values); the others (`ImageData`, structs
+    such as `KvHintsEnvelope`) are `Any`.
   * 0.5.23 checks `/generate` bodies a second time against `sglang.api.v1.GenerateRequest` (the
     "contract gate", 400 `{"error": "<text>"}`); that gate is not modelled here.
   * The body is JSON-decoded whatever the Content-Type (newer FastAPI refuses a body without one).
@@ -146,7 +148,7 @@ def _default_value(spec: dict[str, Any]) -> Any:
 # ----------------------------------------------------------------------------------------------- types
 # A compiled type is a tuple: ("any",) ("none",) ("str",) ("int",) ("float",) ("bool",) ("bytes", base64)
 # ("list", item) ("tuple", items | None, item) ("dict", key, value) ("union", members) ("nullable", inner)
-# ("literal", values) ("base64", inner).
+# ("literal", values) ("base64", inner) ("enum", class name, values).
 
 _SCALARS = {"str": ("str",), "int": ("int",), "float": ("float",), "bool": ("bool",), "bytes": ("bytes",),
             "Any": ("any",), "object": ("any",), "None": ("none",), "NoneType": ("none",), "dict": ("dict", ("any",),
@@ -162,56 +164,62 @@ def compiled_type(type_text: str, profile_version: str) -> Any:
     found = _compiled.get(key)
     if found is None:
         snap = snapshot(profile_version)
-        found = _compile(ast.parse(type_text, mode="eval").body, snap.get("aliases", {}), 0)
+        names: dict[str, Any] = {**snap.get("aliases", {}), **{name: ("enum", e["class"], tuple(e["values"]))
+                                                                for name, e in snap.get("enums", {}).items()}}
+        found = _compile(ast.parse(type_text, mode="eval").body, names, 0)
         _compiled[key] = found
     return found
 
 
-def _compile(node: ast.AST, aliases: dict[str, str], depth: int) -> Any:
+def _compile(node: ast.AST, names: dict[str, Any], depth: int) -> Any:
+    """A compiled type of an annotation; ``names``: a name's alias text, or its compiled enum."""
     if depth > 40:
         return ("any",)
     if isinstance(node, ast.Constant):
         if node.value is None:
             return ("none",)
         if isinstance(node.value, str):  # a forward reference in quotes
-            return _compile(ast.parse(node.value, mode="eval").body, aliases, depth + 1)
+            return _compile(ast.parse(node.value, mode="eval").body, names, depth + 1)
         return ("any",)
     if isinstance(node, ast.Attribute):  # typing.Any, np.ndarray ...
         return _SCALARS.get(node.attr, ("any",))
     if isinstance(node, ast.Name):
         if node.id in _SCALARS:
             return _SCALARS[node.id]
-        if node.id in aliases:
-            return _compile(ast.parse(aliases[node.id], mode="eval").body, aliases, depth + 1)
-        return ("any",)  # imported class, enum, numpy array...: not checked
+        found = names.get(node.id)
+        if isinstance(found, tuple):
+            return found
+        if found is not None:
+            return _compile(ast.parse(found, mode="eval").body, names, depth + 1)
+        return ("any",)  # an imported class, numpy array...: not checked
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):  # X | Y
-        return _union([_compile(node.left, aliases, depth + 1), _compile(node.right, aliases, depth + 1)])
+        return _union([_compile(node.left, names, depth + 1), _compile(node.right, names, depth + 1)])
     if not isinstance(node, ast.Subscript):
         return ("any",)
     head = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
     args = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
     if head == "Optional":
-        return _union([_compile(args[0], aliases, depth + 1), ("none",)])
+        return _union([_compile(args[0], names, depth + 1), ("none",)])
     if head == "Union":
-        return _union([_compile(a, aliases, depth + 1) for a in args])
+        return _union([_compile(a, names, depth + 1) for a in args])
     if head == "Annotated":
         plain = next((name for a in args[1:] for name in _PLAIN if f"PlainValidator({name})" in ast.unparse(a)), None)
         if plain is not None:
             return ("plain", plain)
-        inner = _compile(args[0], aliases, depth + 1)
+        inner = _compile(args[0], names, depth + 1)
         if any("Base64Bytes" in ast.unparse(a) for a in args[1:]):
             inner = _mark_base64(inner)
         return inner
     if head == "Literal":
         return ("literal", tuple(ast.literal_eval(a) for a in args))
     if head in _LIST_HEADS:
-        return ("list", _compile(args[0], aliases, depth + 1))
+        return ("list", _compile(args[0], names, depth + 1))
     if head in {"Tuple", "tuple"}:
         if len(args) == 2 and isinstance(args[1], ast.Constant) and args[1].value is Ellipsis:
-            return ("tuple", None, _compile(args[0], aliases, depth + 1))
-        return ("tuple", tuple(_compile(a, aliases, depth + 1) for a in args), None)
+            return ("tuple", None, _compile(args[0], names, depth + 1))
+        return ("tuple", tuple(_compile(a, names, depth + 1) for a in args), None)
     if head in _DICT_HEADS:
-        return ("dict", _compile(args[0], aliases, depth + 1), _compile(args[1], aliases, depth + 1))
+        return ("dict", _compile(args[0], names, depth + 1), _compile(args[1], names, depth + 1))
     if head in {"Type", "type", "ClassVar", "Final"}:
         return ("any",)
     return ("any",)
@@ -301,6 +309,8 @@ def type_repr(node: Any) -> str:
         return f"dict[{type_repr(node[1])},{type_repr(node[2])}]"
     if kind == "literal":
         return f"literal[{','.join(repr(v) for v in node[1])}]"
+    if kind == "enum":
+        return f"enum[{node[1]}]"
     if kind == "nullable":
         return f"nullable[{type_repr(node[1])}]"
     if kind == "base64":
@@ -358,6 +368,8 @@ def check(node: Any, value: Any, loc: tuple = (), strict: bool = False) -> tuple
                 return value, []
         expected = _or_join([repr(v) for v in node[1]])
         return value, [_err("literal_error", loc, f"Input should be {expected}", value, {"expected": expected})]
+    if kind == "enum":
+        return _check_enum(node, value, loc, strict)
     if kind == "list":
         if not isinstance(value, list | tuple) or (strict and not isinstance(value, list)):
             return value, [_err("list_type", loc, "Input should be a valid list", value)]
@@ -395,6 +407,19 @@ def check(node: Any, value: Any, loc: tuple = (), strict: bool = False) -> tuple
     if kind == "union":
         return _check_union(node[1], value, loc, strict)
     raise ValueError(f"unknown compiled type {node!r}")
+
+
+def _check_enum(node: Any, value: Any, loc: tuple, strict: bool) -> tuple[Any, list[dict[str, Any]]]:
+    """A plain ``Enum``: in lax mode a value equal to a member's (``True`` and ``1.0`` are ``1``; a JSON object key,
+    always a string, never is an int member's), in strict mode only a member itself, which JSON never gives."""
+    _, name, values = node
+    if strict:
+        return value, [_err("is_instance_of", loc, f"Input should be an instance of {name}", value, {"class": name})]
+    member = next((v for v in values if isinstance(value, str) == isinstance(v, str) and value == v), None)
+    if member is not None:
+        return member, []
+    expected = _or_join([repr(v) for v in values])
+    return value, [_err("enum", loc, f"Input should be {expected}", value, {"expected": expected})]
 
 
 def _check_union(members: tuple, value: Any, loc: tuple, strict: bool) -> tuple[Any, list[dict[str, Any]]]:

@@ -7,8 +7,10 @@ How: `pip download sglang==X --no-deps` (a wheel is a zip; it is never installed
 `sglang/srt/managers/io_struct.py` and `sglang/srt/entrypoints/http_server.py` out of the zip and parse them with
 `ast` (never imported). For every kept class: bases, field names, annotation text, default (a JSON literal via
 `ast.literal_eval` when possible, `field(default_factory=...)` noted), required; base-class fields (e.g. `rid`,
-`http_worker_ipc` from `BaseReq`) are resolved in. For every route: path, methods, the body struct (if any),
-whether the body is required, and simple query parameters.
+`http_worker_ipc` from `BaseReq`) are resolved in. A name io_struct imports from another SGLang module is read
+there too (re-exports followed): a type alias joins `aliases`, a plain `Enum` gives its values in `enums`
+(`Modality`, whose keys no JSON body can match); any other stays in `external_names` only. For every route: path,
+methods, the body struct (if any), whether the body is required, and simple query parameters.
 
     python scripts/snapshot_io_structs.py                       # 0.5.4 0.5.10 0.5.15 0.5.23 into fakes/snapshots/
     python scripts/snapshot_io_structs.py --versions 0.5.15=0.5.15.post1 --wheel-dir /tmp/wheels --out fakes/snapshots
@@ -255,6 +257,59 @@ def collect_aliases(structs: dict[str, Any], aliases: dict[str, str], imported: 
     return dict(sorted(used_aliases.items())), dict(sorted(external.items()))
 
 
+def _enum_values(node: ast.ClassDef) -> list[Any] | None:
+    """The member values of a plain ``Enum`` class (``auto()`` counting on from 1 as ``Enum`` does), or None when the
+    class is not one or a value is not a literal."""
+    if not any(ast.unparse(b).split(".")[-1] in {"Enum", "IntEnum"} for b in node.bases):
+        return None
+    values: list[Any] = []
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            continue
+        if stmt.targets[0].id.startswith("_"):
+            continue
+        if isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func).split(".")[-1] == "auto":
+            last = values[-1] if values else 0
+            if not isinstance(last, int):
+                return None
+            values.append(last + 1)
+            continue
+        ok, literal = _json_literal(stmt.value)
+        if not ok:
+            return None
+        values.append(literal)
+    return values
+
+
+def resolve_external(external: dict[str, str], read: Callable[[str], str | None]) -> tuple[dict, dict]:
+    """(aliases, enums) of the names io_struct imports from SGLang's own modules (``read``: a module's source by
+    wheel path, or None), re-exports followed: a module-level type alias whose names are all typing's, and a plain
+    ``Enum``'s member values (``{"class": name, "values": [...]}``). Any other name stays unresolved (the fake takes
+    any value for it)."""
+    aliases: dict[str, str] = {}
+    enums: dict[str, dict[str, Any]] = {}
+    for name, dotted in external.items():
+        for _ in range(5):  # re-export hops
+            module, _, attr = dotted.rpartition(".")
+            source = read(module.replace(".", "/") + ".py") or read(module.replace(".", "/") + "/__init__.py")
+            if not module.startswith("sglang.") or source is None:
+                break
+            classes, module_aliases, imported = parse_io_struct(source)
+            if attr in module_aliases:
+                if _names_in(module_aliases[attr]) <= TYPING_NAMES:
+                    aliases[name] = module_aliases[attr]
+                break
+            if attr in classes:
+                values = _enum_values(classes[attr])
+                if values is not None:
+                    enums[name] = {"class": attr, "module": module, "values": values}
+                break
+            if attr not in imported:
+                break
+            dotted = imported[attr]
+    return dict(sorted(aliases.items())), dict(sorted(enums.items()))
+
+
 # ----------------------------------------------------------------------------------------------- routes
 
 
@@ -386,6 +441,7 @@ def snapshot(version: str, wheel: Path, label: str | None = None) -> dict[str, A
     classes, aliases, imported = parse_io_struct(io_source)
     structs = {name: resolve_struct(name, classes) for name in KEPT_STRUCTS if name in classes}
     used_aliases, external = collect_aliases(structs, aliases, imported)
+    imported_aliases, enums = resolve_external(external, lambda member: read_from_wheel(wheel, member))
     return {
         "sglang_version": version,
         "label": label or version,
@@ -395,7 +451,8 @@ def snapshot(version: str, wheel: Path, label: str | None = None) -> dict[str, A
         "generated_by": "scripts/snapshot_io_structs.py (ast parse of the released wheel; never imported)",
         "missing_structs": [name for name in KEPT_STRUCTS if name not in classes],
         "structs": structs,
-        "aliases": used_aliases,
+        "aliases": {**used_aliases, **imported_aliases},
+        "enums": enums,
         "external_names": external,
         "endpoints": parse_routes(http_source, set(classes)),
     }

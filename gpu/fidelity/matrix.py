@@ -8,11 +8,12 @@ routes the release serves; the LoRA routes too on a server started with LoRA) ×
 decoding; paused in each mode, the running request held where the mode keeps it; inside a weight-update session where
 the release has them). Each case builds its state from scratch, sends the call (marked with :data:`STATE_HEADER`, so
 the coverage report knows the state it was sent in), and records its answer, or that none came within
-:data:`ANSWER_S` (SGLang's pause gate holds a ``/generate``); then it undoes the state (continue, end the session,
-abort the held request by rid), reads what the call's late answer was, what became of the held request
-(:func:`held_fate`), and the label, and relabels back. A case whose held request was not running when the call was
-sent is built again (at most :data:`TRIES` times), and is recorded as not built (``running_at_call`` false) when it
-never was: the diff fails it, two engines that both missed the situation never agree.
+:data:`ANSWER_S` (SGLang's pause gate holds a ``/generate``); then it undoes the state (continue, end the session),
+reads what the call's late answer was, what became of the held request once it ended (the state or the call ended
+it, or it ran its budget out: never the teardown, so its end is the engine's doing, not the machine's timing), and
+the label, and relabels back. A case whose held request was not running when the call was sent is built again (at
+most :data:`TRIES` times), and is recorded as not built (``running_at_call`` false) when it never was: the diff fails
+it, two engines that both missed the situation never agree.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ for the held request (:data:`HELD_TOKENS`) has its answer well within it."""
 HELD_TOKENS = 600
 """The held request's budget: 1.7-2.5 s of decoding on real SGLang on 2 cores (longer than the one second SGLang's
 health check waits before it answers: ``entrypoints/http_server.py`` ``health_generate``), 0.6 s on the fake at the
-1000 tokens/s the differential gives it."""
+1000 tokens/s the differential gives it; a case waits for what is left of it once the state is left."""
 TRIES = 3
 QUIET_S = 0.5
 """How long a paused engine's held request must have sent nothing before the call (SGLang's health check answers on
@@ -172,12 +173,11 @@ class _Case:
             await asyncio.sleep(0.05)
 
     async def undo(self) -> None:
-        """Leave the state: continue, end a session, abort the held request."""
+        """Leave the state: continue, end a session. The held request runs on to its end: aborting it here would
+        race the call's own effect on it (an abort reaches the client after the call's answer, sooner or later)."""
         await self.post("/continue_generation", {})
         if self.state == "in a session" or any(p.route == "/begin_weight_update" for p in self.probes):
             await self.post("/end_weight_update", {})
-        if self.held is not None:
-            await self.post("/abort_request", {"rid": self.held.rid})
 
     async def run(self) -> dict[str, Observation]:
         """Each probe's observation, by step."""
@@ -200,7 +200,6 @@ class _Case:
                 **({"json": body} if body is not None else {}))))
         done, _ = await asyncio.wait(calls, timeout=ANSWER_S)
         seen: list[Observation] = [{"answered before the state was left": call in done} for call in calls]
-        ended_first = self.held is not None and self.held.task.done()
         await self.undo()
         after: Observation = {"running_at_call": running} if self.state in HOLDING else {}
         answers = [_answer(await call) for call in calls]
@@ -208,23 +207,14 @@ class _Case:
             if probe.after is not None:
                 await probe.after(self.steps)
         if self.held is not None:
-            after["held request"] = held_fate(await self.held.result(), ended_first)
+            held = await self.held.result()
+            after["held request"] = {k: held.get(k) for k in ("finish_reason.type", "full budget", "error")
+                                     if k in held}
         info = (await client.get(url + "/model_info")).json()
         after["label after"] = info.get("weight_version")
         if info.get("weight_version") != LABEL:
             await self.post("/update_weight_version", {"new_version": LABEL, "abort_all_requests": False})
         return {self.step(p): {**s, **a, **after} for p, s, a in zip(self.probes, seen, answers)}
-
-
-def held_fate(held: Observation, ended_first: bool) -> Observation:
-    """What became of a case's held request, as far as the state and the call decide it: how it ended where it ended
-    short of its budget before the state was left (a pause in ``abort`` mode, an abort, an update that aborts), else
-    that it outlived the call. A held request that ran its whole budget and one the teardown aborted have both outlived
-    it: which came first is the machine's timing (real SGLang on 2 cores decodes the budget in 1.2-2.5 s, about as
-    long as a GET may take beside the fake), not the engine's behaviour. An error is always kept."""
-    if "error" not in held and (not ended_first or held.get("full budget")):
-        return {"outlived the call": True}
-    return {k: held.get(k) for k in ("finish_reason.type", "full budget", "error") if k in held}
 
 
 def _answer(response: httpx.Response) -> Observation:

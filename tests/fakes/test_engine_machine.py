@@ -622,7 +622,8 @@ class EngineMachine(RuleBasedStateMachine):
         if lock_free:
             kinds.append("disk_missing_path")
         if self.profile.weight_update_sessions:  # spec §3.2, §3.3.6
-            kinds.append("end_without_session" if not self.session_open else "begin_while_open")
+            if lock_free:  # a session call's refusal comes from the scheduler, after the writer lock too
+                kinds.append("end_without_session" if not self.session_open else "begin_while_open")
             if lock_free and not self.session_open:
                 kinds.append("tensor_outside_session")
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import base64
 import binascii
+import enum
 import importlib.util
 import json
 import sys
@@ -169,6 +170,15 @@ class B:
     assert b["kind"] == "dataclass" and b["fields"]["x"]["default"] == 1.5 and b.get("has_post_init")
     used, external = module.collect_aliases({"A": a}, aliases, imported)
     assert used == {"Spans": "List[Dict[str, int]]"}
+    modules = {  # an imported name is read where SGLang defines it, re-exports followed
+        "sglang/m/batch.py": "from sglang.m.modality import Modality\nMode = Union[bool, Literal['last']]\n"
+                             "Odd = Union[bool, Other]\nclass Spans(msgspec.Struct):\n    x: int\n",
+        "sglang/m/modality.py": "class Modality(Enum):\n    IMAGE = auto()\n    VIDEO = auto()\n    _hidden = 7\n",
+    }
+    found = module.resolve_external({n: f"sglang.m.batch.{n}" for n in ("Modality", "Mode", "Odd", "Spans")}
+                                    | {"np": "numpy.ndarray"}, modules.get)
+    assert found == ({"Mode": "Union[bool, Literal['last']]"},
+                     {"Modality": {"class": "Modality", "module": "sglang.m.modality", "values": [1, 2]}})
     http_src = '''
 @app.post("/a")
 async def a(obj: Annotated[A, Body()], request: Request):
@@ -279,6 +289,29 @@ def test_a_msgspec_struct_s_errors_are_those_of_its_union_schema_as_real_sglang_
     assert "  {'type': 'string_type', 'loc': ('body', 'function-after[build_struct(), UpdateWeightVersionReqInput]', "\
            "'rid'), 'msg': 'Input should be a valid string', 'input': {'malformed': 1}}\n  {'type': 'missing', 'loc': "\
            "('body', 'function-after[build_struct(), UpdateWeightVersionReqInput]', 'new_version')" in _message(exc)
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.15", "0.5.23"])
+def test_names_io_struct_imports_are_checked_where_sglang_defines_them(version: str) -> None:
+    """``num_items_assigned: Optional[Dict[Modality, List[int]]]``: ``Modality`` is a plain ``Enum`` of ints, so no
+    JSON key matches it (real SGLang answered an ``enum`` error at the key and the value's own error; the fake had
+    taken the key as ``Any``); 0.5.23's ``return_hidden_states`` and ``sampling_logprobs_mode`` are aliases from
+    ``managers/schedule_batch.py`` (the fake had taken any value)."""
+    with pytest.raises(RequestError) as exc:
+        validate("GenerateReqInput", {"text": "a", "num_items_assigned": {"malformed": 1}}, version)
+    message = _message(exc)
+    assert "'type': 'enum', 'loc': ('body', 'num_items_assigned', 'malformed', '[key]'), 'msg': 'Input should be " \
+           "1, 2 or 3'" in message and "'type': 'list_type', 'loc': ('body', 'num_items_assigned', 'malformed')" \
+           in message
+    assert validate("GenerateReqInput", {"text": "a", "num_items_assigned": {}}, version)["num_items_assigned"] == {}
+    if version != "0.5.23":
+        return
+    for field, value in (("return_hidden_states", "malformed"), ("sampling_logprobs_mode", "everything")):
+        with pytest.raises(RequestError) as exc:
+            validate("GenerateReqInput", {"text": "a", field: value}, version)
+        assert "literal_error" in _message(exc)
+    assert validate("GenerateReqInput", {"text": "a", "return_hidden_states": "last",
+                                         "sampling_logprobs_mode": "support"}, version)["return_hidden_states"] == "last"
 
 
 @pytest.mark.parametrize(("value", "error"), [
@@ -392,6 +425,8 @@ def _pydantic_type(text: str, version: str) -> Any:
     snap = structs.snapshot(version)
     ns: dict[str, Any] = {n: getattr(typing, n) for n in typing.__all__}
     ns.update({name: Any for name in snap["external_names"]})
+    ns.update({name: enum.Enum(e["class"], [(f"M{i}", v) for i, v in enumerate(e["values"])])
+               for name, e in snap.get("enums", {}).items()})
     from pydantic import PlainValidator
 
     ns.update(Base64Bytes=_Base64Bytes, PlainValidator=PlainValidator,
@@ -427,6 +462,8 @@ JSON_VALUES = st.recursive(
 
 
 def _normalised(x: Any) -> Any:
+    if isinstance(x, enum.Enum):  # the fake keeps a member's value
+        return _normalised(x.value)
     if isinstance(x, list | tuple):
         return [_normalised(i) for i in x]
     if isinstance(x, dict):
@@ -437,6 +474,8 @@ def _normalised(x: Any) -> Any:
 @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(version_and_type=st.sampled_from(ALL_TYPES), value=JSON_VALUES)
 @example(version_and_type=("0.5.23", "Annotated[List[bytes], Base64Bytes()]"), value="\u0663")  # found in CI
+@example(version_and_type=("0.5.23", "Optional[Dict[Modality, List[int]]]"), value={"1": [1], "k": "a"})
+@example(version_and_type=("0.5.23", "Union[List[ReturnHiddenStatesMode], ReturnHiddenStatesMode]"), value=[1, "x"])
 def test_type_checks_agree_with_pydantic(version_and_type: tuple[str, str], value: Any) -> None:
     """Accept/refuse, coerced value and the error list (type, loc, msg) match pydantic v2 lax mode."""
     import pydantic

@@ -624,8 +624,8 @@ class EngineMachine(RuleBasedStateMachine):
         if self.profile.weight_update_sessions:  # spec §3.2, §3.3.6
             if lock_free:  # a session call's refusal comes from the scheduler, after the writer lock too
                 kinds.append("end_without_session" if not self.session_open else "begin_while_open")
-            if lock_free and not self.session_open:
-                kinds.append("tensor_outside_session")
+                if not self.session_open:
+                    kinds.append("tensor_outside_session")
         else:
             kinds.append("session_route_missing")
         return kinds

@@ -260,7 +260,7 @@ def collect_aliases(structs: dict[str, Any], aliases: dict[str, str], imported: 
 def _enum_values(node: ast.ClassDef) -> list[Any] | None:
     """The member values of a plain ``Enum`` class (``auto()`` counting on from 1 as ``Enum`` does), or None when the
     class is not one or a value is not a literal."""
-    if not any(ast.unparse(b).split(".")[-1] in {"Enum", "IntEnum"} for b in node.bases):
+    if not any(ast.unparse(b).split(".")[-1] == "Enum" for b in node.bases):  # IntEnum, StrEnum: other semantics
         return None
     values: list[Any] = []
     for stmt in node.body:
@@ -291,8 +291,10 @@ def resolve_external(external: dict[str, str], read: Callable[[str], str | None]
     for name, dotted in external.items():
         for _ in range(5):  # re-export hops
             module, _, attr = dotted.rpartition(".")
+            if not module.startswith("sglang."):
+                break
             source = read(module.replace(".", "/") + ".py") or read(module.replace(".", "/") + "/__init__.py")
-            if not module.startswith("sglang.") or source is None:
+            if source is None:
                 break
             classes, module_aliases, imported = parse_io_struct(source)
             if attr in module_aliases:

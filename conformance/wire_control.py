@@ -48,8 +48,24 @@ class _Hold:
     """Engines whose first held call arrived."""
     went: set[int] = field(default_factory=set)
     """Engines whose first held call went on to the engine."""
-    expired: dict[int, float] = field(default_factory=dict)
-    """Engines whose first held call went on at the bound, ``ready`` still false: when it went on."""
+    expired: dict[int, "Expired"] = field(default_factory=dict)
+    """Engines whose first held call went on at the bound, ``ready`` still false: when and how."""
+
+
+POLL_STEP_S = 0.05
+"""The most one step of a held call's polling counts against its bound (:meth:`WireControl._poll`)."""
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A held call that went on at its bound, ``ready`` still false (:meth:`WireControl.release_holds`)."""
+
+    at: float
+    """When it went on."""
+    held_s: float
+    """How long it was held."""
+    then: bool | None
+    """Whether ``then`` came true before it went on (None: the hold had no ``then``)."""
 
 
 _GENERATE = frozenset({"/generate"})
@@ -149,9 +165,9 @@ class WireControl:
             self._answers = hold
         return hold
 
-    def release_holds(self) -> dict[int, float]:
+    def release_holds(self) -> dict[int, Expired]:
         """End every hold; the engines whose first call :meth:`hold_first` held went on at its bound, not ready (and
-        when)."""
+        when and how)."""
         with self._lock:
             hold, self._hold = self._hold, None
             answers, self._answers = self._answers, None
@@ -168,17 +184,25 @@ class WireControl:
             hold.held += 1
             if hold.held_at is None:
                 hold.held_at = self.clock()
-        deadline = self.clock() + hold.timeout_s
-        while hold.released_at is None:
-            if hold.release():
-                hold.go("ready", self.clock())
-            elif hold.waiting is not None and hold.waiting():
-                deadline = self.clock() + hold.timeout_s
-                await asyncio.sleep(0.001)
-            elif self.clock() >= deadline:
-                hold.go("timeout", self.clock())
-            else:
-                await asyncio.sleep(0.001)
+        ready = await self._poll(hold.release, hold.timeout_s, lambda: hold.released_at is None, hold.waiting)
+        hold.go("ready" if ready else "timeout", self.clock())  # no-op where another answer's wait released it
+
+    async def _poll(self, condition: Callable[[], bool], bound_s: float, standing: Callable[[], bool],
+                    restart: Callable[[], bool] | None = None) -> bool:
+        """Poll ``condition`` every millisecond while ``standing()``, for at most ``bound_s`` of polling (counted
+        again from 0 while ``restart()`` is true); whether it came true. A step counts at most :data:`POLL_STEP_S`
+        against the bound: time in which this recorder's loop did not run (a starved machine) does not use it up, so a
+        hold never ends at its bound in the instant the loop runs again, before what it waits for was looked at (real
+        vLLM 0.32.0 in CI: a held pause went on after 8.7 s of a 5.5 s bound, in the millisecond the long-lived
+        request its engine held ended; answers held for a pause that drains went on as the drained request ended,
+        not as the pause answered a few milliseconds later)."""
+        polled, last = 0.0, self.clock()
+        while not (met := condition()) and standing() and polled < bound_s:
+            await asyncio.sleep(0.001)
+            now = self.clock()
+            polled = 0.0 if restart is not None and restart() else polled + min(now - last, POLL_STEP_S)
+            last = now
+        return met
 
     async def held(self, call: WireCall) -> bool:
         """Wait while ``call`` is held (:meth:`hold_first`); whether it was (the recorder then stamps its start when
@@ -189,16 +213,18 @@ class WireControl:
                     or call.engine in hold.passed:
                 return False
             hold.passed.add(call.engine)
-        deadline = self.clock() + hold.timeout_s
-        while not (ready := hold.ready(call.engine, bool(hold.went - {call.engine}))) and self._hold is hold \
-                and self.clock() < deadline:
-            await asyncio.sleep(0.001)
+        arrived = self.clock()
+
+        def standing() -> bool:
+            return self._hold is hold
+        ready = await self._poll(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})), hold.timeout_s,
+                                 standing)
+        then = None
         if not ready and hold.then is not None:
-            deadline = self.clock() + hold.then_timeout_s
-            while not hold.then(call.engine) and self._hold is hold and self.clock() < deadline:
-                await asyncio.sleep(0.001)
+            then = await self._poll(lambda: hold.then(call.engine), hold.then_timeout_s, standing)
         with self._lock:
             hold.went.add(call.engine)
             if not ready and self._hold is hold:
-                hold.expired[call.engine] = self.clock()
+                now = self.clock()
+                hold.expired[call.engine] = Expired(now, now - arrived, then)
         return True

@@ -91,6 +91,36 @@ def test_a_cycle_s_first_pause_waits_for_a_request_resident_on_its_engine(monkey
     assert verdict.status == "pass", verdict.explain()
 
 
+def test_a_held_call_waits_out_a_resident_request_near_its_end() -> None:
+    """Regression (real vLLM 0.32.0 in CI, I1-I2 unknown): the suite's long-lived request ended with its budget in
+    the millisecond its engine's held pause went on. A request resident there lets the held call go on only while it
+    has at least a quarter of its decode time left; one nearer its end is waited out (it is sent again as it ends)."""
+    from types import SimpleNamespace
+
+    from conformance.wire import WireLog
+
+    wire = WireLog()
+    run = object.__new__(Run)
+    run.backend = SimpleNamespace(wire=wire, decode_tokens_per_s=100.0, sentinel_tokens=300)
+    run.rollout = SimpleNamespace(max_new_tokens=10)
+
+    def resident(age_s: float, engine: int = 0):
+        call = wire.open(engine, "POST", "/generate", {"sampling_params": {"max_new_tokens": 100}}, "sentinel")
+        call.t_start -= age_s  # 100 tokens at 100 tokens/s: one second of decoding
+        return call
+    old = resident(0.8)
+    assert not run.holds_any(0), "a request with a fifth of its decode time left let the held call go on"
+    resident(0.5, engine=1)
+    assert not run.holds_any(0), "a request on another engine counted"
+    fresh = resident(0.01)
+    assert run.holds_any(0)
+    wire.close(fresh, 200, {})
+    assert not run.holds_any(0)
+    assert old.t_end is None and not run.holds_any(0)
+    resident(0.001)
+    assert not run.holds_any(0), "a request not yet settled at its recorder counted"
+
+
 async def wait_until(condition, timeout_s: float) -> bool:
     """Whether ``condition()`` became true within ``timeout_s`` (polled)."""
     deadline = asyncio.get_running_loop().time() + timeout_s

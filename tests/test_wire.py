@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -173,7 +174,8 @@ def test_a_held_call_that_goes_on_at_the_bound_is_reported_when_the_holds_end() 
     t0 = log.clock()
     asyncio.run(run())
     expired = control.release_holds()
-    assert list(expired) == [0] and t0 + 0.05 <= expired[0] <= log.clock()
+    assert list(expired) == [0] and t0 + 0.05 <= expired[0].at <= log.clock()
+    assert 0.05 <= expired[0].held_s <= expired[0].at - t0 and expired[0].then is None
     assert control.release_holds() == {}
 
 
@@ -204,12 +206,60 @@ def test_a_held_call_whose_bound_passed_waits_for_then_at_most_its_own_bound() -
                 await client.aclose()
     went_1, went_0 = asyncio.run(run())
     assert 0.05 <= went_1 < 0.2 and 0.2 < went_0 < 0.5
-    assert sorted(control.release_holds()) == [0, 1]
+    expired = control.release_holds()
+    assert sorted(expired) == [0, 1] and expired[0].then is True and expired[0].held_s > 0.2
     control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: False, timeout_s=0.01,
                        then=lambda engine: False, then_timeout_s=0.05)
     t0 = log.clock()
     assert _post(apps[0], "/pause_generation", {}).status_code == 200
     assert 0.06 <= log.clock() - t0 < 1.0  # then never true: at most its own bound more
+    assert control.release_holds()[0].then is False
+
+
+def test_time_in_which_the_recorder_loop_did_not_run_does_not_use_a_hold_s_bound_up() -> None:
+    """Regression (real vLLM 0.32.0 in CI, I1-I2 unknown): a starved recorder loop woke up past the hold's bound with
+    the end of the engine's long-lived request read first, and the pause went on with nothing resident. Here the loop
+    is frozen for three times the bound while ``then`` is false; once it runs again, ``then`` comes true a few polls
+    later, and the call waits for it instead of going on at once."""
+    log, engine = WireLog(), CountingApp()
+    control = WireControl(log.clock)
+    app = WireRecorder(engine, 0, log, control)
+    polls: list[float] = []
+
+    def then(_: int) -> bool:
+        polls.append(log.clock())
+        if len(polls) == 1:
+            time.sleep(0.3)  # the loop does not run: a starved machine
+        return len(polls) > 20
+    control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: False, timeout_s=0.01, then=then,
+                       then_timeout_s=0.1)
+    assert _post(app, "/pause_generation", {}).status_code == 200
+    expired = control.release_holds()
+    assert expired[0].then is True and len(polls) == 21, (
+        f"went on after {len(polls)} polls with then {expired[0].then}: the frozen time used the bound up")
+    assert 0.3 < expired[0].held_s < 0.3 + 0.1 + 0.05 + 1.0
+
+
+def test_time_in_which_the_recorder_loop_did_not_run_does_not_use_an_answer_hold_s_bound_up() -> None:
+    """Regression (real vLLM 0.32.0, S2 unknown in answers-while-paused): answers held until every engine is paused
+    went on at their bound when a starved loop woke up with the drained request's end read first (no longer
+    ``waiting``), a few milliseconds before the pause it drained for answered. Here the loop is frozen for three times
+    the bound while ``waiting`` is true; it is false afterwards, and ``release`` comes true a few polls later."""
+    log, engine = WireLog(), CountingApp()
+    control = WireControl(log.clock)
+    app = WireRecorder(engine, 0, log, control)
+    polls: list[float] = []
+
+    def waiting() -> bool:
+        polls.append(log.clock())
+        if len(polls) == 1:
+            time.sleep(0.3)  # the loop does not run: a starved machine
+            return True
+        return False
+    hold = control.hold_answers(lambda: len(polls) > 20, timeout_s=0.1, waiting=waiting)
+    assert _post(app, "/generate", {"text": "x"}).status_code == 200
+    assert hold.released_by == "ready", f"released by {hold.released_by} after {len(polls)} polls"
+    control.release_holds()
 
 
 def test_frozen_calls_keep_their_times_when_the_call_is_answered_later() -> None:

@@ -229,7 +229,7 @@ def test_time_in_which_the_recorder_loop_did_not_run_does_not_use_a_hold_s_bound
     def then(_: int) -> bool:
         polls.append(log.clock())
         if len(polls) == 1:
-            time.sleep(0.3)  # the loop does not run: a starved machine
+            time.sleep(0.3)  # sleep-ok: freezes the loop as a starved machine does (it is the fault, not a wait)
         return len(polls) > 20
     control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: False, timeout_s=0.01, then=then,
                        then_timeout_s=0.1)
@@ -253,7 +253,7 @@ def test_time_in_which_the_recorder_loop_did_not_run_does_not_use_an_answer_hold
     def waiting() -> bool:
         polls.append(log.clock())
         if len(polls) == 1:
-            time.sleep(0.3)  # the loop does not run: a starved machine
+            time.sleep(0.3)  # sleep-ok: freezes the loop as a starved machine does (it is the fault, not a wait)
             return True
         return False
     hold = control.hold_answers(lambda: len(polls) > 20, timeout_s=0.1, waiting=waiting)

@@ -37,21 +37,6 @@ class Refusal:
     used: int = 0
 
 
-@dataclass
-class _Hold:
-    paths: frozenset[str]
-    ready: Callable[[int, bool], bool]
-    timeout_s: float
-    then: Callable[[int], bool] | None = None
-    then_timeout_s: float = 0.0
-    passed: set[int] = field(default_factory=set)
-    """Engines whose first held call arrived."""
-    went: set[int] = field(default_factory=set)
-    """Engines whose first held call went on to the engine."""
-    expired: dict[int, "Expired"] = field(default_factory=dict)
-    """Engines whose first held call went on at the bound, ``ready`` still false: when and how."""
-
-
 POLL_STEP_S = 0.05
 """The most one step of a held call's polling counts against its bound (:meth:`WireControl._poll`)."""
 
@@ -66,6 +51,21 @@ class Expired:
     """How long it was held."""
     then: bool | None
     """Whether ``then`` came true before it went on (None: the hold had no ``then``)."""
+
+
+@dataclass
+class _Hold:
+    paths: frozenset[str]
+    ready: Callable[[int, bool], bool]
+    timeout_s: float
+    then: Callable[[int], bool] | None = None
+    then_timeout_s: float = 0.0
+    passed: set[int] = field(default_factory=set)
+    """Engines whose first held call arrived."""
+    went: set[int] = field(default_factory=set)
+    """Engines whose first held call went on to the engine."""
+    expired: dict[int, Expired] = field(default_factory=dict)
+    """Engines whose first held call went on at the bound, ``ready`` still false: when and how."""
 
 
 _GENERATE = frozenset({"/generate"})
@@ -214,14 +214,11 @@ class WireControl:
                 return False
             hold.passed.add(call.engine)
         arrived = self.clock()
-
-        def standing() -> bool:
-            return self._hold is hold
         ready = await self._poll(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})), hold.timeout_s,
-                                 standing)
+                                 lambda: self._hold is hold)
         then = None
         if not ready and hold.then is not None:
-            then = await self._poll(lambda: hold.then(call.engine), hold.then_timeout_s, standing)
+            then = await self._poll(lambda: hold.then(call.engine), hold.then_timeout_s, lambda: self._hold is hold)
         with self._lock:
             hold.went.add(call.engine)
             if not ready and self._hold is hold:

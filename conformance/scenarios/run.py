@@ -212,13 +212,13 @@ class Run:
                       + ("one of the integration's requests was decoding there" if resident else
                          "a request was resident there"))
         for engine, how in sorted(expired.items()):  # a hold that went on at its bound built less than it aimed at
-            resident = "" if how.then is None else (
+            waited = "" if how.then is None else (
                 f", then until a request resident there had {SPARE:.0%} of its decode time left" if how.then else
                 f", then {SENTINEL_START_TIMEOUT_S:.0f}s more: no request resident there had {SPARE:.0%} of its "
                 f"decode time left")
             self.history.injected.append(Injected(how.at, "hold-expired", engine, (
                 f"update cycle {index}: {held_until}; none was, it went on at the hold's bound (held "
-                f"{how.held_s:.2f}s{resident})")))
+                f"{how.held_s:.2f}s{waited})")))
         left = set(control.clear_refusals())  # an engine refused on several paths (LoRA) needs to have used one
         unused = sorted(left - {key for keys in refused if not set(keys) <= left for key in keys})
         if unused and error is None:  # a cycle that failed at the first refusal need not reach the others

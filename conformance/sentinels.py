@@ -32,12 +32,15 @@ import httpx
 from .backends import probe_client
 from .dialect import SGLANG_DIALECT, Dialect
 from .history import DISTURBING_PATHS, TRANSFER_PATHS, History, Injected, WireCall
+from .polling import poll
 from .wire import SENTINEL_HEADER, WireLog
 
 SETTLE_S = 0.005
 """How long a sentinel must have been open at its recorder before the cycle starts: the recorder forwards at
 once, so this covers the hop to an engine behind a proxy."""
 START_TIMEOUT_S = 5.0
+"""How long :meth:`Sentinels.start` polls for every sentinel to be open at its recorder (time in which the loop did
+not run is not counted: :mod:`conformance.polling`)."""
 MIN_LIFE_S = 0.01
 """A sentinel that ended on its own sooner than this was not held by its engine (it answers at once): it is not sent
 again (a cycle is bounded, so renewals are not counted: on a starved machine one engine's sentinel ended three times
@@ -82,6 +85,8 @@ class Sentinels:
     _disturbed: set[int] = field(default_factory=set)
     """Engines the cycle's first pause, bump or transfer reached: their sentinel is not sent again."""
     renewed: int = 0
+    _sent_at: dict[int, float] = field(default_factory=dict)
+    """Per engine, when its current sentinel was handed to the HTTP client."""
     """Sentinels sent again after they ended on their own."""
     _releasing: set[asyncio.Task[None]] = field(default_factory=set)
     _unlisten: Callable[[], None] | None = None
@@ -96,27 +101,29 @@ class Sentinels:
         loop = asyncio.get_running_loop()
         self._unlisten = self.wire.listen(
             lambda call, answered: loop.call_soon_threadsafe(self._on_call, call, answered))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._settled():
-            if time.monotonic() > deadline:
-                await self.close()
-                raise TimeoutError(f"the suite's long-lived requests {self.rids} did not reach every engine's "
-                                   f"recorder within {START_TIMEOUT_S:.0f}s")
-            if any(t.done() for t in self._tasks):
-                break  # an engine answered at once (refused it, or is gone): the wire shows it
-            await asyncio.sleep(0.001)
+        began = time.monotonic()
+        # an engine that answered at once (refused it, or is gone) ends the wait too: the wire shows it
+        if not await poll(lambda: not self._missing() or any(t.done() for t in self._tasks), START_TIMEOUT_S):
+            now = time.monotonic()
+            missing = ", ".join(f"engine {e} (sent {now - self._sent_at[e]:.1f}s before)" if e in self._sent_at
+                                else f"engine {e} (not sent yet)" for e in self._missing())
+            await self.close()
+            raise TimeoutError(f"the suite's long-lived requests {self.rids} did not reach every engine's recorder "
+                               f"within {START_TIMEOUT_S:g}s of polling ({now - began:.1f}s on the clock); not open "
+                               f"there: {missing}")
 
-    def _settled(self) -> bool:
+    def _missing(self) -> list[int]:
+        """The engines whose current sentinel has not been open at its recorder for :data:`SETTLE_S` yet."""
         newest = time.monotonic() - SETTLE_S
         opened = {c.payload.get("rid") for c in self.wire.snapshot() if c.origin == "sentinel"
                   and isinstance(c.payload, dict) and c.t_start <= newest}
-        return all(rid in opened for rid in self.rids)
+        return [engine for engine, rid in enumerate(self.rids) if rid not in opened]
 
     async def _keep(self, engine: int, adapter: str | None) -> None:
         """Engine ``engine``'s sentinel, sent again (a new rid) each time it ends before its engine was disturbed."""
         first, again = self.rids[engine], 0
         while True:
-            sent = time.monotonic()
+            sent = self._sent_at[engine] = time.monotonic()
             served = await self._send(self.urls[engine], self.rids[engine], adapter)
             if not served or time.monotonic() - sent < MIN_LIFE_S or engine in self._disturbed \
                     or engine in self._released or self._client is None:

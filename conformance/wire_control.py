@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .history import WireCall
+from .polling import poll
 
 
 Rewrite = Callable[[Any], Any]
@@ -35,10 +36,6 @@ class Refusal:
     """Calls still to refuse; None: every one."""
     rewrite: Rewrite | None = None
     used: int = 0
-
-
-POLL_STEP_S = 0.05
-"""The most one step of a held call's polling counts against its bound (:meth:`WireControl._poll`)."""
 
 
 @dataclass(frozen=True)
@@ -189,20 +186,12 @@ class WireControl:
 
     async def _poll(self, condition: Callable[[], bool], bound_s: float, standing: Callable[[], bool],
                     restart: Callable[[], bool] | None = None) -> bool:
-        """Poll ``condition`` every millisecond while ``standing()``, for at most ``bound_s`` of polling (counted
-        again from 0 while ``restart()`` is true); whether it came true. A step counts at most :data:`POLL_STEP_S`
-        against the bound: time in which this recorder's loop did not run (a starved machine) does not use it up, so a
-        hold never ends at its bound in the instant the loop runs again, before what it waits for was looked at (real
-        vLLM 0.32.0 in CI: a held pause went on after 8.7 s of a 5.5 s bound, in the millisecond the long-lived
-        request its engine held ended; answers held for a pause that drains went on as the drained request ended,
-        not as the pause answered a few milliseconds later)."""
-        polled, last = 0.0, self.clock()
-        while not (met := condition()) and standing() and polled < bound_s:
-            await asyncio.sleep(0.001)
-            now = self.clock()
-            polled = 0.0 if restart is not None and restart() else polled + min(now - last, POLL_STEP_S)
-            last = now
-        return met
+        """:func:`conformance.polling.poll` on this control's clock: time in which this recorder's loop did not run
+        does not use a hold's bound up, so a hold never ends at its bound in the instant the loop runs again, before
+        what it waits for was looked at (real vLLM 0.32.0 in CI: a held pause went on after 8.7 s of a 5.5 s bound,
+        in the millisecond the long-lived request its engine held ended; answers held for a pause that drains went
+        on as the drained request ended, not as the pause answered a few milliseconds later)."""
+        return await poll(condition, bound_s, self.clock, standing, restart)
 
     async def held(self, call: WireCall) -> bool:
         """Wait while ``call`` is held (:meth:`hold_first`); whether it was (the recorder then stamps its start when

@@ -77,7 +77,7 @@ def test_a_cycle_s_first_pause_waits_for_a_request_resident_on_its_engine(monkey
             waited.append(await wait_until(lambda: (control.holding() or (set(), set()))[0] == {0}, 5.0))
         await keep(self, engine, adapter)
     monkeypatch.setattr(sentinel_module.Sentinels, "_keep", late)
-    monkeypatch.setattr(sentinel_module.Sentinels, "_settled", lambda self: True)
+    monkeypatch.setattr(sentinel_module.Sentinels, "_missing", lambda self: [])
     histories: list[Run] = []
 
     async def script(run: Run) -> None:

@@ -45,3 +45,36 @@ def test_a_sentinel_that_ends_before_its_engine_is_disturbed_is_sent_again_and_n
 async def until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.002)
+
+
+def test_time_in_which_the_loop_did_not_run_does_not_use_the_wait_for_sentinels_up(monkeypatch) -> None:
+    """Regression (real vLLM 0.32.0 in CI, slow-engine-disk broken): on a starved machine the wait for the sentinels to
+    reach their recorders ran out on the wall clock while the process was not scheduled. Here the loop is frozen for
+    three times the bound before the sentinels were even sent; they arrive once it runs again, and the wait sees it."""
+    import time
+
+    import conformance.sentinels as sentinel_module
+
+    monkeypatch.setattr(sentinel_module, "START_TIMEOUT_S", 0.4)
+    missing = sentinel_module.Sentinels._missing
+    looks: list[int] = []
+
+    def frozen_once(self: Sentinels) -> list[int]:
+        looks.append(1)
+        if len(looks) == 1:
+            time.sleep(1.2)  # sleep-ok: freezes the loop as a starved machine does (it is the fault, not a wait)
+        return missing(self)
+    monkeypatch.setattr(sentinel_module.Sentinels, "_missing", frozen_once)
+    backend = FakeBackend(FakeBackendConfig(engines=2, tokens_per_second=TOKENS_PER_S, stepped=True))
+    backend.start()
+    try:
+        async def scenario() -> None:
+            sentinels = Sentinels(backend.urls, backend.wire, 100, "t")
+            async with backend.held():  # nothing decodes: the sentinels stay open
+                await asyncio.wait_for(sentinels.start(), 10.0)
+                await asyncio.wait_for(sentinels.release(), 10.0)
+
+        asyncio.run(scenario())
+    finally:
+        backend.stop()
+    assert len(looks) > 2, f"the wait gave up after {len(looks)} looks"

@@ -31,7 +31,7 @@ from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_
 
 from .coverage import UNCOVERED
 from .lists import CLASSES, command_line, compare, is_race, key  # noqa: F401  (CLASSES: read by the tests from here too)
-from .lifetimes import EXITED, LIFETIMES, lost, run_script
+from .lifetimes import EXITED, LIFETIMES, MATRIX, lost, run_script
 from .script import Sent, diff
 
 HERE = Path(__file__).resolve().parent
@@ -158,22 +158,31 @@ def coverage_main(releases: Sequence[str]) -> int:
 
     from .coverage import listed, report, uncovered
 
-    found = {}
+    found, cut = {}, []
     with tempfile.TemporaryDirectory(prefix="weightsync-fidelity-") as tmp:
         work = Path(tmp)
         model_dir = write_model(work / "model")
 
-        def sent_on(release: str) -> list[Sent]:
+        def sent_on(release: str) -> tuple[list[Sent], dict[str, Any]]:
             sent: list[Sent] = []
-            run_engine(model_dir, work / release, release, True, None, sent)
-            return sent
+            seen, _ = run_engine(model_dir, work / release, release, True, None, sent)
+            return sent, seen
 
         with concurrent.futures.ThreadPoolExecutor(len(releases)) as pool:  # fakes that mostly wait, side by side
-            for release, sent in zip(releases, pool.map(sent_on, releases)):
+            for release, (sent, seen) in zip(releases, pool.map(sent_on, releases)):
                 found[release] = uncovered(release, sent)
+                cut += [f"  CUT SHORT {release} {line}" for line in cut_short(seen)]
     text, holds = report(found, listed())
-    print(text)
-    return 0 if holds else 1
+    print("\n".join([text, *cut]))
+    return 0 if holds and not cut else 1
+
+
+def cut_short(seen: dict[str, Any]) -> list[str]:
+    """The lifetimes that lost their server though none of their calls ends one (the main sequence, the state matrix):
+    where, and how; what they would have sent after it went unsent."""
+    return [f"{lifetime}: the connection was lost at {seen[lost(lifetime)]['at']!r} "
+            f"({seen[lost(lifetime)]['error']}); nothing after it was sent" for lifetime in ("main", MATRIX)
+            if lost(lifetime) in seen]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import httpx
 
 from .malformed import malformed_steps
 from .matrix import matrix_steps
-from .script import CALL_TIMEOUT_S, ENDINGS, Checkpoints, Observation, Sent, Steps, main_steps, sent_by
+from .script import ENDINGS, Checkpoints, Observation, Sent, Steps, main_steps, script_client
 
 MATRIX = "state matrix"
 """The lifetime of the generated cases: the state matrix (:mod:`gpu.fidelity.matrix`), then the malformed bodies
@@ -27,12 +27,8 @@ async def run_script(url: str, model_dir: Path, work: Path, release: str, lora: 
     through one of :data:`LIFETIMES`; a connection lost mid-way ends it, recorded as ``server lost`` (with the step
     it happened at) under the lifetime's name. Every request the script sends is appended to ``sent``."""
     out: dict[str, Observation] = {}
-    timeout = httpx.Timeout(CALL_TIMEOUT_S, connect=10.0)
     sent = [] if sent is None else sent
-
-    async def record(request: httpx.Request) -> None:
-        sent.append(sent_by(request))
-    async with httpx.AsyncClient(timeout=timeout, event_hooks={"request": [record]}) as client:
+    async with script_client(sent) as client:
         steps = Steps(client, url, Checkpoints(model_dir, work), work, release, out, sent)
         try:
             if lifetime == "main":

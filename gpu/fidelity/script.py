@@ -294,6 +294,25 @@ def sent_by(request: httpx.Request) -> Sent:
                 request.headers.get(STATE_HEADER))
 
 
+CONNECT_S = 30.0
+"""How long a call may wait for the server to accept its connection (it accepts late while it decodes a long request
+on a busy machine)."""
+
+
+def script_client(sent: list[Sent] | None) -> httpx.AsyncClient:
+    """The scripts' client (SGLang's and vLLM's): a connection per call, so no call is lost to a kept-alive connection
+    its server closes. An idle connection reused in the instant the server's idle limit (5 s, uvicorn's
+    ``timeout_keep_alive`` in both engines) closes it gets no answer, and the lifetime ended there as if the server
+    were lost (the fake SGLang's state matrix under load, in the slow tier's coverage check: every later state
+    uncompared); and after a 500 a handler raised, vLLM's uvicorn closes the connection itself (measured, 0.32.0).
+    Every request it sends is appended to ``sent`` (the coverage report's input)."""
+    async def record(request: httpx.Request) -> None:
+        if sent is not None:
+            sent.append(sent_by(request))
+    return httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_S),
+                             limits=httpx.Limits(max_keepalive_connections=0), event_hooks={"request": [record]})
+
+
 class Steps:
     """One server lifetime of the script: the client, what was observed, and the helpers every step uses."""
 

@@ -21,7 +21,8 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
-from .script import CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, sent_by
+from .script import (CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, script_client,
+                     sent_by)
 
 LONG_TOKENS = 6000
 """Budget of a held request: ~10 s on real vLLM (~600 tokens/s on 2 cores), so a call sent while it decodes lands
@@ -29,9 +30,6 @@ before it ends even when this machine stalls the client for seconds (measured un
 MODEL_LEN = 8192
 """The model's positions and ``--max-model-len`` for this script (the CPU flags' 4096 is under the held budget)."""
 PROMPT = [5, 6, 7, 8]
-CONNECT_S = 30.0
-"""How long a call may wait for the API server to accept its connection (it accepts late while it decodes a long
-request on a busy machine)."""
 HELD_S = 1.0
 """How long a request sent while paused must go unanswered to count as held (a refusal answers at once)."""
 
@@ -129,17 +127,6 @@ async def checksums(client: httpx.AsyncClient, url: str) -> Any:
     """The engine's per-parameter checksums (``/weight_checker``), or the status it answered instead."""
     answer = await client.post(url + "/weight_checker", json={"action": "checksum"})
     return answer.json().get("checksums") if answer.status_code == 200 else answer.status_code
-
-
-def script_client(sent: list[Sent] | None) -> httpx.AsyncClient:
-    """The scripts' client: a connection per call (after a 500 a handler raised, vLLM's uvicorn logs "Exception in
-    ASGI application" and closes the connection, so a kept-alive one would fail the next call with a transport
-    error: measured, 0.32.0); every request it sends appended to ``sent`` (the coverage report's input)."""
-    async def record(request: httpx.Request) -> None:
-        if sent is not None:
-            sent.append(sent_by(request))
-    return httpx.AsyncClient(timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_S),
-                             limits=httpx.Limits(max_keepalive_connections=0), event_hooks={"request": [record]})
 
 
 Call = Callable[..., Awaitable[httpx.Response]]

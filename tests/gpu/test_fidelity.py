@@ -314,3 +314,46 @@ def test_a_call_meant_to_land_mid_decode_is_made_again_until_it_does_and_says_wh
 
     _, landed = asyncio.run(during_decode(start, act, undo))
     assert (len(acts), landed) == expected and len(undos) == len(acts) - 1
+
+
+@pytest.mark.cpu
+def test_the_scripts_client_opens_a_connection_per_call_so_none_is_lost_to_a_server_s_idle_limit() -> None:
+    """Regression (the slow tier's coverage check, the fake SGLang's state matrix under load): a kept-alive connection
+    reused as the server's idle limit closed it got no answer, and the lifetime ended there as if its server were lost.
+    Each call comes from a connection of its own, and every request is recorded for the coverage report."""
+    from fakes.server import LoopbackServer
+    from gpu.fidelity.script import script_client
+
+    peers: list[Any] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        peers.append(scope["client"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sent: list[Any] = []
+
+    async def calls(url: str) -> None:
+        async with script_client(sent) as client:
+            for _ in range(3):
+                assert (await client.post(url + "/x", json={"a": 1})).status_code == 200
+
+    with LoopbackServer(app) as server:
+        asyncio.run(asyncio.wait_for(calls(server.url), 10.0))
+    assert len(set(peers)) == 3, f"calls shared a connection: {peers}"
+    assert [(s.path, s.fields) for s in sent] == [("/x", frozenset({"a"}))] * 3
+
+
+@pytest.mark.cpu
+def test_a_lifetime_that_lost_its_server_unasked_is_named_with_where_and_how() -> None:
+    """The coverage report fails on a main sequence or state matrix cut short, saying where; an ending call's lifetime
+    may lose its server (that is what it compares)."""
+    from gpu.fidelity.__main__ import cut_short
+
+    seen = {"server lost (state matrix)": {"at": "GET /health in state decoding", "error": "RemoteProtocolError"},
+            "server lost (wrong shape)": {"at": "disk wrong shape", "error": "RemoteProtocolError"}}
+    assert cut_short(seen) == ["state matrix: the connection was lost at 'GET /health in state decoding' "
+                               "(RemoteProtocolError); nothing after it was sent"]
+    assert cut_short({"server lost (bad base64)": {"at": "x", "error": "ReadError"}}) == []

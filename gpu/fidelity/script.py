@@ -536,6 +536,8 @@ async def concurrency_steps(steps: Steps) -> None:
                          call("relabel c2 (two at once)", relabel, {"new_version": "c2", "abort_all_requests": False}))
     info = (await steps.client.get(steps.url + "/model_info")).json()
     out["label after two relabels at once"] = {"one of the two": info.get("weight_version") in ("c1", "c2")}
+    # which of the two came last is the wire's doing: the streams below start from one label on both engines
+    await steps.client.post(steps.url + relabel, json={"new_version": "c2", "abort_all_requests": False})
     await asyncio.gather(*(call(f"disk {m} (two at once)", "/update_weights_from_disk",
                                 {"model_path": str(ckpt.paths[m]), "flush_cache": False}) for m in ("m1", "m2")))
     await steps.weights("weights after two disk updates at once")

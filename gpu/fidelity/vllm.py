@@ -21,8 +21,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
-from .script import (CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, script_client,
-                     sent_by)
+from .script import CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, script_client
 
 LONG_TOKENS = 6000
 """Budget of a held request: ~10 s on real vLLM (~600 tokens/s on 2 cores), so a call sent while it decodes lands

@@ -437,10 +437,12 @@ def divergences_file(release: str) -> Path:
 
 
 def script_digest() -> str:
-    """What a vLLM list was measured with: this script and every source of the fake (the fake vLLM runs on the shared
-    state model)."""
-    root = Path(__file__).resolve().parents[2]
-    sources = [Path(__file__), *sorted(p for p in (root / "fakes").rglob("*") if p.suffix in (".py", ".json"))]
+    """What a vLLM list was measured with: this script, the SGLang script's module it takes its client, normalisation
+    and diff from, and every source of the fake (the fake vLLM runs on the shared state model)."""
+    here = Path(__file__).resolve()
+    root = here.parents[2]
+    sources = [here, here.with_name("script.py"),
+               *sorted(p for p in (root / "fakes").rglob("*") if p.suffix in (".py", ".json"))]
     digest = hashlib.sha256()
     for path in sources:
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())

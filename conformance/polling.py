@@ -3,8 +3,11 @@
 On a starved machine (two real engines on two cores) a process is not scheduled for seconds at a time: a thread
 sleeping 50 ms wakes up to 4 s late (real vLLM 0.32.0 in CI). A bound measured on the wall clock is then used up
 while nothing was looked at, and a wait ends at its bound in the instant the loop runs again, before what it waits
-for was read. :func:`poll` counts each step at most :data:`POLL_STEP_S` against the bound instead, so a wait gives up
-only after its loop has looked for that long.
+for was read (real vLLM 0.32.0 in CI: a held pause went on after 8.7 s of a 5.5 s bound, in the millisecond the
+long-lived request its engine held ended; answers held for a pause that drains went on as the drained request ended,
+not as the pause answered a few milliseconds later). :func:`poll` counts each step at most :data:`POLL_STEP_S`
+against the bound instead, so a wait gives up only after its loop has looked for that long. The wire control's holds
+and the wait for the suite's long-lived requests use it.
 """
 
 from __future__ import annotations

@@ -180,17 +180,8 @@ class WireControl:
             hold.held += 1
             if hold.held_at is None:
                 hold.held_at = self.clock()
-        ready = await self._poll(hold.release, hold.timeout_s, lambda: hold.released_at is None, hold.waiting)
+        ready = await poll(hold.release, hold.timeout_s, self.clock, lambda: hold.released_at is None, hold.waiting)
         hold.go("ready" if ready else "timeout", self.clock())  # no-op where another answer's wait released it
-
-    async def _poll(self, condition: Callable[[], bool], bound_s: float, standing: Callable[[], bool],
-                    restart: Callable[[], bool] | None = None) -> bool:
-        """:func:`conformance.polling.poll` on this control's clock: time in which this recorder's loop did not run
-        does not use a hold's bound up, so a hold never ends at its bound in the instant the loop runs again, before
-        what it waits for was looked at (real vLLM 0.32.0 in CI: a held pause went on after 8.7 s of a 5.5 s bound,
-        in the millisecond the long-lived request its engine held ended; answers held for a pause that drains went
-        on as the drained request ended, not as the pause answered a few milliseconds later)."""
-        return await poll(condition, bound_s, self.clock, standing, restart)
 
     async def held(self, call: WireCall) -> bool:
         """Wait while ``call`` is held (:meth:`hold_first`); whether it was (the recorder then stamps its start when
@@ -202,11 +193,11 @@ class WireControl:
                 return False
             hold.passed.add(call.engine)
         arrived = self.clock()
-        ready = await self._poll(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})), hold.timeout_s,
-                                 lambda: self._hold is hold)
+        ready = await poll(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})), hold.timeout_s,
+                           self.clock, lambda: self._hold is hold)
         then = None
         if not ready and hold.then is not None:
-            then = await self._poll(lambda: hold.then(call.engine), hold.then_timeout_s, lambda: self._hold is hold)
+            then = await poll(lambda: hold.then(call.engine), hold.then_timeout_s, self.clock, lambda: self._hold is hold)
         with self._lock:
             hold.went.add(call.engine)
             if not ready and self._hold is hold:

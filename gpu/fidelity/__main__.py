@@ -180,9 +180,8 @@ def coverage_main(releases: Sequence[str]) -> int:
 def cut_short(seen: dict[str, Any]) -> list[str]:
     """The lifetimes that lost their server though none of their calls ends one (the main sequence, the state matrix):
     where, and how; what they would have sent after it went unsent."""
-    return [f"{lifetime}: the connection was lost at {seen[lost(lifetime)]['at']!r} "
-            f"({seen[lost(lifetime)]['error']}); nothing after it was sent" for lifetime in ("main", MATRIX)
-            if lost(lifetime) in seen]
+    return [f"{lifetime}: the connection was lost at {cut['at']!r} ({cut['error']}); nothing after it was sent"
+            for lifetime in ("main", MATRIX) if (cut := seen.get(lost(lifetime))) is not None]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

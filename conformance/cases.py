@@ -30,14 +30,9 @@ from .loop import run_abandonable
 from .scenarios import DEADLINES, SCENARIOS, Deadlines, Unsupported, open_calls, run_scenario
 from .scenarios.capabilities import skips_shown, undeclared_shown
 
-TEARDOWN_MARGIN_S = 60.0
-"""Beyond the scenario script's own deadline: building the roles and tearing down are bounded too, so past this
-last-resort bound the backend is stopped and the scenario reported as hung."""
-
-
 def scenario_bound_s(deadlines: Deadlines = DEADLINES) -> float:
-    """The last-resort bound on one scenario's run: its script's deadline plus :data:`TEARDOWN_MARGIN_S`."""
-    return deadlines.script_s + TEARDOWN_MARGIN_S
+    """The last-resort bound on one scenario's run: its script's deadline plus the teardown margin."""
+    return deadlines.script_s + deadlines.teardown_s
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ class Deadlines:
     """Building the roles, starting and stopping the manager, waiting for requests in flight."""
     script_s: float = 60.0
     """A whole scenario script."""
+    teardown_s: float = 60.0
+    """Beyond the script's deadline: building the roles and tearing down are bounded too, so past the script's
+    deadline plus this last-resort margin the backend is stopped and the scenario reported as hung."""
 
 
     def scaled(self, factor: float) -> Deadlines:

@@ -212,6 +212,7 @@ def test_a_held_call_whose_bound_passed_waits_for_then_at_most_its_own_bound() -
     # true, not before: the clock's reading of its arrival, not t0, is what held_s counts from
     arrived_0 = expired[0].at - expired[0].held_s
     assert sorted(expired) == [0, 1] and expired[0].then is True and expired[0].at >= resident_at
+    assert expired[1].then is True  # engine 1 went on as then(1) came true, not at its then_timeout_s: no clock needed
     assert expired[0].held_s > 0.05 and t0 <= arrived_0 < t0 + went_1
     control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: False, timeout_s=0.01,
                        then=lambda engine: False, then_timeout_s=0.05)

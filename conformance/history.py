@@ -263,6 +263,14 @@ class History:
         calls = [w for w in self.cycle_calls(cycle, engine) if w.path in DISTURBING_PATHS]
         return next((w for w in calls if w.path == "/pause_generation"), calls[0] if calls else None)
 
+    def disturbing_calls(self) -> Iterator[tuple[UpdateCycle, int, WireCall]]:
+        """Per cycle and engine it sent calls to, in order: the cycle's first call that can disturb that engine's
+        in-flight requests (:meth:`disturbing_call`), where it sent one."""
+        for cycle in self.cycles:
+            for engine in sorted({w.engine for w in self.cycle_calls(cycle)}):
+                if (first := self.disturbing_call(cycle, engine)) is not None:
+                    yield cycle, engine, first
+
     def pause_windows(self, engine: int) -> list[tuple[WireCall, float]]:
         """Per accepted pause of ``engine``: the pause call and when the engine continued (the start of the next
         accepted ``/continue_generation``; infinity when it never did)."""

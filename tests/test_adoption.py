@@ -200,14 +200,12 @@ def _idle_without_expired_hold(h: Any) -> list[str]:
     resident and no hold of the suite went on at its bound there."""
     used = {w.engine for w in h.integration_calls("/generate")}
     found = []
-    for c in h.cycles:
-        for engine in sorted({w.engine for w in h.cycle_calls(c)} & used):
-            first = h.disturbing_call(c, engine)
-            if first is None or any(w.origin == "integration" for w in h.resident_at(engine, first.t_start)):
-                continue
-            if not any(i.kind == "hold-expired" and i.engine == engine and c.t_start <= i.t <= c.t_end
-                       for i in h.injected):
-                found.append(f"cycle {c.index}, engine {engine}")
+    for c, engine, first in h.disturbing_calls():
+        if engine not in used or any(w.origin == "integration" for w in h.resident_at(engine, first.t_start)):
+            continue
+        if not any(i.kind == "hold-expired" and i.engine == engine and c.t_start <= i.t <= c.t_end
+                   for i in h.injected):
+            found.append(f"cycle {c.index}, engine {engine}")
     return found
 
 

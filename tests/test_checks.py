@@ -105,6 +105,21 @@ def test_no_aborts_is_unknown_when_nothing_was_resident_at_the_pause():
                                                  "bound): the run proves nothing there")
 
 
+def test_the_resident_situation_is_read_at_each_engines_first_disturbing_call_not_at_the_cycles_start():
+    """A turn open when the cycle began but ended before the pause shows nothing (real vLLM in CI: 0.15 s turns on a
+    starved machine); one sent after the start and open at the pause does, on its own engine only."""
+    from conformance.checks.situations import missing
+    ended = history(wire=[gen("r1", 0.9, 1.2), pause(1, 1.3), gen("r2", 1.1, 1.9, engine=1, seq=101)],
+                    cycles=[cycle()])
+    assert missing({"resident"}, ended) == ["the history holds no update cycle whose first pause, bump or transfer "
+                                            "reached an engine while one of the integration's requests was "
+                                            "decoding there"]
+    later = history(wire=[gen("r1", 1.1, 1.5), pause(1, 1.3)], cycles=[cycle()])
+    assert missing({"resident"}, later) == []
+    sentinel_only = history(wire=[gen("s", 0.9, 1.8, origin="sentinel"), pause(1, 1.3)], cycles=[cycle()])
+    assert missing({"resident"}, sentinel_only) != []
+
+
 def test_the_suites_long_lived_request_proves_residency_and_is_not_counted_as_a_sample():
     h = history(wire=[gen("sentinel-0", 0.9, 2.2, finish="abort", origin="sentinel"), pause(1, 1.3),
                       bump(2, "1", 1.5), gen("r1", 0.1, 1.2)],

@@ -120,20 +120,16 @@ def no_aborts_on_update(h: History) -> Verdict:
             f"{aborted} of {total} requests ({aborted / total:.0%}) were aborted during update cycles"))
     pairs, idle, own, own_pairs = 0, [], 0, 0
     used = {w.engine for w in h.integration_calls("/generate")}
-    for c in h.cycles:
-        for engine in sorted({w.engine for w in h.cycle_calls(c)}):
-            first = h.disturbing_call(c, engine)
-            if first is None:
-                continue
-            pairs += 1
-            resident = h.resident_at(engine, first.t_start)
-            own_pairs += engine in used
-            own += any(w.origin == "integration" for w in resident)
-            if not resident:
-                idle.append(f"engine {engine}: no request was resident when it was "
-                            f"{_ACTION.get(first.path, 'sent new weights')} in cycle {c.index} "
-                            f"(t={first.t_start:.3f}s{_around(h, engine, first.t_start)}"
-                            f"{_expired(h, engine, c)})")
+    for c, engine, first in h.disturbing_calls():
+        pairs += 1
+        resident = h.resident_at(engine, first.t_start)
+        own_pairs += engine in used
+        own += any(w.origin == "integration" for w in resident)
+        if not resident:
+            idle.append(f"engine {engine}: no request was resident when it was "
+                        f"{_ACTION.get(first.path, 'sent new weights')} in cycle {c.index} "
+                        f"(t={first.t_start:.3f}s{_around(h, engine, first.t_start)}"
+                        f"{_expired(h, engine, c)})")
     metrics = {"requests": total, "aborted_requests": aborted, "continued_requests": resumed,
                "aborted_request_rate": aborted / total if total else 0.0,
                "aborted_sample_rate": (aborted - resumed) / total if total else 0.0,

@@ -63,6 +63,12 @@ class Dialect:
         """A call of the suite's in the vocabulary, as this engine takes it: ``(path with query, body)``."""
         return path, body
 
+    def drains(self, sent_as: str | None) -> bool:
+        """Whether a pause, sent as ``sent_as`` (``WireCall.sent_as``), answers only once every request in flight
+        finished: a long-lived request resident there would hold it for its whole budget. None of SGLang's
+        modes does."""
+        return False
+
     def failing_load(self, path: str) -> Callable[[Any], Any] | None:
         """How a load at ``path`` (vocabulary) is made to fail on this family's engine itself: a rewrite of the body
         the integration sent; None where the suite answers it at the wire instead (SGLang: a disk or tensor load
@@ -126,6 +132,14 @@ class VllmDialect(Dialect):
         if path == "/update_weights_from_disk" and isinstance(response, dict) and "results" in response:
             return {"success": True, "message": "reload_weights", "results": response["results"]}
         return response
+
+    def drains(self, sent_as: str | None) -> bool:
+        """``POST /pause?mode=wait`` (``vllm/entrypoints/rl/online/api_router.py``, 0.32.0: it waits for the requests
+        in flight to finish)."""
+        if not sent_as or " " not in sent_as:
+            return False
+        path, _, query = sent_as.split(" ", 1)[1].partition("?")
+        return path == "/pause" and parse_qs(query).get("mode") == ["wait"]
 
     def failing_load(self, path: str) -> Callable[[Any], Any] | None:
         """The checkpoint (or adapter) the cycle brings fails to load: every reload (adapter load) naming the path the

@@ -10,7 +10,9 @@ the budget lasts: a checkpoint written first on a busy machine, or an engine slo
 it only after the other's pause drained) is sent again, under a new rid, for as long as the cycle runs. Each is released
 (aborted by rid, recorded as injected so its abort is not blamed on the integration) as soon as the integration
 continues that engine (or, for an integration that does not pause, sends it new weights: SGLang's update then
-waits for every request in flight), or when the cycle ends. The wire then shows, for every engine and cycle,
+waits for every request in flight; or pauses it in a mode that waits for the requests in flight to finish, vLLM's
+``wait``, once that pause went on: the sentinel was resident when it came, and would hold it for its whole budget),
+or when the cycle ends. The wire then shows, for every engine and cycle,
 whether a request was resident from the pause to the continue, on the fake and on real SGLang alike; a sentinel that the
 integration's own calls aborted (a pause in ``abort`` mode, a bump or transfer with ``abort_all_requests``) is a
 witness of exactly that, and an adapter unloaded under a paused sentinel shows the deadlock SGLang would hit.
@@ -143,17 +145,20 @@ class Sentinels:
         return (await self._client.post(url + path, json=body)).status_code == 200
 
     def _on_call(self, call: WireCall, answered: bool) -> None:
-        """An engine's sentinel has done its job once the integration continued it, or once it sends new weights to
-        an engine it did not pause (SGLang's update then waits for every request in flight, the sentinel too)."""
+        """An engine's sentinel has done its job once the integration continued it, once it sends new weights to
+        an engine it did not pause (SGLang's update then waits for every request in flight, the sentinel too), or
+        once its pause that waits for the requests in flight to finish went on (vLLM's ``wait``: the sentinel was
+        resident when it came and would only hold it for the rest of its budget)."""
         if call.origin != "integration" or call.engine >= len(self.rids):
             return
         continued = call.path == "/continue_generation" and answered and call.ok
         unpaused_transfer = call.path in TRANSFER_PATHS and not answered and call.engine not in self._paused
+        draining = call.path == "/pause_generation" and not answered and self.dialect.drains(call.sent_as)
         if call.path in DISTURBING_PATHS and not answered:
             self._disturbed.add(call.engine)
         if call.path == "/pause_generation" and not answered:
             self._paused.add(call.engine)
-        if continued or unpaused_transfer:
+        if continued or unpaused_transfer or draining:
             task = asyncio.ensure_future(self._release_one(call.engine))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)

@@ -17,7 +17,9 @@ SGLang's dialect is the identity. vLLM's (0.32.0, ``fakes.facts.VLLM``; its rout
 * ``/update_weight_version`` → the same, with ``abort_all_requests: false`` (vLLM's never aborts);
 * ``/collective_rpc`` ``reload_weights`` (``kwargs.weights_path``) → ``/update_weights_from_disk {"model_path"}``,
   neither aborting nor flushing; ``/reset_prefix_cache`` → ``/flush_cache``;
-* ``/abort_requests {"request_ids": [rid]}`` / ``{}`` → ``/abort_request {"rid"}`` / ``{"abort_all": true}``;
+* ``/abort_requests {"request_ids": ["generate-tokens-" + rid]}`` / ``{}`` → ``/abort_request {"rid"}`` /
+  ``{"abort_all": true}`` (vLLM knows a request by its route's prefix and the body's ``request_id``: fact
+  ``request_id_prefix``; an id without the prefix is recorded as it is and aborts nothing);
 * ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` → ``/load_lora_adapter``, ``/unload_lora_adapter``;
 * ``/inference/v1/generate``, ``/v1/completions`` → ``/generate`` (``model`` → ``lora_path``), answered with
   ``meta_info`` (id, finish reason, tokens, version spans); ``GET /weight_info`` → ``/model_info``.
@@ -117,7 +119,7 @@ class VllmDialect(Dialect):
                                                  "flush_cache": False}
         if path == "/abort_requests":
             ids = body.get("request_ids")
-            return "/abort_request", {"rid": str(ids[0])} if ids else {"abort_all": True}
+            return "/abort_request", {"rid": _rid(str(ids[0]))} if ids else {"abort_all": True}
         if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             return _RENAMED[path], {k: body[k] for k in ("lora_name", "lora_path") if k in body}
         if path in _GENERATION:
@@ -164,8 +166,9 @@ class VllmDialect(Dialect):
             if body.get("lora_path"):
                 out["model"] = body["lora_path"]
             return "/inference/v1/generate", out
-        if path == "/abort_request":
-            return "/abort_requests", {"request_ids": [body["rid"]]} if body.get("rid") else {}
+        if path == "/abort_request":  # the suite's requests go to /inference/v1/generate
+            return "/abort_requests", {"request_ids": [_PREFIXES["/inference/v1/generate"] + body["rid"]]} \
+                if body.get("rid") else {}
         if path == "/pause_generation":
             return f"/pause?mode={_VLLM_MODES[body.get('mode', 'abort')]}", None
         if path == "/continue_generation":
@@ -173,6 +176,21 @@ class VllmDialect(Dialect):
         if path == "/model_info":
             return "/weight_info", None
         return path, body or None
+
+
+_PREFIXES: dict[str, str] = VLLM.fact("request_id_prefix", VLLM.default_release)
+"""Per generation route, the prefix of the id vLLM knows a request by (``generate-tokens-`` + the body's
+``request_id``)."""
+
+
+def _rid(known_as: Any) -> Any:
+    """The rid (a generate body's ``request_id``) of the request vLLM knows as ``known_as``: its route's prefix
+    stripped. An id without one names no request on vLLM (its abort aborts nothing) and is kept as it is."""
+    if isinstance(known_as, str):
+        for prefix in _PREFIXES.values():
+            if known_as.startswith(prefix):
+                return known_as[len(prefix):]
+    return known_as
 
 
 def _failing(named: Callable[[dict[str, Any]], Any], broken: Callable[[dict[str, Any]], Any]) -> Callable[[Any], Any]:
@@ -226,7 +244,7 @@ def _output(choice: Any, response: dict[str, Any], rid: str | None) -> dict[str,
     spans = choice.get("weight_versions") or None
     reason = choice.get("finish_reason")
     meta: dict[str, Any] = {
-        "id": rid or response.get("request_id") or response.get("id"),
+        "id": rid or _rid(response.get("request_id") or response.get("id")),
         "finish_reason": {"type": reason} if reason is not None else None,
         "completion_tokens": (response.get("usage") or {}).get("completion_tokens", len(ids)),
         "weight_version": spans[-1]["version"] if spans else None,

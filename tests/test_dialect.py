@@ -54,16 +54,32 @@ def test_a_generation_is_recorded_as_sglangs_generate_with_its_answer_in_meta_in
                                                                      "weight_versions": spans}]})
     assert answer["meta_info"] == {"id": "r1", "finish_reason": {"type": "length"}, "completion_tokens": 8,
                                    "weight_version": "2", "weight_versions": spans}
+    unnamed = _recorded(dialect, "/inference/v1/generate", {"token_ids": ids, "sampling_params": {}})
+    assert dialect.answered(unnamed.path, unnamed.payload, {"request_id": "generate-tokens-9f", "choices": [
+        {"finish_reason": "length", "token_ids": [5]}]})["meta_info"]["id"] == "9f"  # as an abort names it
     empty = dialect.answered(call.path, call.payload, {"request_id": "r1", "choices": [
         {"finish_reason": "abort", "token_ids": [], "weight_versions": []}]})
     assert empty["meta_info"]["weight_version"] is None and "weight_versions" not in empty["meta_info"]
+
+
+def test_only_vllms_wait_pause_drains_the_requests_in_flight() -> None:
+    """What releases the suite's long-lived request as the pause goes on (``Sentinels``): it would hold a pause that
+    waits for it for the rest of its budget."""
+    assert VllmDialect().drains("POST /pause?mode=wait")
+    assert not any(VllmDialect().drains(sent) for sent in ("POST /pause?mode=keep", "POST /pause", None,
+                                                           "POST /pause?mode=abort", "POST /resume?mode=wait"))
+    assert not SGLANG_DIALECT.drains("POST /pause?mode=wait")
 
 
 def test_the_suites_own_calls_go_out_in_vllms_words() -> None:
     dialect = VllmDialect()
     assert dialect.outgoing("/pause_generation", {"mode": "in_place"}) == ("/pause?mode=keep", None)
     assert dialect.outgoing("/continue_generation", {}) == ("/resume", None)
-    assert dialect.outgoing("/abort_request", {"rid": "s1"}) == ("/abort_requests", {"request_ids": ["s1"]})
+    # vLLM knows the suite's generate s1 as generate-tokens-s1: an abort naming s1 would abort nothing
+    assert dialect.outgoing("/abort_request", {"rid": "s1"}) == ("/abort_requests",
+                                                                 {"request_ids": ["generate-tokens-s1"]})
+    assert _recorded(dialect, "/abort_requests", {"request_ids": ["generate-tokens-s1"]}).payload == {"rid": "s1"}
+    assert _recorded(dialect, "/abort_requests", {"request_ids": ["cmpl-c1"]}).payload == {"rid": "c1"}
     assert dialect.outgoing("/abort_request", {"abort_all": True}) == ("/abort_requests", {})
     assert dialect.outgoing("/model_info") == ("/weight_info", None)
     path, body = dialect.outgoing("/generate", {"input_ids": [1, 2], "rid": "s1", "lora_path": "a-v1",
@@ -87,3 +103,21 @@ def test_the_vllm_reference_passes_and_its_history_keeps_the_calls_as_sent() -> 
             ("/generate", "POST /inference/v1/generate")} <= sent
     sentinels = [c for c in result.history.wire if c.origin == "sentinel"]
     assert sentinels and all(c.sent_as == "POST /inference/v1/generate" for c in sentinels)
+
+
+def test_a_pause_that_waits_meets_the_suites_long_lived_request_and_is_not_held_by_it() -> None:
+    """The reference pauses in ``wait`` on vLLM: each sentinel was resident when its engine's pause went on and is
+    released then (by the id vLLM knows it by), so the pause answers once the integration's own short turns are done,
+    not after the sentinel's 3 s budget."""
+    result = run_one("first-drain", vllm, lambda: FakeBackend(FakeBackendConfig(engine="vllm")), 0)
+    h = result.history
+    assert h is not None and {c: v.status for c, v in result.verdicts.items() if v.status != "pass"} == {}
+    pauses = [c for c in h.integration_calls("/pause_generation")]
+    assert pauses and all(c.sent_as == "POST /pause?mode=wait" for c in pauses)
+    for pause in pauses:
+        resident = [c for c in h.resident_at(pause.engine, pause.t_start) if c.origin == "sentinel"]
+        assert resident, f"no sentinel resident at engine {pause.engine}'s pause"
+        released = [i for i in h.injected if i.kind == "abort" and i.rid == resident[0].payload["rid"]]
+        assert released and pause.t_start <= released[0].t <= pause.t_end
+        assert resident[0].generate_outputs()[0]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert pause.t_end - pause.t_start < 1.0, f"the pause was held {pause.t_end - pause.t_start:.2f}s"

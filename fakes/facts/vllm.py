@@ -47,6 +47,13 @@ _FACTS: dict[str, Fact] = {
         "raises 'Weight transfer not configured'); shutdown answers 200; a failed finish publishes no version",
         "v1/worker/gpu_worker.py; " + _RL,
         (("0.32.0", True),)),
+    "request_id_prefix": Fact(
+        "the id a request is known by (its answer's request_id or id, and what /abort_requests takes): the route's "
+        "prefix, then the X-Request-Id header, else the body's request_id, else a random uuid; an id without the "
+        "prefix names no request, and /abort_requests aborts nothing for it",
+        "entrypoints/scale_out/token_in_token_out/serving.py (generate-tokens-), entrypoints/openai/completion/"
+        "serving.py (cmpl-), entrypoints/serve/engine/serving.py _base_request_id; v1/engine/async_llm.py abort",
+        (("0.32.0", {"/inference/v1/generate": "generate-tokens-", "/v1/completions": "cmpl-"}),)),
     "disk_reload_rpc": Fact(
         '/collective_rpc {"method": "reload_weights"} reloads the served checkpoint from disk: {"results": [null]}',
         "entrypoints/serve/dev/rpc/api_router.py collective_rpc; v1/worker/gpu_worker.py reload_weights",

@@ -203,7 +203,7 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     if not prompt:
         return answer("no_prompt", param="prompt")
     lora = body.get("model") if body.get("model") in e.adapters else None
-    rid = e.new_id("cmpl")
+    rid = _request_id(e, req, body)
     request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, bool(body.get("stream")))
     ids = bool(body.get("return_token_ids"))
     model = body.get("model") or e.served_model_name
@@ -238,6 +238,13 @@ async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: st
                             **({"token_ids": new} if ids else {})}], "usage": None}
 
 
+def _request_id(e: FakeVLLMEngine, req: HTTPRequest, body: dict[str, Any]) -> str:
+    """The id vLLM knows the request by (fact ``request_id_prefix``): the route's prefix, then the body's
+    ``request_id``, else a random one. (vLLM's ``X-Request-Id`` header, which takes precedence, is not modelled.)"""
+    prefix = VLLM.fact("request_id_prefix", e.release)[req.path]
+    return prefix + (body.get("request_id") or e.new_id())
+
+
 async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     """``/inference/v1/generate``: token ids in and out, each choice with its ``weight_versions`` spans."""
     if not e.enable_scale_out:
@@ -248,7 +255,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         raise Invalid(("body", "token_ids"), "List should have at least 1 item after validation, not 0",
                       "too_short", ids)
     sampling = _field(body, "sampling_params", dict)
-    rid = body.get("request_id") or e.new_id("gen")
+    rid = _request_id(e, req, body)
     wrong = e.check_model(body.get("model"))
     if wrong is not None:
         return wrong

@@ -181,9 +181,10 @@ class FakeVLLMEngine(EngineLoop):
                 return out
         raise EngineClosed(f"engine {self.engine_id}: request {req.rid} ended without an answer")
 
-    def new_id(self, prefix: str) -> str:
-        """A request id as vLLM writes one (``cmpl-<hex>``), from the engine's seeded generator."""
-        return f"{prefix}-{uuid.UUID(int=self._ids.getrandbits(128)).hex}"
+    def new_id(self) -> str:
+        """A random request id as vLLM writes one (``random_uuid``: 32 hex digits), from the engine's seeded
+        generator."""
+        return uuid.UUID(int=self._ids.getrandbits(128)).hex
 
     # -- pause / resume / abort --------------------------------------------------------------------------------------
     def _abort(self, reqs: list[Request]) -> int:

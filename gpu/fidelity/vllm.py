@@ -24,6 +24,8 @@ import httpx
 from .script import CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, script_client
 
 LONG_TOKENS = 6000
+HELD_ID = "fidelity-held"
+"""The ``request_id`` of the held request the aborts by id name."""
 """Budget of a held request: ~10 s on real vLLM (~600 tokens/s on 2 cores), so a call sent while it decodes lands
 before it ends even when this machine stalls the client for seconds (measured under load: 6 s between two polls)."""
 MODEL_LEN = 8192
@@ -67,14 +69,17 @@ class Held:
     API server, which then answers control calls seconds late); its answer carries the version spans. Whether the
     engine decodes it is read on its ``/metrics`` (:func:`until_running`)."""
 
-    def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS) -> None:
-        self.budget = budget
+    def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS,
+                 request_id: str | None = None) -> None:
+        self.budget, self.request_id = budget, request_id
         self.answer: httpx.Response | None = None
         self.task = asyncio.ensure_future(self._run(client, url))
 
     async def _run(self, client: httpx.AsyncClient, url: str) -> None:
-        body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": self.budget, "temperature": 0,
-                                                         "ignore_eos": True}}
+        body: dict[str, Any] = {"token_ids": PROMPT, "sampling_params": {"max_tokens": self.budget, "temperature": 0,
+                                                                         "ignore_eos": True}}
+        if self.request_id is not None:
+            body["request_id"] = self.request_id
         try:
             self.answer = await client.post(url + "/inference/v1/generate", json=body)
         except httpx.HTTPError:
@@ -111,11 +116,12 @@ async def engine_running(client: httpx.AsyncClient, url: str) -> bool:
     return False
 
 
-async def decoding(client: httpx.AsyncClient, url: str, tries: int = 3) -> tuple[Held, bool]:
+async def decoding(client: httpx.AsyncClient, url: str, tries: int = 3,
+                   request_id: str | None = None) -> tuple[Held, bool]:
     """A held request the engine is seen decoding (its ``/metrics``), started again (at most ``tries`` times) when
     it was not: the situation a pause or abort step compares is made to happen, and whether it did is recorded."""
     for _ in range(tries):
-        held = Held(client, url)
+        held = Held(client, url, request_id=request_id)
         if await until_running(client, url):
             return held, True
         await held.result()
@@ -256,6 +262,16 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         out["request under abort_requests all"], running = await during_decode(
             lambda: decoding(client, url), abort_all)
         out["abort_requests all"]["running_at_pause"] = running
+        async def abort_by_id(held: Held) -> bool:  # vLLM knows it as its route's prefix + the body's request_id
+            await call("abort_requests by the body's request_id", "/abort_requests", {"request_ids": [HELD_ID]})
+            out["abort_requests by the body's request_id"]["still decoding"] = await engine_running(client, url)
+            await call("abort_requests by the id vLLM knows", "/abort_requests",
+                       {"request_ids": [f"generate-tokens-{HELD_ID}"]})  # token_in_token_out/serving.py
+            return not (await held.result()).get("full budget")
+
+        out["request under abort_requests by id"], running = await during_decode(
+            lambda: decoding(client, url, request_id=HELD_ID), abort_by_id)
+        out["abort_requests by the id vLLM knows"]["running_at_pause"] = running
         response = await call("abort_requests unknown id", "/abort_requests", {"request_ids": ["nope"]})
         out["abort_requests unknown id"]["aborted"] = response.json().get("aborted") if response.status_code == 200 \
             else None

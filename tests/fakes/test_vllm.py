@@ -127,6 +127,26 @@ async def test_abort_requests_without_ids_aborts_what_is_in_flight_and_with_ids_
 
 
 @pytest.mark.asyncio
+async def test_a_request_is_known_by_its_routes_prefix_and_an_abort_by_the_bare_request_id_aborts_nothing(
+        connect) -> None:
+    """Measured on 0.32.0 (``gpu/fidelity/vllm.py``, the aborts by id): ``/inference/v1/generate`` knows the body's
+    ``request_id`` r as ``generate-tokens-r`` (its answer says so), ``/v1/completions`` as ``cmpl-r``; an abort naming
+    r leaves it decoding."""
+    wire = await connect(FakeVLLMEngine(enable_scale_out=True))
+    task = wire.spawn("POST", "/inference/v1/generate", json={
+        "token_ids": PROMPT, "request_id": "r1", "sampling_params": {"max_tokens": 50, "ignore_eos": True}})
+    await wire.wait(lambda: bool(wire.engine.scheduler.live()))
+    await wire.engine.step(2)
+    assert (await wire.post("/abort_requests", json={"request_ids": ["r1"]})).json()["aborted"] == 1
+    assert wire.engine.scheduler.running and not task.done()
+    assert (await wire.post("/abort_requests", json={"request_ids": ["generate-tokens-r1"]})).status_code == 200
+    answer = (await wire.result(task)).json()
+    assert answer["request_id"] == "generate-tokens-r1" and answer["choices"][0]["finish_reason"] == "abort"
+    task = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, 4, request_id="c1"))
+    assert (await wire.step_until_done([task]))[0].json()["id"] == "cmpl-c1"
+
+
+@pytest.mark.asyncio
 async def test_reload_weights_reads_the_served_directory_again(connect, tmp_path: Path) -> None:
     save_checkpoint(str(tmp_path), tiny_model(0))
     engine = FakeVLLMEngine(model_path=str(tmp_path))

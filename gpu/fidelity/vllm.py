@@ -24,10 +24,10 @@ import httpx
 from .script import CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, script_client
 
 LONG_TOKENS = 6000
-HELD_ID = "fidelity-held"
-"""The ``request_id`` of the held request the aborts by id name."""
 """Budget of a held request: ~10 s on real vLLM (~600 tokens/s on 2 cores), so a call sent while it decodes lands
 before it ends even when this machine stalls the client for seconds (measured under load: 6 s between two polls)."""
+HELD_ID = "fidelity-held"
+"""The ``request_id`` of the held request the aborts by id name."""
 MODEL_LEN = 8192
 """The model's positions and ``--max-model-len`` for this script (the CPU flags' 4096 is under the held budget)."""
 PROMPT = [5, 6, 7, 8]
@@ -262,6 +262,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         out["request under abort_requests all"], running = await during_decode(
             lambda: decoding(client, url), abort_all)
         out["abort_requests all"]["running_at_pause"] = running
+
         async def abort_by_id(held: Held) -> bool:  # vLLM knows it as its route's prefix + the body's request_id
             await call("abort_requests by the body's request_id", "/abort_requests", {"request_ids": [HELD_ID]})
             out["abort_requests by the body's request_id"]["still decoding"] = await engine_running(client, url)

@@ -119,5 +119,7 @@ def test_a_pause_that_waits_meets_the_suites_long_lived_request_and_is_not_held_
         assert resident, f"no sentinel resident at engine {pause.engine}'s pause"
         released = [i for i in h.injected if i.kind == "abort" and i.rid == resident[0].payload["rid"]]
         assert released and pause.t_start <= released[0].t <= pause.t_end
-        assert resident[0].generate_outputs()[0]["meta_info"]["finish_reason"]["type"] == "abort"
-        assert pause.t_end - pause.t_start < 1.0, f"the pause was held {pause.t_end - pause.t_start:.2f}s"
+        meta = resident[0].generate_outputs()[0]["meta_info"]
+        budget = resident[0].payload["sampling_params"]["max_new_tokens"]
+        # ended by the release before its budget ran out: what the pause waited for (no clock: CI machines stall)
+        assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < budget, (meta, budget)

@@ -30,6 +30,7 @@ from typing import Any
 
 from .serving import (  # noqa: F401  (re-exported: the server stack used to live here)
     DEFAULT_STOP_TIMEOUT,
+    KEEP_ALIVE_S,
     ASGIApp,
     _has_module,
     bind_loopback,
@@ -53,7 +54,8 @@ class LoopbackServer:
     `mode="thread"`: uvicorn in a daemon thread with its own loop (`.loop`); pass `app`, or `factory` (a
     zero-argument callable returning the app, run inside that loop, for apps that bind to the running loop
     at construction). `mode="process"`: `python -m <package> <cli_args>` in a subprocess; `.urls` are the URLs
-    it prints (engines, then the router), `.url` the first; `app` must be None.
+    it prints (engines, then the router), `.url` the first; `app` must be None. `keep_alive_s`: how long an idle
+    connection stays open (thread mode; the engine's own idle limit by default).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class LoopbackServer:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         env: dict[str, str] | None = None,
+        keep_alive_s: float = KEEP_ALIVE_S,
     ) -> None:
         if mode not in {"thread", "process"}:
             raise ValueError(f"mode must be 'thread' or 'process', not {mode!r}")
@@ -84,6 +87,7 @@ class LoopbackServer:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.env = env
+        self.keep_alive_s = keep_alive_s
         self.urls: list[str] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self.process: subprocess.Popen[str] | None = None
@@ -190,7 +194,8 @@ class LoopbackServer:
     async def _serve(self, ready: threading.Event) -> None:
         app = self.factory() if self.factory is not None else self.app
         self.app = app
-        config = uvicorn_config(app, self.host, self._sock.getsockname()[1], graceful_timeout=self.stop_timeout)
+        config = uvicorn_config(app, self.host, self._sock.getsockname()[1], graceful_timeout=self.stop_timeout,
+                                keep_alive_s=self.keep_alive_s)
         self._server = make_uvicorn_server(config, ready)
         await self._server.serve(sockets=[self._sock])
 

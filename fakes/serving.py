@@ -43,9 +43,11 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: float = DEFAULT_STOP_TIMEOUT) -> Any:
+def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: float = DEFAULT_STOP_TIMEOUT,
+                   keep_alive_s: float = KEEP_ALIVE_S) -> Any:
     """The uvicorn config every fake server uses: fast parser when installed, quiet, no access log, and no
-    X-Forwarded-* rewriting middleware (the fakes never read the client address)."""
+    X-Forwarded-* rewriting middleware (the fakes never read the client address); idle connections closed after
+    ``keep_alive_s``."""
     import uvicorn
 
     return uvicorn.Config(
@@ -60,7 +62,7 @@ def uvicorn_config(app: ASGIApp, host: str, port: int, *, graceful_timeout: floa
         access_log=False,
         proxy_headers=False,
         timeout_graceful_shutdown=graceful_timeout,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_keep_alive=keep_alive_s,
     )
 
 

@@ -31,6 +31,9 @@ from .launch import SGLANG, EngineSpec, launch_command
 
 LOG_TAIL_BYTES = 4000
 STOP_TIMEOUT_S = 10.0
+EXIT_WAIT_S = 60.0
+"""How long a server that is expected to end (its engine died) is given to exit (:meth:`EngineProcess.exits_within`):
+SGLang's launcher tears its processes down, vLLM shuts its API server down (at once or at its watchdog's look)."""
 
 
 @dataclass
@@ -207,6 +210,14 @@ class EngineProcess:
         code = None if self.process is None else self.process.poll()
         return {"returncode": code, "pid": None if self.process is None else self.process.pid, "url": self.url,
                 "log_tail": self.log_tail()}
+
+    def exits_within(self, wait_s: float) -> bool:
+        """Whether the engine's process exited within ``wait_s`` seconds (0: whether it already had)."""
+        try:
+            self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM the engine's process group, SIGKILL it after ``timeout_s``; the exit code. Idempotent."""

@@ -37,6 +37,14 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 REQUEST_SET_BY_CLIENT = frozenset({"host", "content-length"})
 RESPONSE_SET_BY_SERVER = frozenset({"date", "server"})
 CONNECT_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 300.0
+"""How long the proxy keeps an integration's idle connection open. Not the engine's 5 s: the proxy runs in the
+suite's own process, whose event loops a busy machine stalls for seconds (measured on real vLLM), and a stall that
+delays the integration reading an answer by 3 s lets the proxy close the connection as the next request goes out on
+it, though the client's own expiry (2 s, ``KEEPALIVE_EXPIRY_S``) is well below the engine's limit: the request is
+lost with no answer (``RemoteProtocolError: Server disconnected without sending a response``, a pause of
+``staleness`` in the real-vLLM CI stage). The engine's own idle limit is its server's: the proxy dials it anew per
+request."""
 
 
 class ForwardingProxy:
@@ -156,7 +164,8 @@ class RecordingProxy:
 
         self.proxy = ForwardingProxy(target, on_unreachable=on_unreachable)
         self.control = WireControl(wire.clock) if control is None else control
-        self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire, self.control, dialect))
+        self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire, self.control, dialect),
+                                     keep_alive_s=KEEP_ALIVE_S)
 
     @property
     def url(self) -> str:

@@ -58,6 +58,14 @@ _FACTS: dict[str, Fact] = {
         '/collective_rpc {"method": "reload_weights"} reloads the served checkpoint from disk: {"results": [null]}',
         "entrypoints/serve/dev/rpc/api_router.py collective_rpc; v1/worker/gpu_worker.py reload_weights",
         (("0.32.0", True),)),
+    "engine_death_ends_server": Fact(
+        "once the engine core died, the API server shuts down (its process exits): at once after a request other "
+        "than /health met the dead engine (the EngineDeadError handler calls terminate_if_errored), else at the "
+        "watchdog's next look (every so many seconds: the value); /health answers 503 until then "
+        "(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it up)",
+        "entrypoints/launchers/launcher.py terminate_if_errored, watchdog_loop (VLLM_WATCHDOG_TIME_S); "
+        "entrypoints/serve/exception_handling/handlers/vllm_error.py; entrypoints/serve/instrumentator/health.py",
+        (("0.32.0", 5.0),)),
 }
 
 _ROWS = (

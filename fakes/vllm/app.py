@@ -346,23 +346,34 @@ class FakeVLLMApp:
 
     def __init__(self, engine: FakeVLLMEngine) -> None:
         self.engine = engine
+        self.on_engine_dead: Callable[[], None] | None = None
+        """vLLM's ``terminate_if_errored``: called when a request other than ``/health`` met the crashed engine (its
+        EngineDeadError handler shuts the API server down; fact ``engine_death_ends_server``). The drop-in server
+        (:mod:`fakes.vllm.launch_server`) stops there; served in process, the fake keeps answering, as the fake
+        SGLang does."""
         self.router = Router([Route(path, methods, self._bind(handler)) for path, (methods, handler) in ROUTES.items()])
 
     def _bind(self, handler: Handler) -> Callable[[HTTPRequest], Awaitable[Reply]]:
         async def run(req: HTTPRequest) -> Reply:
             engine = self.engine
-            if engine.dead:
-                return engine.dead_reply(req.path)
-            try:
-                reply = await handler(engine, req)
-            except Invalid as invalid:
-                reply = invalid.reply()
-            except (EngineCrashed, EngineClosed):
-                reply = engine.dead_reply(req.path)
-            if req.path not in ("/health", "/metrics", "/v1/completions", "/inference/v1/generate", "/v1/models"):
-                engine.record_control(req.path, req.text(), reply.status, reply.body)
+            reply = engine.dead_reply(req.path) if engine.dead else await self._handle(engine, handler, req)
+            if engine.crashed and req.path != "/health" and self.on_engine_dead is not None:
+                self.on_engine_dead()
             return reply
         return run
+
+    @staticmethod
+    async def _handle(engine: FakeVLLMEngine, handler: Handler, req: HTTPRequest) -> Reply:
+        """The live engine's answer to ``req`` (a control call recorded with it)."""
+        try:
+            reply = await handler(engine, req)
+        except Invalid as invalid:
+            reply = invalid.reply()
+        except (EngineCrashed, EngineClosed):
+            reply = engine.dead_reply(req.path)
+        if req.path not in ("/health", "/metrics", "/v1/completions", "/inference/v1/generate", "/v1/models"):
+            engine.record_control(req.path, req.text(), reply.status, reply.body)
+        return reply
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

@@ -9,11 +9,15 @@ Fake-only flags: ``--fake-release`` (the vLLM release to behave as), ``--fake-to
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..facts import VLLM
+
+if TYPE_CHECKING:
+    from .engine import FakeVLLMEngine
 
 READY_LINE = "Application startup complete."
 """What vLLM's uvicorn logs once it serves (a launcher may wait for it)."""
@@ -71,7 +75,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def ready() -> None:
         logging.getLogger(__name__).info(READY_LINE)
-    return run(serve_apps([engine.app], [sock], on_listening=ready, on_close=[engine.aclose]))
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        engine.app.on_engine_dead = stop.set
+        watchdog = asyncio.ensure_future(watch(engine, stop, VLLM.fact("engine_death_ends_server", args.fake_release)))
+        try:
+            await serve_apps([engine.app], [sock], stop=stop, on_listening=ready, on_close=[engine.aclose])
+        finally:
+            watchdog.cancel()
+    return run(serve())
+
+
+async def watch(engine: FakeVLLMEngine, stop: asyncio.Event, every_s: float) -> None:
+    """vLLM's ``watchdog_loop``: every ``every_s`` seconds, a crashed engine shuts the server down (fact
+    ``engine_death_ends_server``: a death no request met, e.g. one in a streamed answer, ends the server too)."""
+    while not engine.crashed:
+        await asyncio.sleep(every_s)
+    logging.getLogger(__name__).error("the engine core died: shutting the API server down")
+    stop.set()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fakes.facts import SGLANG as SGLANG_FACTS
-from gpu.engine import EngineProcess, EngineStartError
+from gpu.engine import EXIT_WAIT_S, EngineProcess, EngineStartError
 from gpu.launch import FAKE, SGLANG, EngineSpec
 from gpu.sglang_cpu import CPU_ENV, CPU_FLAGS, CPU_LORA_FLAGS, RELEASES, python_of, status
 
@@ -121,20 +120,10 @@ def run_engine(model_dir: Path, work: Path, release: str, fake: bool, venv: Path
     return seen, cost
 
 
-EXIT_WAIT_S = 60.0
-"""How long a server whose connection was lost is given to exit (SGLang's launcher tears its processes down)."""
-
-
 def exited(engine: EngineProcess, lost_connection: bool) -> bool:
     """Whether the engine's server process exited at the end of a lifetime: waited for (at most
     :data:`EXIT_WAIT_S`) when the lifetime lost its connection, else whether it already had."""
-    if lost_connection:
-        try:
-            engine.process.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-    return engine.process.poll() is not None
+    return engine.exits_within(EXIT_WAIT_S if lost_connection else 0.0)
 
 
 def rss_gb(pid: int) -> float:

@@ -423,17 +423,13 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
         await call("reload_weights after the failed reload", "/collective_rpc", reload(None))
         await call("reload_weights from the new path again", "/collective_rpc", reload(step1))
         out["weights after a reload from the new path again"] = {"the new path's": await checksums(client, url) == loaded}
-        # last: what a completion meets on the weights a failed reload left (it may end the server)
+        # last: what a completion meets on the weights a failed reload left (it ends the server: run_engine records
+        # whether the process exited, ENDED; asking /health once here raced the shutdown, 503 or no answer)
         await call("reload_weights from a missing path once more", "/collective_rpc", reload(work / "gone"))
         try:
             await complete("completion after a failed reload", model)
         except (httpx.HTTPError, ValueError) as err:
             out["completion after a failed reload"] = {"status": None, "error": type(err).__name__}
-        try:
-            health: int | None = (await client.get(url + "/health")).status_code
-        except httpx.HTTPError:
-            health = None
-        out["health after a completion on the failed reload"] = {"status": health}
     return {f"{step} (lora)": seen for step, seen in out.items()}
 
 
@@ -470,7 +466,7 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lor
                sent: list[Sent] | None = None) -> tuple[dict[str, Observation], float]:
     """Start the fake or real vLLM on ``model_dir`` with the same flags (with ``lora``, :data:`LORA_FLAGS` too), run
     the script (or the LoRA script), stop it; the observations and the start time."""
-    from gpu.engine import EngineProcess
+    from gpu.engine import EXIT_WAIT_S, EngineProcess
     from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, PROGRAM, python_of
 
     extra = (*(LORA_FLAGS if lora else ()), *(("--fake-release", release, *FAKE_SPEED) if fake else ()))
@@ -487,12 +483,18 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lor
         work = model_dir.parent / f"lora-{'fake' if fake else 'real'}"
         script = (run_vllm_lora_script(engine.url, str(model_dir), work, sent) if lora
                   else run_vllm_script(engine.url, str(model_dir), sent))
-        return asyncio.run(script), round(start_s, 1)
+        out = asyncio.run(script)
+        if lora:
+            out[ENDED] = {"exited": engine.exits_within(EXIT_WAIT_S)}
+        return out, round(start_s, 1)
     finally:
         engine.stop()
 
 
 START_TIMEOUT_S = 300.0
+ENDED = "server exited after a completion on the failed reload (lora)"
+"""The LoRA lifetime's last observation: whether the server process exited once its last completion met the engine a
+failed reload killed (fact ``engine_death_ends_server``: vLLM shuts the API server down)."""
 UNCOVERED = Path(__file__).resolve().parent / "uncovered-vllm.json"
 """The fake vLLM's routes no step compares, each with its reason (``python -m gpu.fidelity --engine vllm
 --coverage``)."""

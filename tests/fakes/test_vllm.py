@@ -5,6 +5,7 @@ The engine runs on a manual clock: tokens come only when a test steps it."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -187,12 +188,62 @@ async def test_a_forward_pass_after_a_failed_reload_kills_the_engine(connect, tm
     """Measured on 0.32.0: a reload that failed left the layers on the meta device; the next completion ends the
     engine core (500 ``EngineDeadError``) and ``/health`` answers 503."""
     wire = await connect(FakeVLLMEngine())
+    ended: list[str] = []
+    wire.engine.app.on_engine_dead = lambda: ended.append("terminate_if_errored")
     gone = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "gone")}}
     assert (await wire.post("/collective_rpc", json=gone)).status_code == 500
+    assert ended == []  # the engine lives on until a forward pass
     task = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, 4))
     answer = (await wire.step_until_done([task]))[0]
     assert answer.status_code == 500 and answer.json()["error"]["message"].startswith("EngineCore encountered")
+    assert ended == ["terminate_if_errored"]  # the API server is told to shut down (fact engine_death_ends_server)
     assert (await wire.get("/health")).status_code == 503
+    assert ended == ["terminate_if_errored"]  # /health catches EngineDeadError itself: it ends nothing
+
+
+@pytest.mark.asyncio
+async def test_the_drop_in_servers_watchdog_ends_the_server_once_the_engine_died() -> None:
+    """vLLM's ``watchdog_loop``: a death no request met (a streamed answer's) still ends the server, at its next
+    look."""
+    from fakes.vllm.launch_server import watch
+
+    engine, stop = FakeVLLMEngine(), asyncio.Event()
+    watching = asyncio.ensure_future(watch(engine, stop, every_s=0.01))
+    try:
+        await engine.step(1)
+        assert not stop.is_set() and not watching.done()
+        engine.crash("a forward pass on meta tensors")
+        await asyncio.wait_for(stop.wait(), 10.0)
+    finally:
+        watching.cancel()
+        await engine.aclose()
+
+
+@pytest.mark.slow  # a second Python process
+def test_the_drop_in_server_exits_once_a_completion_met_the_dead_engine(tmp_path: Path) -> None:
+    """Real vLLM 0.32.0's API server shuts down once a request met a dead engine core (``terminate_if_errored``):
+    its clients see the port close, not a server answering 503 for ever (measured: ``gpu/fidelity/vllm.py``, the
+    LoRA lifetime's last step)."""
+    from gpu.engine import EngineProcess
+
+    engine = EngineProcess(None, ("-m", "fakes.vllm.launch_server"), name="fake-vllm-death",
+                           args=lambda host, port: ["--host", host, "--port", str(port),
+                                                    "--fake-tokens-per-second", "8000"])
+    try:
+        url = engine.start(60.0)
+        gone = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "gone")}}
+        with httpx.Client(timeout=30.0) as client:
+            assert client.post(url + "/collective_rpc", json=gone).status_code == 500
+            assert client.get(url + "/health").status_code == 200
+            model = client.get(url + "/v1/models").json()["data"][0]["id"]
+            answer = client.post(url + "/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 2})
+            assert answer.status_code == 500, answer.text
+        try:
+            engine.process.wait(30.0)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the server still runs 30 s after a completion met its dead engine\n{engine.log_tail()}")
+    finally:
+        engine.stop()
 
 
 @pytest.mark.asyncio

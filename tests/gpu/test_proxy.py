@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -147,3 +148,24 @@ def test_an_unreachable_or_failed_engine_answers_502_with_the_reason() -> None:
         assert [c.status for c in wire.snapshot()] == [502, 502]
     finally:
         proxy.stop()
+
+
+@pytest.mark.slow  # waits out the engines' idle limit (5 s)
+def test_the_proxy_keeps_an_idle_connection_open_past_the_engines_idle_limit(upstream, proxied) -> None:
+    """The proxy runs in the suite's process, whose loops a busy machine stalls for seconds: a client that read an
+    answer 3 s late (its own expiry, 2 s, counts from then) would send its next request as an engine-like 5-s limit
+    closes the connection, and the request would be lost unanswered (the real-vLLM CI stage, once). So the proxy
+    holds idle connections for ``gpu.proxy.KEEP_ALIVE_S``: a connection idle for longer than the engine's own
+    limit still carries the next request."""
+    from fakes.facts import FAMILIES
+
+    proxy, wire = proxied
+    host, port = proxy.url.removeprefix("http://").split(":")
+    request = b"POST /echo HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    with socket.create_connection((host, int(port)), timeout=10.0) as conn:
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 201")
+        time.sleep(max(f.keep_alive_s for f in FAMILIES.values()) + 0.5)  # the idle time is what is tested
+        conn.sendall(request)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 201"), "the proxy closed the idle connection"
+    assert [c.status for c in wire.snapshot()] == [201, 201]

@@ -24,6 +24,7 @@ import httpx
 from fakes.profiles import DEFAULT_PROFILE
 
 from .dialect import DIALECTS, SGLANG_DIALECT, VOCABULARY_PROFILE, Dialect
+from .interface import KEEPALIVE_EXPIRY_S
 from .wire import PROBE_HEADER, WireLog, WireRecorder
 from .wire_control import WireControl
 
@@ -78,8 +79,10 @@ def _ssl_context() -> ssl.SSLContext:
 
 def probe_client(timeout_s: float | None = 5.0, header: str = PROBE_HEADER) -> httpx.AsyncClient:
     """An HTTP client for the suite's own calls: probes (not recorded on the wire) by default, or sentinels
-    (``header=SENTINEL_HEADER``: recorded as the suite's)."""
-    return httpx.AsyncClient(timeout=timeout_s, headers={header: "1"}, verify=_ssl_context())
+    (``header=SENTINEL_HEADER``: recorded as the suite's); idle connections dropped as the reference drops them
+    (``KEEPALIVE_EXPIRY_S``, below the engines' own limit: httpx's default equals it)."""
+    return httpx.AsyncClient(timeout=timeout_s, headers={header: "1"}, verify=_ssl_context(),
+                             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
 
 async def probe_labels(urls: list[str], timeout_s: float = 5.0, dialect: Dialect = SGLANG_DIALECT) -> list[str | None]:

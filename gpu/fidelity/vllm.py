@@ -265,7 +265,9 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
 
         async def abort_by_id(held: Held) -> bool:  # vLLM knows it as its route's prefix + the body's request_id
             await call("abort_requests by the body's request_id", "/abort_requests", {"request_ids": [HELD_ID]})
-            out["abort_requests by the body's request_id"]["still decoding"] = await engine_running(client, url)
+            # the gauge is read for up to 2 s: a single read right after the abort once showed no request running on
+            # real vLLM (the next run, and every earlier one, showed it running, as AsyncLLM.abort's external ids say)
+            out["abort_requests by the body's request_id"]["still decoding"] = await until_running(client, url, 2.0)
             await call("abort_requests by the id vLLM knows", "/abort_requests",
                        {"request_ids": [f"generate-tokens-{HELD_ID}"]})  # token_in_token_out/serving.py
             return not (await held.result()).get("full budget")

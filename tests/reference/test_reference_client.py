@@ -83,12 +83,14 @@ async def test_engine_without_sessions_is_asked_once_then_skipped(rig: Rig) -> N
 
 def test_pooled_connections_are_dropped_before_the_engine_closes_them(tmp_path) -> None:
     """SGLang's uvicorn closes a connection idle for 5 s; a client that keeps it as long can send a request on it as
-    it closes (lost, ReadError). The reference and the suite's proxy drop theirs well before."""
+    it closes (lost, ReadError). The reference and the suite's own probes and sentinels drop theirs well before."""
+    from conformance.backends import probe_client
     from conformance.interface import KEEPALIVE_EXPIRY_S, BuildEnv, RolloutConfig
     from conformance.reference import ReferenceIntegration
+    from conformance.wire import SENTINEL_HEADER
     from fakes.serving import KEEP_ALIVE_S
 
     assert KEEPALIVE_EXPIRY_S < KEEP_ALIVE_S / 2
     env = BuildEnv(engine_urls=["http://127.0.0.1:1"], workdir=tmp_path, rollout=RolloutConfig(), prompts=list)
-    client = ReferenceIntegration().make_http_client(env)
-    assert client._transport._pool._keepalive_expiry == KEEPALIVE_EXPIRY_S  # httpcore's pool keeps the limit
+    clients = [ReferenceIntegration().make_http_client(env), probe_client(), probe_client(None, SENTINEL_HEADER)]
+    assert [c._transport._pool._keepalive_expiry for c in clients] == [KEEPALIVE_EXPIRY_S] * 3  # httpcore's pool

@@ -68,15 +68,6 @@ def test_a_checkpoint_path_reused_and_replaced_by_a_rename_passes_f3() -> None:
     assert {Path(c.payload["model_path"]).name for c in h.integration_calls("/update_weights_from_disk")} == {"latest"}
 
 
-def test_an_integration_that_sends_nothing_during_its_cycle_has_its_own_requests_resident_at_the_pause() -> None:
-    """With client-side versions the reference sends no call from its cycle's start to its publish
-    (``ReferenceManager.updating``): the cycle's first pause goes on while the requests in flight when it began are
-    still decoding, not after a wait for a younger one that lets them end (I1-I2 answered unknown)."""
-    results = _all_pass(ReferenceIntegration(name="client-side", capabilities=Capabilities(stamps_engines=False)),
-                        ["first-drain"])
-    assert results["first-drain"].verdicts["I1-I2"].metrics["integration_overlap_at_pause"] == 1.0
-
-
 class InitialVersionZeroManager(ReferenceManager):
     """Counts the initial weights as version 0, published before the first update (versions kept client-side)."""
 

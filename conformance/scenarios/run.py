@@ -463,14 +463,12 @@ class Run:
 
     def holds_young(self, engine: int, another_went: bool = False) -> bool:
         """Whether the cycle's first pause, bump or transfer may go on to ``engine`` (or it is not one the
-        integration uses, so none of its requests will come): the engine and every other engine it uses each hold
-        one of the integration's requests with at least :data:`SPARE` of its decode time left (a cycle that goes from
-        engine to engine reaches them soon after; two engines whose samples chain turns out of phase always meet such
-        a moment). Not a younger one: an integration that sends nothing from its cycle's start to its publish (the
-        reference with client-side versions) has only those in flight when the cycle began, and waiting for a
-        younger one let them end (I1-I2 unknown in half its ``first-drain`` runs). Once another engine's call went
-        on, any request still open is enough: a cycle that pauses engine after engine can leave every group waiting
-        on the paused one, so no younger request comes."""
+        integration uses, so none of its requests will come): the engine holds one of the integration's requests
+        sent less than half its decode time ago, while every other engine it uses holds one with at least
+        :data:`SPARE` of its decode time left (a cycle that goes from engine to engine reaches them soon after; two
+        engines whose samples chain turns out of phase always meet such a moment). Once another engine's call went on,
+        any request still open is enough: a cycle that pauses engine after engine can leave every group waiting on
+        the paused one, so no younger request comes."""
         now, calls = time.monotonic(), self.generates()
         used = {c.engine for c in calls}
 
@@ -480,7 +478,7 @@ class Run:
             return True
         if another_went:
             return holds(engine, math.inf)
-        return all(holds(e, 1.0 - SPARE) for e in used)
+        return holds(engine, 0.5) and all(holds(e, 1.0 - SPARE) for e in used - {engine})
 
     async def _feed_held(self) -> None:
         """While the cycle's first disturbing calls are held and none went on yet, consume a batch whenever an engine

@@ -37,7 +37,8 @@ class BackendRow:
     bounds_aborted_rate: bool = False
     """Real engines: a scenario's aborted-sample rate must stay under ``--conformance-max-aborted-rate``."""
     family: str | None = "sglang"
-    """The engine family it runs (``sglang``, ``vllm``); None: the one ``--conformance-engine`` names (the fake).
+    """The engine family it runs (``sglang``, ``vllm``); None: the one ``--conformance-engine`` names (the fake, the
+    GPU cluster).
     Under another family's ``--conformance-engine`` its cases skip, saying so."""
     run_ahead: int = 0
     """Scenarios of one integration run at once here, started ahead of the cases that read them (each scenario has
@@ -47,8 +48,9 @@ class BackendRow:
 BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
     BackendRow("fake", "cpu", "runs on CPU only (fake engines); every CI", "conformance.fake_setup:FakeSetup",
                options=("profile", "seed", "engine"), preflight=True, isolates=True, run_ahead=4, family=None),
-    BackendRow("gpu", "gpu", "needs real SGLang engines on GPUs (Ray cluster)", "gpu.suite:GpuSuite",
-               options=("nodes", "ray_address", "model_path", "profile", "seed"), bounds_aborted_rate=True),
+    BackendRow("gpu", "gpu", "needs real SGLang or vLLM engines on GPUs (Ray cluster)", "gpu.suite:GpuSuite",
+               options=("nodes", "ray_address", "model_path", "profile", "seed", "engine", "simulate"),
+               bounds_aborted_rate=True, family=None),
     BackendRow("sglang", "sglang",
                "real SGLang on CPU from a release's environment (python -m gpu.sglang_cpu install)",
                "gpu.sglang_suite:SglangSuite", options=("release", "venv", "ray", "seed"), bounds_aborted_rate=True),

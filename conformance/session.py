@@ -56,12 +56,14 @@ class SessionOptions:
     profile: str = ""
     """The SGLang release the fake engines behave as."""
     engine: str = "sglang"
-    """The engine family the fake backend fakes (``sglang`` or ``vllm``)."""
+    """The engine family the fake backend fakes and the GPU backend runs (``sglang`` or ``vllm``)."""
     seed: int = 0
     isolate: bool = False
     nodes: int = 1
     ray_address: str | None = None
     model_path: str | None = None
+    simulate: bool = False
+    """The GPU backend on a simulated cluster here, with the engines' drop-in fakes."""
     release: str = ""
     """Real SGLang on CPU: the release whose environment the engines run from."""
     venv: str | None = None

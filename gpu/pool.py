@@ -18,12 +18,13 @@ decoding), not from a guess: real SGLang on 2 CPU cores decodes a few hundred to
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from conformance.backends import probe_client, probe_labels
 from conformance.dialect import DIALECTS, SGLANG_DIALECT, Dialect
@@ -31,7 +32,7 @@ from conformance.sentinels import SENTINEL_INPUT_IDS
 from conformance.wire import WireLog
 from conformance.wire_control import WireControl
 
-from .backend import EngineFailure, RayBackend, checkpoint
+from .backend import EngineFailure, RayBackend, RayBackendConfig, checkpoint
 from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState, reset_engine
 from .vllm_reset import reset_vllm_engine
 from .weights import in_thread
@@ -278,3 +279,73 @@ class PooledBackend:
     def truth(self) -> dict[str, Any]:
         assert self._backend is not None
         return self._backend.truth()
+
+
+@dataclass
+class PooledSetup:
+    """A backend set-up (``conformance.session.BackendSetup``) that lends one :class:`EnginePool` to every scenario
+    of a session: real SGLang or vLLM on CPU (:mod:`gpu.sglang_suite`), real engines on a GPU cluster
+    (:mod:`gpu.suite`). A subclass says what the engines are started with (:meth:`config`), how one engine set is
+    made (:meth:`make`), the wire's vocabulary (:attr:`recorded_profile`) and what it runs (:meth:`describe`).
+
+    Once the engines did not start, every later scenario fails at once with that reason: a start can take minutes
+    (a cold GPU node loading the model), and a setup that cannot start them will not start them the next time."""
+
+    family: ClassVar[str] = "sglang"
+    """The engine family the pool runs (its dialect, reset and weight reads)."""
+    _pool: EnginePool | None = field(default=None, init=False)
+    _start_failure: str | None = field(default=None, init=False)
+
+    def config(self) -> RayBackendConfig:
+        raise NotImplementedError
+
+    def make(self, config: RayBackendConfig) -> RayBackend:
+        """One engine set (not started)."""
+        raise NotImplementedError
+
+    @property
+    def recorded_profile(self) -> str:
+        """The SGLang release the wire is recorded as."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """What runs where, for the terminal summary (``real SGLang 0.5.23 on CPU (local processes)``)."""
+        raise NotImplementedError
+
+    def pool(self) -> EnginePool:
+        """The session's engine pool (engines start at the first scenario)."""
+        if self._pool is None:
+            config = self.config()
+            self._pool = EnginePool(functools.partial(self.make, config), profile=self.recorded_profile,
+                                    name=self.family, family=self.family, served_model=config.spec.model_path)
+        return self._pool
+
+    def deadlines(self) -> Any:
+        """The scenarios' deadlines scaled by how much slower than the fake the engines decode (measured when they
+        start; starts them now if needed)."""
+        from conformance.scenarios import DEADLINES
+
+        if self._start_failure:
+            raise EngineFailure(f"not started: an earlier scenario's engines did not start:\n{self._start_failure}")
+        pool = self.pool()
+        try:
+            pool.ensure_started()
+        except EngineFailure as exc:
+            self._start_failure = str(exc)
+            raise
+        return DEADLINES.scaled(pool.slowdown())
+
+    def backend_factory(self) -> Callable[[], Any]:
+        """A zero-argument factory: each call lends the pool's engines to one scenario."""
+        return self.pool().lease
+
+    def summary(self) -> list[str]:
+        """What the session cost (engines started, resets), for the terminal summary."""
+        if self._pool is None:
+            return []
+        return [f"{self.describe()}: {line}" for line in self._pool.stats.lines()]
+
+    def close(self) -> None:
+        """Tear the engines down."""
+        if self._pool is not None:
+            self._pool.close()

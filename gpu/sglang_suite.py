@@ -21,12 +21,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from fakes.facts import SGLANG as SGLANG_FACTS
 from fakes.profiles import DEFAULT_PROFILE
 
 from .launch import FAKE, SGLANG, EngineSpec
+from .pool import PooledSetup
 
 
 def lora_on_cpu(release: str) -> str:
@@ -41,11 +42,10 @@ HEALTH_TIMEOUT_S = 300.0
 
 
 @dataclass
-class SglangSuite:
+class SglangSuite(PooledSetup):
     """The ``sglang`` backend of one pytest session."""
 
     family: ClassVar[str] = "sglang"
-    """The engine family this backend runs (its dialect, reset and weight reads: :mod:`gpu.pool`)."""
     title: ClassVar[str] = "real SGLang"
     installer: ClassVar[str] = "gpu.sglang_cpu"
     """The module that builds and checks the family's environments (``status``, ``check_release``, ``python_of``)."""
@@ -67,7 +67,6 @@ class SglangSuite:
     _skip: str | None = field(default=None, init=False)
     _checked: bool = field(default=False, init=False)
     _model_dir: str | None = field(default=None, init=False)
-    _pool: Any = field(default=None, init=False)
     _cluster: contextlib.ExitStack | None = field(default=None, init=False)
 
     @classmethod
@@ -148,57 +147,29 @@ class SglangSuite:
         """The SGLang release the wire is recorded as: the release itself."""
         return self.release
 
-    def pool(self) -> Any:
-        """The session's engine pool (engines start at the first scenario)."""
-        if self._pool is None:
-            from .pool import EnginePool
-
-            config = self.config()
-            self._pool = EnginePool(self._maker(config), profile=self.recorded_profile, name=self.family,
-                                    family=self.family, served_model=config.spec.model_path)
-        return self._pool
-
-    def _maker(self, config: Any) -> Callable[[], Any]:
+    def make(self, config: Any) -> Any:
+        """Local engine processes, or (``ray``) Ray actors on a simulated 2-node cluster started at the first."""
         if not self.ray:
             from .local import LocalBackend
 
-            return lambda: LocalBackend(config)
+            return LocalBackend(config)
         from .backend import RayBackend
 
-        def make() -> Any:
-            if self._cluster is None:
-                from .cluster import local_cluster
+        if self._cluster is None:
+            from .cluster import local_cluster
 
-                self._cluster = contextlib.ExitStack()
-                self._cluster.enter_context(local_cluster(nodes=2, cpus_per_node=1))
-            return RayBackend(config)
-        return make
+            self._cluster = contextlib.ExitStack()
+            self._cluster.enter_context(local_cluster(nodes=2, cpus_per_node=1))
+        return RayBackend(config)
 
-    def deadlines(self) -> Any:
-        """The scenarios' deadlines scaled by how much slower than the fake the engines decode (measured when they
-        start; starts them now if needed): real SGLang on 2 CPU cores decodes a few hundred tokens a second."""
-        from conformance.scenarios import DEADLINES
-
-        pool = self.pool()
-        pool.ensure_started()
-        return DEADLINES.scaled(pool.slowdown())
-
-    def backend_factory(self) -> Callable[[], Any]:
-        """A zero-argument factory: each call lends the pool's engines to one scenario."""
-        return self.pool().lease
-
-    def summary(self) -> list[str]:
-        """What the session cost (engines started, resets), for the terminal summary."""
-        if self._pool is None:
-            return []
+    def describe(self) -> str:
         where = "Ray actors on a simulated 2-node cluster" if self.ray else "local processes"
         name = "the fake's drop-in" if self.fake_args else self.title
-        return [f"{name} {self.release} on CPU ({where}): " + line for line in self._pool.stats.lines()]
+        return f"{name} {self.release} on CPU ({where})"
 
     def close(self) -> None:
         try:
-            if self._pool is not None:
-                self._pool.close()
+            super().close()
         finally:
             if self._cluster is not None:
                 self._cluster.close()

@@ -1,31 +1,80 @@
-"""``-m gpu``: the conformance cases on real SGLang engines spread by Ray over ``--conformance-nodes`` nodes.
+"""``-m gpu``: the conformance cases on real engines spread by Ray over ``--conformance-nodes`` nodes, SGLang or vLLM
+(``--conformance-engine``).
 
 :class:`GpuSuite` is what the plugin's ``gpu`` backend uses, once per pytest session: it says in one line why the
-cases cannot run here (no ``ray``, no ``sglang``, no GPU), else connects to the cluster (``--conformance-ray-address``, else
-``RAY_ADDRESS``, else a Ray started on this machine), picks the served model (``--model-path``, else the tiny model
-built locally and shipped to every engine's node) and makes one :class:`gpu.backend.RayBackend` per scenario.
+cases cannot run here (no ``ray``, no engine package, no GPU), else connects to the cluster
+(``--conformance-ray-address``, else ``RAY_ADDRESS``, else a Ray started on this machine), picks the served model
+(``--conformance-model-path``, else the tiny model built here and shipped to every engine's node) and lends one
+:class:`gpu.pool.EnginePool` of ``max(2, nodes)`` engines in Ray actors (:class:`gpu.backend.RayBackend`: a GPU
+each, or a share of one where a node holds several) to every scenario, reset between them.
+
+``simulate=True`` (``--conformance-simulated-cluster``) runs the same command on a simulated cluster of ``nodes``
+nodes on this machine (``ray.cluster_utils.Cluster``, one logical GPU a node), the family's drop-in fake as the
+engines' program with the same launch line: the cluster path (placement, actors, proxies, resets) without GPUs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from fakes.facts import VLLM as VLLM_FACTS
 from fakes.profiles import DEFAULT_PROFILE
 
-from .launch import SGLANG, EngineSpec
+from .launch import FAKE, FAKE_VLLM, SGLANG, VLLM, EngineSpec
+from .pool import PooledSetup
 
 INSTALL_HINT = "pip install 'weightsync-conformance[gpu]' on the GPU nodes and here"
+SIMULATED_TOKENS_PER_S = 2000.0
+"""The drop-in fakes' decode speed on a simulated cluster (the speed the suite's deadlines are sized for)."""
 
 
-def missing_software() -> list[str]:
-    """What this machine lacks to drive real SGLang on Ray (cheap: nothing is imported)."""
-    return [f"{name} is not installed" for name in ("ray", "sglang") if importlib.util.find_spec(name) is None]
+@dataclass(frozen=True)
+class GpuLaunch:
+    """How one engine family runs on GPU nodes: the package it needs, its program and its drop-in fake (the same
+    launch line), the flags and environment beyond :func:`gpu.launch.launch_args`'s."""
+
+    title: str
+    package: str
+    program: tuple[str, ...]
+    drop_in: tuple[str, ...]
+    flags: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    memory_flag: str | None = None
+    """The flag that takes the share of a GPU's memory an engine may use, where engines share a GPU (SGLang's is
+    :attr:`gpu.launch.EngineSpec.mem_fraction_static`)."""
+
+    def fake_args(self, profile: str) -> tuple[str, ...]:
+        """The drop-in fake's own flags: the release it behaves as and its decode speed."""
+        release = ("--fake-release", VLLM_FACTS.default_release) if self.drop_in == FAKE_VLLM else \
+            ("--fake-profile", profile)
+        return (*release, "--fake-tokens-per-second", str(SIMULATED_TOKENS_PER_S))
+
+
+GPU_LAUNCH: dict[str, GpuLaunch] = {
+    "sglang": GpuLaunch("SGLang", "sglang", SGLANG, FAKE),
+    "vllm": GpuLaunch(
+        "vLLM", "vllm", VLLM, FAKE_VLLM,
+        # the tiny model's context; no CUDA graphs (seconds of capture for nothing); the token-in/token-out route
+        # whose answers carry version spans; the native weight-transfer engine over NCCL (its RL routes)
+        flags=("--max-model-len", "4096", "--enforce-eager", "--enable-scale-out",
+               "--weight-transfer-config", '{"backend": "nccl"}'),
+        # the RL routes (/pause, /resume, /update_weight_version, /weight_info, ...) and runtime LoRA
+        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+        memory_flag="--gpu-memory-utilization"),
+}
+"""Per engine family (``--conformance-engine``), how it is launched on the cluster."""
+
+
+def missing_software(*packages: str) -> list[str]:
+    """Which of ``packages`` this machine lacks (cheap: nothing is imported)."""
+    return [f"{name} is not installed" for name in packages if importlib.util.find_spec(name) is None]
 
 
 def visible_gpus() -> int:
@@ -39,7 +88,7 @@ def visible_gpus() -> int:
 
 
 @dataclass
-class GpuSuite:
+class GpuSuite(PooledSetup):
     """The ``gpu`` backend of one pytest session."""
 
     nodes: int = 1
@@ -47,12 +96,29 @@ class GpuSuite:
     model_path: str | None = None
     profile: str = DEFAULT_PROFILE
     seed: int = 0
+    engine: str = "sglang"
+    """The engine family (``--conformance-engine``): a key of :data:`GPU_LAUNCH`."""
+    simulate: bool = False
+    """A simulated cluster here, the drop-in fakes as the engines (``--conformance-simulated-cluster``)."""
     health_timeout_s: float = 600.0
+    """Real engines load the model and capture kernels before /health answers: minutes on a cold node."""
     _skip: str | None = field(default=None, init=False)
     _checked: bool = field(default=False, init=False)
     _error: str | None = field(default=None, init=False)
     _built: str | None = field(default=None, init=False)
-    _start_failure: str | None = field(default=None, init=False)
+    _cluster: contextlib.ExitStack | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.engine not in GPU_LAUNCH:
+            raise ValueError(f"-m gpu runs {' or '.join(GPU_LAUNCH)} engines, not {self.engine!r}")
+
+    @property  # type: ignore[override]
+    def family(self) -> str:
+        return self.engine
+
+    @property
+    def launch(self) -> GpuLaunch:
+        return GPU_LAUNCH[self.engine]
 
     def skip_reason(self) -> str | None:
         """Why ``-m gpu`` cannot run here (one line), or None; checked once. Raises RuntimeError (every time) when
@@ -68,20 +134,24 @@ class GpuSuite:
         return self._skip
 
     def _check(self) -> str | None:
+        if self.simulate:
+            missing = missing_software("ray")
+            return f"-m gpu on a simulated cluster needs Ray: {missing[0]} ({INSTALL_HINT})" if missing else None
         address = self.ray_address or os.environ.get("RAY_ADDRESS")
-        problems = missing_software()
+        problems = missing_software("ray", self.launch.package)
         if address is None and visible_gpus() == 0:
-            problems.append("no GPU is visible here and no Ray cluster was given (--conformance-ray-address or RAY_ADDRESS)")
+            problems.append("no GPU is visible here and no Ray cluster was given (--conformance-ray-address or "
+                            "RAY_ADDRESS)")
+        needs = f"-m gpu needs real {self.launch.title} on GPUs"
         if problems:
-            return f"-m gpu needs real SGLang on GPUs: {'; '.join(problems)} ({INSTALL_HINT})"
+            return f"{needs}: {'; '.join(problems)} ({INSTALL_HINT})"
         from .cluster import connect
 
         connect(address)
         import ray
 
-        gpus = ray.cluster_resources().get("GPU", 0)
-        if gpus == 0:
-            return f"-m gpu needs real SGLang on GPUs: the Ray cluster at {address or 'this machine'} has no GPU"
+        if ray.cluster_resources().get("GPU", 0) == 0:
+            return f"{needs}: the Ray cluster at {address or 'this machine'} has no GPU"
         return None
 
     def model(self) -> tuple[str, dict[str, bytes] | None]:
@@ -94,44 +164,63 @@ class GpuSuite:
             self._built = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-tiny-model-")) / "model"))
         return self._built, {p.name: p.read_bytes() for p in Path(self._built).iterdir()}
 
-    def backend_config(self) -> Any:
-        """What each scenario's backend starts: ``max(2, nodes)`` engines over ``nodes`` nodes, one GPU each, or
-        a share of one when a node holds several (the tiny model fits many times on a GPU)."""
+    def config(self) -> Any:
+        """What each engine starts with: ``max(2, nodes)`` engines over ``nodes`` nodes, one GPU each, or a share
+        of one when a node holds several (the tiny model fits many times on a GPU); the family's launch line, and
+        on a simulated cluster its drop-in fake."""
         from .backend import RayBackendConfig
 
-        path, files = self.model()
+        launch, (path, files) = self.launch, self.model()
         engines = max(2, self.nodes)
         per_node = -(-engines // self.nodes)
+        share = round(0.8 / per_node, 2) if per_node > 1 else None
+        memory = (launch.memory_flag, str(share)) if share is not None and launch.memory_flag else ()
         spec = EngineSpec(model_path=path, enable_lora=True, random_seed=self.seed,
-                          mem_fraction_static=round(0.8 / per_node, 2) if per_node > 1 else None)
-        return RayBackendConfig(spec, engines=engines, nodes=self.nodes, program=SGLANG,
+                          mem_fraction_static=share if launch.memory_flag is None else None,
+                          extra_args=(*launch.flags, *memory),
+                          fake_args=launch.fake_args(self.profile) if self.simulate else ())
+        return RayBackendConfig(spec, engines=engines, nodes=self.nodes,
+                                program=launch.drop_in if self.simulate else launch.program,
                                 resources_per_engine={"CPU": 1, "GPU": round(1 / per_node, 4)},
-                                health_timeout_s=self.health_timeout_s, profile=self.profile, model_files=files)
+                                health_timeout_s=self.health_timeout_s, profile=self.recorded_profile,
+                                env=dict(launch.env), model_files=files,
+                                engine_host="127.0.0.1" if self.simulate else None)
 
-    def backend_factory(self) -> Any:
-        """A zero-argument factory of fresh backends (one per scenario). Once engines failed to start, later
-        scenarios fail at once with that reason instead of waiting out the health deadline again."""
-        from .backend import EngineFailure, RayBackend
+    @property
+    def recorded_profile(self) -> str:
+        """The SGLang release the wire is recorded as: SGLang's profile, or the suite's vocabulary for vLLM."""
+        from conformance.dialect import VOCABULARY_PROFILE
 
-        config = self.backend_config()
-        suite = self
+        return self.profile if self.engine == "sglang" else VOCABULARY_PROFILE
 
-        class SessionBackend(RayBackend):
-            def start(self) -> None:
-                if suite._start_failure:
-                    raise EngineFailure(f"not started: an earlier scenario's engines did not start:\n"
-                                        f"{suite._start_failure}")
-                try:
-                    super().start()
-                except EngineFailure as exc:
-                    suite._start_failure = str(exc)
-                    raise
-        return lambda: SessionBackend(config)
+    def make(self, config: Any) -> Any:
+        """Engines in Ray actors on the cluster (a simulated one is started at the first)."""
+        from .backend import RayBackend
+
+        if self.simulate and self._cluster is None:
+            from .cluster import local_cluster
+
+            per_node = -(-config.engines // self.nodes)
+            self._cluster = contextlib.ExitStack()
+            self._cluster.enter_context(local_cluster(nodes=self.nodes, cpus_per_node=per_node, gpus_per_node=1))
+        return RayBackend(config)
+
+    def describe(self) -> str:
+        if self.simulate:
+            return f"the {self.launch.title} drop-in fake on a simulated {self.nodes}-node Ray cluster"
+        return f"real {self.launch.title} on a {self.nodes}-node Ray cluster"
 
     def close(self) -> None:
-        if self._built is not None:
-            shutil.rmtree(Path(self._built).parent, ignore_errors=True)
-        if self._checked and self._skip is None and self._error is None:
-            import ray
+        try:
+            super().close()
+        finally:
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+            elif self._checked and self._skip is None and self._error is None:
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()
+            if self._built is not None:
+                shutil.rmtree(Path(self._built).parent, ignore_errors=True)
+                self._built = None

@@ -55,8 +55,8 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
         ("--conformance-isolate-scenarios", dict(action="store_true", default=False, help=(
             "run each scenario in its own fresh process (fake backend), for adapters with process-global state"))),
         ("--conformance-engine", dict(default="sglang", choices=ENGINES, help=(
-            "engine family the fake backend fakes: sglang (as --conformance-sglang-profile) or vllm (0.32.0, "
-            "through its dialect; default integration then conformance.reference:vllm)"))),
+            "engine family the fake backend fakes and the GPU backend runs: sglang (as --conformance-sglang-profile) "
+            "or vllm (0.32.0, through its dialect; default integration then conformance.reference:vllm)"))),
         ("--conformance-sglang-profile", dict(default=None, metavar="VERSION", help=(
             f"SGLang release the fake engines behave as: {', '.join(PROFILES)} (default {DEFAULT_PROFILE})"))),
         ("--conformance-seed", dict(type=int, default=None, metavar="N", help=(
@@ -71,6 +71,9 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
         ("--conformance-model-path", dict(default=None, metavar="DIR", help=(
             "model the GPU backend's engines serve, at this path on every node (default: a tiny random Llama built "
             "here and copied to the nodes)"))),
+        ("--conformance-simulated-cluster", dict(action="store_true", default=False, help=(
+            "GPU backend (-m gpu) on a simulated --conformance-nodes-node Ray cluster on this machine, the engines' "
+            "drop-in fakes in place of real engines: rehearses the cluster path without GPUs"))),
         ("--conformance-max-aborted-rate", dict(type=float, default=0.01, metavar="R", help=(
             "GPU backend: fail a scenario whose aborted-sample rate exceeds R (default 0.01)"))),
         # real SGLang on CPU (-m sglang; gpu.sglang_suite)
@@ -171,6 +174,9 @@ def _validate(config: pytest.Config) -> None:
                                 f"{sorted(PROFILES)}")
     if config.getoption("conformance_nodes") < 1:
         raise pytest.UsageError("--conformance-nodes must be >= 1")
+    if config.getoption("conformance_simulated_cluster") and config.getoption("conformance_ray_address"):
+        raise pytest.UsageError("--conformance-simulated-cluster starts its own Ray cluster on this machine: drop "
+                                "--conformance-ray-address, or drop --conformance-simulated-cluster to use that cluster")
     if not 0.0 <= config.getoption("conformance_max_aborted_rate") <= 1.0:
         raise pytest.UsageError("--conformance-max-aborted-rate must be between 0 and 1")
     from gpu.sglang_cpu import RELEASES  # light: stdlib only
@@ -208,6 +214,7 @@ def session_options(config: pytest.Config) -> Any:
         engine=engine(config),
         isolate=cfg("conformance_isolate_scenarios"), nodes=cfg("conformance_nodes"),
         ray_address=cfg("conformance_ray_address"), model_path=cfg("conformance_model_path"),
+        simulate=cfg("conformance_simulated_cluster"),
         release=sglang_release(config), venv=sglang_venv(config), ray=cfg("conformance_sglang_ray"),
         stops_session=getattr(config, "workerinput", None) is None)
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpu import suite as gpu_suite
-from gpu.suite import GpuSuite
+from conformance.dialect import VOCABULARY_PROFILE
+from gpu.launch import FAKE, FAKE_VLLM, launch_command
+from gpu.suite import GPU_LAUNCH, GpuSuite
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,10 +23,14 @@ import pytest
 from conformance.cases import fake_backend_factory
 from conformance.checks import CHECKS
 from conformance.checks.verdict import Verdict
-from gpu.suite import GpuSuite
+from conformance.scenarios import DEADLINES
+from conformance.dialect import VOCABULARY_PROFILE
+from gpu.launch import FAKE, FAKE_VLLM, launch_command
+from gpu.suite import GPU_LAUNCH, GpuSuite
 
 GpuSuite.skip_reason = lambda self: None          # as on a GPU machine
 GpuSuite.backend_factory = lambda self: fake_backend_factory()
+GpuSuite.deadlines = lambda self: DEADLINES
 RATES = {"steady-disk-retract": 0.5, "steady-disk-in_place": 0.25}
 
 def i1_i2(history):
@@ -84,7 +90,7 @@ def test_the_skip_reason_names_everything_missing(monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_unusable_cluster_is_an_error_every_time_not_a_skip(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu_suite, "missing_software", lambda: [])
+    monkeypatch.setattr(gpu_suite, "missing_software", lambda *packages: [])
 
     def refuse(address: str | None) -> None:
         raise ConnectionError(f"could not reach {address}")
@@ -97,15 +103,64 @@ def test_an_unusable_cluster_is_an_error_every_time_not_a_skip(monkeypatch: pyte
 
 @pytest.mark.parametrize(("nodes", "gpu", "memory"), [(1, 0.5, 0.4), (2, 1.0, None), (3, 1.0, None)])
 def test_engines_take_a_gpu_each_or_share_one_on_a_node(nodes: int, gpu: float, memory: float | None) -> None:
-    suite = GpuSuite(nodes=nodes)
+    for engine, memory_args in (("sglang", ()), ("vllm", ("--gpu-memory-utilization", str(memory)) if memory else ())):
+        suite = GpuSuite(nodes=nodes, engine=engine)
+        try:
+            config = suite.config()
+        finally:
+            suite.close()
+        assert (config.engines, config.nodes) == (max(2, nodes), nodes)
+        assert config.resources_per_engine == {"CPU": 1, "GPU": gpu}
+        assert config.spec.enable_lora and config.program == GPU_LAUNCH[engine].program
+        assert config.spec.mem_fraction_static == (memory if engine == "sglang" else None)
+        assert config.spec.extra_args == (*GPU_LAUNCH[engine].flags, *memory_args)
+        assert set(config.model_files) >= {"config.json", "model.safetensors", "tokenizer.json"}
+
+
+def test_vllm_runs_with_its_rl_routes_and_a_weight_transfer_engine_and_the_wire_in_the_suites_words() -> None:
+    suite = GpuSuite(nodes=2, engine="vllm", profile="0.5.10")
     try:
-        config = suite.backend_config()
+        config = suite.config()
     finally:
         suite.close()
-    assert (config.engines, config.nodes) == (max(2, nodes), nodes)
-    assert config.resources_per_engine == {"CPU": 1, "GPU": gpu}
-    assert config.spec.mem_fraction_static == memory and config.spec.enable_lora
-    assert set(config.model_files) >= {"config.json", "model.safetensors", "tokenizer.json"}
+    command = launch_command(config.spec, "10.0.0.5", 30000, config.program, python="py")
+    assert command[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert command[command.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    assert "--enable-scale-out" in command and "--max-model-len" in command
+    assert config.env["VLLM_SERVER_DEV_MODE"] == "1" and suite.family == "vllm"
+    assert config.profile == VOCABULARY_PROFILE  # vLLM's wire is recorded in SGLang's default release's words
+
+
+def test_a_simulated_cluster_runs_the_drop_in_fakes_on_the_same_launch_line() -> None:
+    for engine, drop_in in (("sglang", FAKE), ("vllm", FAKE_VLLM)):
+        real, simulated = (GpuSuite(nodes=2, engine=engine, model_path="/models/tiny", simulate=simulate)
+                           for simulate in (False, True))
+        try:
+            a, b = real.config(), simulated.config()
+        finally:
+            real.close(), simulated.close()
+        assert b.program == drop_in and b.engine_host == "127.0.0.1"
+        assert b.spec.extra_args == a.spec.extra_args and b.resources_per_engine == a.resources_per_engine
+        assert launch_command(b.spec, "h", 1, b.program)[len(drop_in) + 1:] == \
+            launch_command(a.spec, "h", 1, a.program)[len(drop_in) + 1:] + list(b.spec.fake_args)
+
+
+def test_the_simulated_cluster_needs_only_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_suite, "visible_gpus", lambda: 0)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert GpuSuite(nodes=2, engine="vllm", simulate=True).skip_reason() is None
+    monkeypatch.setattr(gpu_suite.importlib.util, "find_spec", lambda name: None)
+    assert GpuSuite(nodes=2, simulate=True).skip_reason() == (
+        f"-m gpu on a simulated cluster needs Ray: ray is not installed ({gpu_suite.INSTALL_HINT})")
+
+
+def test_vllm_without_vllm_skips_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_suite.importlib.util, "find_spec", lambda name: None if name == "vllm" else object())
+    monkeypatch.setattr(gpu_suite, "visible_gpus", lambda: 0)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert GpuSuite(nodes=2, engine="vllm").skip_reason() == (
+        "-m gpu needs real vLLM on GPUs: vllm is not installed; no GPU is visible here and no Ray cluster was given "
+        f"(--conformance-ray-address or RAY_ADDRESS) ({gpu_suite.INSTALL_HINT})")
 
 
 def test_after_engines_failed_to_start_later_scenarios_fail_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,10 +174,9 @@ def test_after_engines_failed_to_start_later_scenarios_fail_at_once(monkeypatch:
     monkeypatch.setattr(RayBackend, "start", never_healthy)
     suite = GpuSuite(nodes=2)
     try:
-        factory = suite.backend_factory()
         for _ in range(3):
             with pytest.raises(EngineFailure, match="within 600s"):
-                factory().start()
+                suite.deadlines()  # what the session asks before each scenario (the pool's engines start there)
     finally:
         suite.close()
     assert len(starts) == 1

@@ -8,8 +8,11 @@ is gone no engine process is left on the machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +29,7 @@ from gpu.tiny_model import CPU_TEST_MODEL, write_model
 pytestmark = [pytest.mark.cpu, pytest.mark.ray, pytest.mark.slow]
 STUB = (str(Path(__file__).with_name("stub_server.py")),)
 SCENARIOS = ("steady-disk-retract", "failover", "lora")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def engine_processes(marker: str) -> list[int]:
@@ -162,3 +166,24 @@ def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> Non
             assert elapsed < 40
             wait_until(lambda: not engine_processes(model), 15, "no engine process left after the node loss")
     wait_until(lambda: not engine_processes(model), 15, "no engine process left after the cluster is gone")
+
+    # After this test's cluster is gone (one Ray cluster on the machine at a time): the project's cluster command,
+    # as a user runs it, on a simulated 2-node cluster with each family's drop-in fakes.
+    for engine in ("sglang", "vllm"):
+        with subtests.test(f"pytest -m gpu --nodes 2 --conformance-engine {engine} runs the cases on a simulated "
+                           "cluster"):
+            report = tmp_path / f"gpu-{engine}.json"
+            command = [sys.executable, "-m", "pytest", "-m", "gpu", "--nodes", "2", "--conformance-simulated-cluster",
+                       "--conformance-engine", engine, "-k", " or ".join(SCENARIOS), "-p", "no:cacheprovider",
+                       "--conformance-report", str(report)]
+            env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTEST_ADDOPTS")}
+            t0 = time.monotonic()
+            run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+            print(f"{' '.join(command[2:])}: exit {run.returncode} in {time.monotonic() - t0:.1f}s\n"
+                  f"{run.stdout[-600:]}")
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+            cases = json.loads(report.read_text())["cases"]
+            assert len(cases) == 59 and {c["status"] for c in cases} == {"pass"}, \
+                sorted({(c["case"], c["status"]) for c in cases if c["status"] != "pass"})
+            assert {c["backend"] for c in cases} == {"gpu"}
+            assert "drop-in fake on a simulated 2-node Ray cluster: 2 engines started" in run.stdout

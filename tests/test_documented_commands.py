@@ -119,3 +119,14 @@ def test_the_cluster_commands_write_their_report_here_every_case_skipped_with_on
         assert len(reasons) == 1 and f"-m gpu needs real {family} on GPUs" in reasons.pop(), reasons
         result = json.loads(report.read_text())
         assert len(result["cases"]) == len(CASES) and {c["status"] for c in result["cases"]} == {"skipped"}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--nodes", "2", "--conformance-nodes", "3"], "--nodes 2 and --conformance-nodes 3 disagree: give one of them"),
+    (["--conformance-simulated-cluster", "--conformance-ray-address", "127.0.0.1:6379"],
+     "--conformance-simulated-cluster starts its own Ray cluster on this machine"),
+])
+def test_contradicting_cluster_options_are_a_usage_error(options: list[str], message: str) -> None:
+    run = subprocess.run(runnable("pytest -m gpu", *options, "--collect-only", "-q"), cwd=ROOT, env=environment(),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR and message in run.stderr, run.stdout[-1000:] + run.stderr

@@ -329,20 +329,22 @@ class History:
         or, for a call held at SGLang's pause gate, the version current when the engine admitted it (the one the
         cycle that continued the engine installs, when that cycle succeeded). Where the wire cannot tell, the oldest
         plausible version, or with ``newest`` the newest: a call sent while a pause was unanswered (held or not), or
-        after a cycle's last call and before the suite saw the cycle return (the integration may have published
-        already)."""
+        after the cycle's last call to its engine and before the suite saw the cycle return (the integration may have
+        published already, at least to that engine's callers)."""
         cycle = self.gate_cycle(call, maybe=newest)
         if cycle is None and newest:
-            cycle = next((c for c in self.cycles if c.t_start <= call.t_start <= c.t_end and self._settled(c)
-                          <= call.t_start), None)
+            cycle = next((c for c in self.cycles if c.t_start <= call.t_start <= c.t_end
+                          and self.settled(c, call.engine) <= call.t_start), None)
         if cycle is not None and cycle.ok and cycle.returned is not None:
             return cycle.returned
         return self.published_truth_at(call.t_start)
 
-    def _settled(self, cycle: UpdateCycle) -> float:
-        """When the last of ``cycle``'s calls to the engines was answered (its start when it made none)."""
+    def settled(self, cycle: UpdateCycle, engine: int | None = None) -> float:
+        """When the last of ``cycle``'s calls to the engines (to ``engine`` only, when given) was answered (the
+        cycle's start when it made none): from then on the integration may have published the cycle's version (to
+        the calls it sends that engine: the engine runs the new weights), although ``update()`` has not returned."""
         ends = [w.t_end for w in self.integration_calls() if w.path != "/generate" and w.t_end is not None
-                and cycle.t_start <= w.t_start <= cycle.t_end]
+                and cycle.t_start <= w.t_start <= cycle.t_end and engine in (None, w.engine)]
         return max(ends, default=cycle.t_start)
 
     def rebase(self, t0: float) -> None:

@@ -397,6 +397,21 @@ def test_nothing_before_first_update():
     assert check("V3", history()).status == "unknown"
 
 
+def test_a_batch_consumed_after_the_first_publish_and_before_update_returned_may_carry_the_new_version():
+    """The first cycle's last engine call was answered at t=1.5; it returned at 2.0 (the integration cleaned up).
+    A batch consumed at 1.8 with version 1 passes V3; one consumed at 1.2 with version 1 (before anything was
+    loaded) still fails, and so does one at 1.8 carrying a version the cycle never made."""
+    wire = [call(1, "/update_weights_from_tensor", {}, t0=1.1, t1=1.5, response={"success": True})]
+    published = Batch([group(0, ["r1"], 1, staleness=0)], 1, {"staleness_mean": 0.0})
+    before = BatchRecord(0, 0.5, Batch([group(0, ["r0"], None)], None), None)
+    v = check("V3", history(wire=wire, cycles=[cycle()], batches=[before, BatchRecord(1, 1.8, published, 1)]))
+    assert v.passed and v.metrics["batches_before_first_update"] == 1, v.explain()
+    v = check("V3", history(wire=wire, cycles=[cycle()], batches=[BatchRecord(0, 1.2, published, 1)]))
+    assert v.status == "fail" and "consumed before any update" in v.witness[0], v.explain()
+    other = Batch([group(0, ["r1"], 2, staleness=0)], 2, {"staleness_mean": 0.0})
+    assert check("V3", history(wire=wire, cycles=[cycle()], batches=[BatchRecord(0, 1.8, other, 2)])).status == "fail"
+
+
 def test_version_going_backwards_on_failover_fails():
     h = history(cycles=[cycle(0, t0=1, t1=2, returned=3, published=(2, 3)),
                         cycle(1, t0=3, t1=4, returned=1, published=(3, 1), cell=1)],
@@ -484,6 +499,37 @@ def test_where_the_wire_cannot_tell_either_client_side_version_is_accepted():
                                                                              recorded)], 1), 1)])
             assert check("S2", h).passed, (rid, recorded)
     h.batches = [BatchRecord(0, 3, Batch([_client_side_group(0, "q", 2, -1, 2)], 1), 1)]
+    assert check("S2", h).status == "fail"
+
+
+def test_before_the_first_update_a_call_sent_after_the_publish_may_carry_the_new_version():
+    """The first update: the older candidate is "no version yet" (None), so a group recorded with the new version
+    for a call sent after the cycle's last call (published, then cleaning up) passes; an older one still fails."""
+    wire = [call(1, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2),
+            call(2, "/continue_generation", {}, t0=1.5, t1=1.6), gen("q", 1.8, 2.9, version="default")]
+    cycles = [cycle(0, t0=1.0, t1=2.0, returned=1, labels=("default", "default"))]
+    for recorded in (None, 1):
+        h = history(wire=wire, cycles=cycles, stamps_engines=False,
+                    batches=[BatchRecord(0, 3, Batch([_client_side_group(0, "q", recorded, None, recorded)], 1), 1)])
+        assert check("S2", h).passed, (recorded, check("S2", h).explain())
+    h.batches = [BatchRecord(0, 3, Batch([_client_side_group(0, "q", 0, 1, 0)], 1), 1)]
+    assert check("S2", h).status == "fail"
+
+
+def test_a_call_sent_to_an_engine_already_updated_and_resumed_may_carry_the_new_version():
+    """Client-side versions: engine 0 was updated and continued while engine 1 still loads; a call sent to engine 0
+    then runs on the new weights and may be recorded under them. The same call on engine 1, not paused yet (the old
+    weights), may not."""
+    wire = [call(1, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2),
+            call(2, "/pause_generation", {"mode": "retract"}, t0=1.5, t1=1.6, engine=1),
+            call(3, "/continue_generation", {}, t0=1.3, t1=1.35),
+            gen("r", 1.4, 2.5, version="default", seq=100),
+            call(4, "/continue_generation", {}, t0=1.8, t1=1.9, engine=1)]
+    cycles = [cycle(0, t0=1.0, t1=2.0, returned=1, labels=("default", "default"))]
+    h = history(wire=wire, cycles=cycles, stamps_engines=False, initial_version=0,
+                batches=[BatchRecord(0, 3, Batch([_client_side_group(0, "r", 1, 0, 1)], 1), 1)])
+    assert check("S2", h).passed, check("S2", h).explain()
+    wire[3].engine = 1
     assert check("S2", h).status == "fail"
 
 
@@ -598,5 +644,11 @@ def test_unloading_an_adapter_under_paused_requests_that_use_it_fails():
     assert "got no answer" in v.witness[0]
 
 
-def test_adapters_never_replaced_prove_nothing_for_p7():
-    assert check("P7", history(wire=[pause(1, 1.0), _lora_gen("r1", 0.5, 1.6, "policy", 100)])).status == "unknown"
+def test_a_design_that_never_unloads_passes_p7_once_adapters_were_loaded():
+    """Upserting an adapter in place (or loading each version under a new name) never unloads one in use: with
+    adapters loaded and none unloaded P7 passes; with no adapter loaded at all it cannot say."""
+    used = _lora_gen("r1", 0.5, 1.6, "policy", 100)
+    assert check("P7", history(wire=[pause(1, 1.0), used])).status == "unknown"
+    load = call(2, "/load_lora_adapter", {"lora_name": "policy", "lora_path": "/a"}, t0=1.1, t1=1.2)
+    v = check("P7", history(wire=[pause(1, 1.0), used, load]))
+    assert v.passed and v.metrics == {"unloads": 0, "loads": 1}, v.explain()

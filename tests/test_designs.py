@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from dataclasses import replace
@@ -17,7 +18,8 @@ from conformance.checks.labels import cut_short, finish_type
 from conformance.history import WireCall
 from conformance.interface import Capabilities, Turn
 from conformance.mutants import KeepsAbortedManager, NoneAsZeroManager
-from conformance.reference import ReferenceIntegration, ReferenceManager, write_checkpoint_atomic
+from conformance.reference import (LoraTransport, ReferenceIntegration, ReferenceManager, ReferenceUpdater,
+                                   write_checkpoint_atomic)
 from conformance.scenarios import DEFAULT_ROLLOUT, SCENARIOS, Deadlines, Run, Scenario
 from conformance.scenarios.errors import wait_for_condition
 
@@ -180,3 +182,37 @@ def test_a_turn_aborted_with_its_whole_budget_generated_may_train_as_complete(
         return
     assert v.passed and v.metrics["complete_aborts"] >= 1 and v.metrics["aborted_requests"] >= 1, v.explain()
     assert (v.metrics["complete_aborts_trained"] >= 1) is (manager is CompleteAtBudgetManager), v.metrics
+
+
+class CleansUpAfterPublishingUpdater(ReferenceUpdater):
+    """Publishes each version, then cleans up before ``update()`` returns (old checkpoints removed, a log line): the
+    manager's calls sent meanwhile record the new version."""
+
+    async def update(self, *args: Any, **kw: Any) -> int:
+        version = await super().update(*args, **kw)
+        await asyncio.sleep(0.3)  # sleep-ok: the clean-up's own time, the design under test
+        return version
+
+
+@pytest.mark.parametrize("stamps_engines", [False, True], ids=["client-side", "engine-labels"])
+def test_work_after_publishing_is_judged_by_the_publish_not_by_update_returning(stamps_engines: bool) -> None:
+    """A batch consumed, or a call sent, between the publish and ``update()`` returning carries the new version:
+    the first update included (the older candidate is "no version yet")."""
+    caps = Capabilities(stamps_engines=stamps_engines)
+    _all_pass(ReferenceIntegration(name=f"cleanup-{stamps_engines}", capabilities=caps,
+                                   updater_cls=CleansUpAfterPublishingUpdater),
+              ["first-drain", "steady-disk-retract", "mixed-versions", "staleness"])
+
+
+class NeverUnloadsLora(LoraTransport):
+    """Loads each version under a new name and never unloads one (a framework that keeps every adapter: memory is
+    its concern, not P7's)."""
+
+    async def unload(self, engines: Any, name: str) -> None:
+        return None
+
+
+def test_a_lora_design_that_never_unloads_passes_p7() -> None:
+    results = _all_pass(ReferenceIntegration(name="never-unloads", lora_cls=NeverUnloadsLora), ["lora"])
+    v = results["lora"].verdicts["P7"]
+    assert v.metrics["unloads"] == 0 and v.metrics["loads"] >= 1, v.metrics

@@ -41,11 +41,13 @@ def _true_oldest(h: History, group: Group, outputs: dict, *, newest: bool = Fals
 
 def _plausible(h: History, group: Group, outputs: dict, truth: int | None) -> bool:
     """Whether a client-side group's recorded oldest version lies between the oldest and the newest version its calls
-    may have been generated under (where the wire cannot tell: :meth:`History.client_truth`)."""
-    if h.stamps_engines or truth is None or not isinstance(group.oldest_version, int):
+    may have been generated under (where the wire cannot tell: :meth:`History.client_truth`). Before the first
+    update the oldest candidate is "no version yet" (None): a call sent between the publish and ``update()``
+    returning may then carry the new version or none."""
+    if h.stamps_engines or not isinstance(group.oldest_version, int):
         return False
-    newest = _true_oldest(h, group, outputs, newest=True)[0]
-    return newest is not None and min(truth, newest) <= group.oldest_version <= max(truth, newest)
+    candidates = [v for v in (truth, _true_oldest(h, group, outputs, newest=True)[0]) if v is not None]
+    return bool(candidates) and min(candidates) <= group.oldest_version <= max(candidates)
 
 
 @check("S2", "oldest version",

@@ -119,7 +119,8 @@ def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, flo
        needs={"consumed-before-update"},
        holds="no current version before the first update: filter off, no staleness metrics (or, for an "
              "integration that publishes a version for its initial weights, that version)",
-       reads="the batches consumed before the first successful cycle",
+       reads="the batches consumed before the first successful cycle published (its last engine call answered: "
+             "from then until `update()` returns, a batch may carry the new version)",
        model_based="it needs batches drained before the first update with the staleness filter on (the first-drain "
                    "scenario)")
 def nothing_before_first_update(h: History) -> Verdict:
@@ -127,8 +128,12 @@ def nothing_before_first_update(h: History) -> Verdict:
     that publishes a version for its initial weights (``History.initial_version``, e.g. 0) is judged against that:
     its batches before the first update carry that version, and staleness is measured against it."""
     failures: list[Anomaly] = []
-    first = min((c.t_end for c in h.cycles if c.ok), default=float("inf"))
-    early = [b for b in h.batches if b.t < first]
+    first = next((c for c in h.cycles if c.ok), None)
+    # the first version may be published once the first successful cycle's last engine call was answered: a batch
+    # consumed from then until update() returned may carry it (the integration published, then cleaned up)
+    published = None if first is None else first.returned
+    early = [b for b in h.batches if first is None or b.t < first.t_end and not (
+        b.t >= h.settled(first) and b.batch.weight_version is not None and b.batch.weight_version == published)]
     if h.initial_version is not None:
         for rec in early:
             if rec.batch.weight_version != h.initial_version:

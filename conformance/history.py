@@ -257,6 +257,16 @@ class History:
         """The integration's calls sent during ``cycle`` (to ``engine``), in order."""
         return [w for w in self.integration_calls(engine=engine) if cycle.t_start <= w.t_start <= cycle.t_end]
 
+    def refused(self, cycle: UpdateCycle) -> dict[tuple[int, str], list[WireCall]]:
+        """The engines' refusals (non-2xx, ``success: false``) of ``cycle``'s control and transfer calls, per (engine,
+        path), where the last call to that path on that engine was refused too: a failure the cycle never
+        recovered from, whatever ``update()`` returned (a refusal retried until accepted is not here)."""
+        attempts: dict[tuple[int, str], list[WireCall]] = {}
+        for w in self.cycle_calls(cycle):
+            if w.path != "/generate" and w.t_end is not None:
+                attempts.setdefault((w.engine, w.path), []).append(w)
+        return {key: [w for w in calls if not w.ok] for key, calls in attempts.items() if not calls[-1].ok}
+
     def disturbing_call(self, cycle: UpdateCycle, engine: int) -> WireCall | None:
         """The first call of ``cycle`` that can disturb ``engine``'s in-flight requests: its pause, else (an
         integration that never pauses) its first transfer or version bump."""

@@ -95,6 +95,11 @@ class AbortPauseClient(HttpEngineClient):
         return {} if endpoint == "/pause_generation" else payload  # SGLang's default mode for {} is abort
 
 
+class NeverPausesUpdater(ReferenceUpdater):
+    async def pause_all(self) -> None:
+        return None  # declares pause modes, loads while the engines generate
+
+
 class ImplicitFlushClient(HttpEngineClient):
     def request_body(self, endpoint: str, payload: Any) -> Any:
         if endpoint == "/update_weights_from_disk":  # flush_cache left out: SGLang's default (true) applies
@@ -540,6 +545,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("publish_before_transfer", "the version is bumped and published before the weights are pushed",
             "rl-frameworks V2; tokenspeed #672, trl #5932 reviews", ("V2",),
             shows_in=("steady-tensor-retract",), updater_cls=PublishFirstUpdater),
+    _mutant("never_pauses", "declares pause modes but never pauses: the weights change under the requests in "
+            "flight", "issue 41 (an integration that declares a mode and never sends it passed with unknown); "
+            "a pause call lost in a refactor", ("I3",),
+            shows_in=("steady-tensor-retract",), updater_cls=NeverPausesUpdater),
 ]}
 
 
@@ -548,6 +557,17 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
 class VllmDefaultPauseClient(VllmEngineClient):
     async def pause(self, mode: str) -> None:
         await self._call("/pause")  # no mode: vLLM's default, abort, ends every request in flight
+
+
+class VllmSglangModePauseClient(VllmEngineClient):
+    async def pause(self, mode: str) -> None:
+        await self._call(f"/pause?mode={mode}")  # SGLang's mode name: vLLM knows abort, wait, keep; 400
+
+    def check_response(self, endpoint: str, response: httpx.Response) -> Any:
+        if endpoint.startswith("/pause?") and response.status_code != 200:  # logged, not raised
+            log.warning("pause refused: %s %s", response.status_code, response.text)
+            return None
+        return super().check_response(endpoint, response)
 
 
 class VllmUncheckedReloadClient(VllmEngineClient):
@@ -599,6 +619,10 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     on_vllm(MUTANTS["pause_abort"], "vllm_pause_default_abort", "pauses with /pause and no mode: vLLM's default, "
             "abort, ends every request in flight", "vllm-api.md (measured on CPU: /pause aborts what is in flight); "
             "a framework that calls the route as documented", ("I3",), client_cls=VllmDefaultPauseClient),
+    on_vllm(MUTANTS["pause_abort"], "vllm_pause_sglang_mode", "pauses with SGLang's mode name "
+            "(/pause?mode=in_place), which vLLM refuses with 400, and goes on: the engines load while they generate",
+            "vllm-api.md (an invalid mode is a 400 and changes nothing); issue 41 (the suite recorded such a pause "
+            "as a valid one)", ("I3",), client_cls=VllmSglangModePauseClient, shows_in=("steady-disk-in_place",)),
     on_vllm(MUTANTS["success_false_ignored"], "vllm_reload_failure_ignored", "a reload_weights that vLLM answers "
             "500 is logged, not raised, and the cycle goes on", "miles #684 on vLLM's disk path", ("P5",),
             client_cls=VllmUncheckedReloadClient),

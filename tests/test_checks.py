@@ -341,6 +341,31 @@ def test_an_integration_that_never_pauses_proves_nothing_about_i3():
     assert check("I3", history(wire=[bump(0, "1", 1.0)], pause_mode="retract")).status == "unknown"
 
 
+def test_a_pause_the_engine_refused_paused_nothing_and_the_load_after_it_fails_i3():
+    """vLLM answers ``/pause?mode=retract`` with 400 (recorded in the vocabulary as a valid SGLang mode): the engine
+    was not paused, and the load sent next ran on an engine in service."""
+    refused = call(1, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2, status=400,
+                   response={"detail": "literal_error"})
+    refused.sent_as = "POST /pause?mode=retract"
+    load = call(2, "/update_weights_from_disk", {"model_path": "/c"}, t0=1.3, t1=1.5, response={"success": True})
+    h = history(wire=[refused, load], cycles=[cycle()], pause_mode="retract")
+    v = check("I3", h)
+    assert v.status == "fail" and v.metrics["refused_pauses"] == 1, v.explain()
+    assert ("cycle 0, engine 0: /update_weights_from_disk at t=1.300s while the engine was not paused (its pause "
+            "was refused (400 {'detail': 'literal_error'}, sent as POST /pause?mode=retract))") in v.witness[0]
+    h.wire[0] = pause(1, 1.1)
+    assert check("I3", h).passed
+
+
+def test_a_declared_pause_mode_never_sent_fails_i3_but_a_lora_load_needs_no_pause():
+    load = call(2, "/update_weights_from_tensor", {}, t0=1.3, t1=1.5, response={"success": True})
+    v = check("I3", history(wire=[load], cycles=[cycle()], pause_mode="in_place"))
+    assert v.status == "fail" and "no pause was sent" in v.witness[0], v.explain()
+    adapter = call(2, "/load_lora_adapter", {"lora_name": "a", "lora_path": "/a"}, t0=1.3, t1=1.5)
+    assert check("I3", history(wire=[adapter], cycles=[cycle(lora=True)], pause_mode="in_place")).status == \
+        "unknown"  # and the suite skips I3 there (scenarios.capabilities.skips_shown)
+
+
 # -- V1 / V2 / V3 / V4 / P6 ------------------------------------------------------------------------------
 
 def test_versions_agree_fails_on_an_unstamped_lora_update():
@@ -380,6 +405,18 @@ def test_engines_never_stamped_fail_v1_plainly():
     v = check("V1", h)
     assert v.status == "fail" and v.witness[0].startswith("the engines were never stamped") and \
         "client-side versions" in v.witness[0], v.explain()
+
+
+def test_a_cycle_the_wire_says_failed_must_not_publish_whatever_update_returned():
+    refused = call(1, "/update_weights_from_disk", {"model_path": "/c"}, t0=1.2, t1=1.3, status=500,
+                   response={"error": "Weight transfer not configured"})
+    h = history(wire=[refused], cycles=[cycle()])
+    v = check("V2", h)
+    assert v.status == "fail" and "never accepted it after, yet the update returned and the manager's version " \
+        "moved None → 1 (the wire says the cycle failed)" in v.witness[0], v.explain()
+    h.wire.append(call(2, "/update_weights_from_disk", {"model_path": "/c"}, t0=1.4, t1=1.6,
+                       response={"success": True}))  # retried until accepted: the cycle succeeded
+    assert check("V2", h).passed
 
 
 def test_failed_cycle_must_not_publish():

@@ -216,3 +216,22 @@ def test_a_lora_design_that_never_unloads_passes_p7() -> None:
     results = _all_pass(ReferenceIntegration(name="never-unloads", lora_cls=NeverUnloadsLora), ["lora"])
     v = results["lora"].verdicts["P7"]
     assert v.metrics["unloads"] == 0 and v.metrics["loads"] >= 1, v.metrics
+
+
+class NoPauseForLoraUpdater(ReferenceUpdater):
+    """Loads adapters while the engines generate (an adapter load needs no pause); pauses for full weights."""
+
+    async def update(self, weights: Any = None, *, transport: str = "distributed", lora: Any = None) -> int:
+        self._lora_cycle = lora is not None
+        return await super().update(weights, transport=transport, lora=lora)
+
+    async def pause_all(self) -> None:
+        if not self._lora_cycle:
+            await super().pause_all()
+
+
+def test_a_design_that_never_pauses_for_a_lora_reload_is_not_judged_on_pauses_it_never_needed() -> None:
+    results = _all_pass(ReferenceIntegration(name="no-pause-for-lora", updater_cls=NoPauseForLoraUpdater), ["lora"])
+    h = results["lora"].history
+    assert not list(h.integration_calls("/pause_generation")) and all(c.lora for c in h.cycles)
+    assert {"I3", "I6"} <= set(results["lora"].skipped_checks), results["lora"].skipped_checks

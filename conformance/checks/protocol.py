@@ -75,18 +75,11 @@ def failures_are_fatal(h: History) -> Verdict:
     failures: list[Anomaly] = []
     seen = retried = 0
     for c in h.cycles:
-        attempts: dict[tuple[int, str], list[WireCall]] = {}
-        for w in h.cycle_calls(c):
-            if w.path != "/generate" and w.t_end is not None:
-                attempts.setdefault((w.engine, w.path), []).append(w)
-        for (engine, path), calls in attempts.items():
-            refused = [w for w in calls if not w.ok]
-            if not refused:
-                continue
-            seen += len(refused)
-            if calls[-1].ok:
-                retried += 1
-                continue
+        refusals = [w for w in h.cycle_calls(c) if w.path != "/generate" and w.t_end is not None and not w.ok]
+        seen += len(refusals)
+        unrecovered = h.refused(c)
+        retried += len({(w.engine, w.path) for w in refusals} - set(unrecovered))
+        for (engine, path), refused in unrecovered.items():
             if c.ok:
                 first = refused[0]
                 tries = f" (and {len(refused) - 1} retr{'y' if len(refused) == 2 else 'ies'}, refused too)" \
@@ -109,20 +102,24 @@ _FLUSH_REFUSED = SGLANG.facts["post_update_flush_failure"].since("error")
 
 @check("I3", "pause mode sent",
        needs={"cycle"},
-       holds="every pause takes effect in the mode the integration runs in, never `abort`",
+       holds="every pause takes effect in the mode the integration runs in, never `abort`; an integration that "
+             "declares pause modes pauses every engine before it loads full weights there",
        reads="the `mode` SGLang reads from each `/pause_generation` body (`{}` → abort; "
-             f"≤{_NO_PAUSE_BODY} takes no body: always abort)",
+             f"≤{_NO_PAUSE_BODY} takes no body: always abort); a pause the engine refused (non-2xx) paused nothing",
        needs_pause=True)
 def pause_mode_sent(h: History) -> Verdict:
     """I3: every pause takes effect in the mode the integration runs in, and never in ``abort``: a fully-async
     integration that pauses in abort mode kills every request in flight. Read from the wire as SGLang reads it:
-    a body without ``mode`` (``{}``) pauses in abort mode, and so does every pause on ≤0.5.4 (no body taken)."""
+    a body without ``mode`` (``{}``) pauses in abort mode, and so does every pause on ≤0.5.4 (no body taken). A
+    pause the engine refused (vLLM answers ``mode=retract`` with 400) paused nothing; an engine that loads full
+    weights in a cycle without an accepted pause before it was never paused in the declared mode (LoRA loads may
+    go without a pause)."""
     failures: list[Anomaly] = []
     pauses = list(h.integration_calls("/pause_generation"))
     for call in pauses:
         mode = pause_mode(call, h.profile)
-        if mode is None:
-            continue  # SGLang rejected the body: nothing was paused (P5 judges the refusal)
+        if mode is None or (call.t_end is not None and not call.ok):
+            continue  # the engine rejected it: nothing was paused (P5 judges the refusal; below, the load it left)
         sent = sent_as(call, "mode", h.profile)
         if mode == "abort":
             failures.append(Anomaly(
@@ -136,8 +133,36 @@ def pause_mode_sent(h: History) -> Verdict:
                 f"engine {call.engine}: POST /pause_generation at t={call.t_start:.3f}s ({sent}) pauses "
                 f"in {mode} mode, but the integration was asked to run in {h.pause_mode}",
                 engine=call.engine, times=(call.t_start,)))
+    failures += _loaded_unpaused(h)
     return verdict(failures, vacuous=None if pauses else "the integration never paused",
-                   metrics={"pauses": len(pauses)})
+                   metrics={"pauses": len(pauses), "refused_pauses": sum(c.t_end is not None and not c.ok
+                                                                         for c in pauses)})
+
+
+def _loaded_unpaused(h: History) -> list[Anomaly]:
+    """Per full-weight cycle and engine: a load sent there with no pause the engine accepted before it, in a run
+    asked to pause in a mode (the scenario's ``pause_mode``)."""
+    found = []
+    if h.pause_mode is None:
+        return found
+    for c in h.cycles:
+        if c.lora:
+            continue
+        for engine in sorted({w.engine for w in h.cycle_calls(c)}):
+            calls = h.cycle_calls(c, engine)
+            at = next((i for i, w in enumerate(calls) if w.path in TRANSFER_PATHS), None)
+            pauses = [w for w in calls[:at] if w.path == "/pause_generation"]  # sent before it, in wire order
+            if at is None or any(w.ok for w in pauses):
+                continue
+            load, refused = calls[at], pauses
+            why = (f"its pause was refused ({refused[0].status} {refused[0].response!r}, sent as "
+                   f"{refused[0].sent_as or 'POST /pause_generation'})" if refused else "no pause was sent")
+            found.append(Anomaly(
+                "loaded-unpaused",
+                f"cycle {c.index}, engine {engine}: {load.path} at t={load.t_start:.3f}s while the engine was not "
+                f"paused ({why}); the integration declares pause modes and was asked to run in {h.pause_mode}",
+                engine=engine, cycle=c.index, times=(load.t_start,)))
+    return found
 
 
 @check("C2", "flush contract",

@@ -60,13 +60,25 @@ def versions_agree(h: History) -> Verdict:
        holds="a version is stamped only after that engine's whole transfer succeeded, and a failed update changes "
              "no label and publishes nothing",
        reads="`/update_weight_version` and `weight_version` inside transfer bodies (a stamp in an early bucket "
-             "relabels before later buckets land), against each transfer's answer")
+             "relabels before later buckets land), against each transfer's answer; a cycle with a refusal it never "
+             "recovered from is failed, whatever `update()` returned")
 def published_only_after_success(h: History) -> Verdict:
-    """V2: a failed update changes no label and publishes nothing; a version is stamped on an engine only after
+    """V2: a failed update changes no label and publishes nothing (failed as the updater says, or as the wire does: a
+    refusal the cycle never recovered from); a version is stamped on an engine only after
     that engine's whole transfer succeeded, wherever the stamp travels: ``/update_weight_version``, or
     ``weight_version`` inside a transfer body (per bucket, SGLang relabels on the first bucket that lands)."""
     failures: list[Anomaly] = []
     for c in h.cycles:
+        refused = h.refused(c)
+        if c.ok and refused and c.published_after != c.published_before:
+            (engine, path), calls = next(iter(refused.items()))
+            failures.append(Anomaly(
+                "published-despite-refusal",
+                f"cycle {c.index}: engine {engine} answered {calls[0].status} {calls[0].response!r} to {path} and "
+                f"never accepted it after, yet the update returned and the manager's version moved "
+                f"{c.published_before} → {c.published_after} (the wire says the cycle failed)",
+                engine=engine, cycle=c.index, versions=(c.published_before, c.published_after),
+                times=(calls[0].t_start,)))
         if not c.ok:
             if c.published_after != c.published_before:
                 failures.append(Anomaly(

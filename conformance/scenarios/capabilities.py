@@ -68,9 +68,13 @@ def skip_reasons(checks: Iterable[str], caps: Capabilities, profile: str) -> dic
 
 
 def skips_shown(checks: Iterable[str], h: History) -> dict[str, str]:
-    """Checks among ``checks`` that the run's wire shows cannot apply, with the reason: those about requests resident
-    across a pause (``needs_residency``) when every pause the engines accepted took effect in abort mode, whatever
-    the integration declared."""
+    """Checks among ``checks`` that the run's wire shows cannot apply, with the reason: those about pausing
+    (``needs_pause``) in a run of LoRA cycles only that sent no pause (an adapter load needs none); those about
+    requests resident across a pause (``needs_residency``) when every pause the engines accepted took effect in abort
+    mode, whatever the integration declared."""
+    if h.cycles and all(c.lora for c in h.cycles) and next(h.integration_calls("/pause_generation"), None) is None:
+        return {c: f"the integration does not pause for adapter loads (its {len(h.cycles)} LoRA cycle(s) sent no "
+                   "pause), so there is no pause to judge" for c in checks if REGISTRY[c].needs_pause}
     if pause_modes_shown(h) == {"abort"}:
         return _no_residency(checks, "every pause the engines accepted took effect in abort mode (as SGLang read "
                                      "its body off the wire)")

@@ -33,6 +33,7 @@ INTENDED = {
     "non_atomic_checkpoint": ({"disk_writer"}, set()),
     "flush_under_in_place": ({"updater_cls"}, {"flush_needed"}),
     "publish_before_transfer": ({"updater_cls"}, {"transfer"}),
+    "never_pauses": ({"updater_cls"}, {"pause_all"}),
     "lora_reload_in_place": ({"lora_cls"}, {"versioned_name", "load"}),
     "pause_abort": ({"client_cls"}, {"request_body"}),
     "implicit_flush_in_place": ({"client_cls"}, {"request_body"}),

@@ -42,13 +42,15 @@ def render_markdown(result: dict[str, Any]) -> str:
         for c in measured:
             shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c["metrics"].items())
             lines.append(f"| {c['case']} | {shown} |")
-    expected = [c for c in cases if (c.get("expected") or {}).get("outcome") == "xfail"]
-    if expected:
-        lines += ["", "## Expected failures (listed in the expectations file)", "",
-                  "| case | backend | reason | tracked |", "|---|---|---|---|"]
-        for c in expected:
-            e = c["expected"]
-            lines.append(f"| {c['case']} | {c['backend']} | {e['reason']} | {e.get('link') or '–'} |")
+    expected: list[dict[str, Any]] = []
+    for outcome, title in (("xfail", "Expected failures"), ("expected-unknown", "Known unknowns")):
+        listed = [c for c in cases if (c.get("expected") or {}).get("outcome") == outcome]
+        if listed:
+            lines += ["", f"## {title} (listed in the expectations file)", "",
+                      "| case | backend | reason | tracked |", "|---|---|---|---|"]
+            lines += [f"| {c['case']} | {c['backend']} | {c['expected']['reason']} | "
+                      f"{c['expected'].get('link') or '–'} |" for c in listed]
+        expected += listed
     bad = [c for c in cases if c["status"] != "pass" and c not in expected]
     if bad:
         lines += ["", "## New failures" if expected or any(c.get("expected") for c in cases) else "## Not passed", ""]
@@ -57,14 +59,16 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(f"- **{c['case']}** ({c['status']}): " + "; ".join(evidence))
     stale = [c for c in cases if (c.get("expected") or {}).get("outcome") == "unexpected-pass"]
     if stale:
-        lines += ["", "## Listed as expected failures but passing now (delete their entries)", ""]
+        lines += ["", "## Listed in the expectations file but passing now (delete their entries)", ""]
         lines += [f"- **{c['case']}** ({c['backend']}): entry {c['expected']['entry']!r}" for c in stale]
     return "\n".join(lines) + "\n"
 
 
 def _expected_note(cases: list[dict[str, Any]]) -> str:
-    n = sum((c.get("expected") or {}).get("outcome") == "xfail" for c in cases)
-    return f" ({n} of the failures expected: listed in the expectations file)" if n else ""
+    outcomes = [(c.get("expected") or {}).get("outcome") for c in cases]
+    n, k = outcomes.count("xfail"), outcomes.count("expected-unknown")
+    notes = [*([f"{n} of the failures expected"] if n else []), *([f"{k} of the unknowns known"] if k else [])]
+    return f" ({', '.join(notes)}: listed in the expectations file)" if notes else ""
 
 
 def _measured() -> set[str]:

@@ -92,14 +92,15 @@ class ConformanceSuite:
                                                  bool(verdict and verdict.run_broke),
                                                  verdict.witness if verdict else ())
         conformance_record(case, backend, result, expected=judgement and {
-            "reason": entry.reason, "link": entry.link, "entry": entry.pattern, "outcome": judgement.outcome})
+            "reason": entry.reason, "link": entry.link, "entry": entry.pattern, "kind": entry.kind,
+            "outcome": judgement.outcome})
         if reason:
             pytest.skip(reason)
         request.node.user_properties.append(("verdict", json.dumps({"status": verdict.status,
                                                                      "metrics": verdict.metrics}, default=str)))
-        if judgement is not None and judgement.outcome == "xfail":
+        if judgement is not None and judgement.as_listed:  # failed, or answered unknown, as listed
             pytest.xfail(f"{judgement.message}: {verdict.explain()}")
-        if judgement is not None:  # passes although listed, or failed otherwise than listed
+        if judgement is not None:  # passes although listed, or another verdict than listed
             pytest.fail(judgement.message + ("" if verdict.passed else "\n" + verdict.explain()), pytrace=False)
         if not verdict.passed:
             pytest.fail(verdict.explain(), pytrace=False)

@@ -66,9 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-m", dest="marker", default="cpu", help="pytest marker expression (default: cpu)")
     parser.add_argument("--expectations", default=None, metavar="FILE",
-                        help="known failures (TOML): each listed case runs as a strict expected failure")
+                        help="known failures and known unknowns (TOML): each listed case must still fail, or "
+                             "still answer unknown, as listed")
     parser.add_argument("--write-expectations", default=None, metavar="FILE",
-                        help="after the run, write FILE listing every failing case (reason TODO), to adopt in one step")
+                        help="after the run, write FILE listing every failing case as [[xfail]] and every unknown one "
+                             "as [[unknown]] (reason TODO), to adopt in one step")
     parser.add_argument("--list-cases", action="store_true", help="print every case id and exit")
     parser.add_argument("--case-table", action="store_true",
                         help="print the scenarios, what each builds and the checks judging it (Markdown) and exit")
@@ -110,15 +112,23 @@ def _list_cases() -> str:
 
 
 def _write_expectations(path: Path, report: Path | None, spec: str) -> None:
-    """Every failing case of the run's result into an expectations file (reason TODO)."""
+    """The run's failing cases as [[xfail]] entries and its unknown ones as [[unknown]] entries (reason TODO); the
+    cases with no verdict of their own (an error, a broken run), which no entry excuses, named on stderr."""
     from conformance.expectations import render_expectations
 
     if report is None:
         raise UsageError(f"--write-expectations: the run wrote no result, so {path} was not written")
     cases = json.loads(report.read_text())["cases"]
-    failing = [(c["case"], c["backend"]) for c in cases if c["status"] in ("fail", "unknown", "error")]
-    path.write_text(render_expectations(failing, f"written from a run of {spec}"))
-    print(f"expectations: {len(failing)} failing case(s) written to {path} (reason TODO; then burn the list down)")
+    broke = [c for c in cases if c["status"] == "error" or (c.get("details") or {}).get("run_broke")]
+    failing = [(c["case"], c["backend"]) for c in cases if c["status"] == "fail" and c not in broke]
+    unknown = [(c["case"], c["backend"], c.get("witness") or []) for c in cases if c["status"] == "unknown"]
+    path.write_text(render_expectations(failing, f"written from a run of {spec}", unknown))
+    print(f"expectations: {len(failing)} failing case(s) written as [[xfail]] and {len(unknown)} unknown as "
+          f"[[unknown]] to {path} (reason TODO; then burn the list down)")
+    if broke:
+        print(f"expectations: {len(broke)} case(s) not written, as no entry excuses a run that broke or raised "
+              f"(fix it, or rerun if it was the machine): {', '.join(sorted({c['case'] for c in broke}))}",
+              file=sys.stderr)
 
 
 def _profiles(value: str | None, default: str) -> list[str]:

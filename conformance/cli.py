@@ -157,6 +157,31 @@ def _check_integration(args: argparse.Namespace) -> str:
     return spec
 
 
+def _pytest_args(extra: list[str]) -> list[str]:
+    """What goes to pytest: the options this command does not know, then what follows ``--``, without that first
+    ``--`` (argparse keeps it, after any unknown option before it: ``-q -- -k NAME``); left in, pytest would take
+    what follows for paths (``module or package not found: -k``)."""
+    if "--" in extra:
+        at = extra.index("--")
+        return extra[:at] + extra[at + 1:]
+    return extra
+
+
+def _judged_no_case(code: int, report: Path | None, extra: list[str], marker: str) -> str | None:
+    """Why the run judged no case, when its result holds none (and no preflight finding): what to give instead."""
+    if report is None or code not in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.NO_TESTS_COLLECTED):
+        return None
+    result = json.loads(report.read_text())
+    if result.get("cases") or result.get("preflight"):
+        return None
+    if code == pytest.ExitCode.USAGE_ERROR:
+        return (f"pytest refused its arguments {extra} (its error is above), so no case ran and {report} holds "
+                f"none; this command's own options go before --, pytest's after it: {PROG} --out results -- -k V1-lora")
+    return (f"the pytest arguments {extra} with -m {marker} selected no case, so {report} holds none; -k matches "
+            f"the node ids test_case[<case id>-<backend>] (e.g. -k V1-lora-fake), -m {marker} keeps only its "
+            f"backends' cases; list the case ids with {PROG} --list-cases")
+
+
 UNUSED_PLUGINS = ("-p", "no:respx", "-p", "no:anyio", "-p", "no:benchmark", "-p", "no:hypothesispytest")
 """Installed pytest plugins the packaged suite does not use (they are the suite's own tests' dependencies), kept out
 of the main job's start-up; like the working directory's ``conftest.py`` files (``--noconftest``), which belong to
@@ -222,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.list_cases:
             print(_list_cases())
             return 0
-        extra = extra[1:] if extra[:1] == ["--"] else extra  # "-- PYTEST ARGS": pytest's own, not paths
+        extra = _pytest_args(extra)
         if args.engine != "sglang" and args.profiles:
             raise UsageError(f"--profiles runs the fake SGLang's releases; --engine {args.engine} fakes one release")
         profiles = _profiles(args.profiles, args.sglang_profile)
@@ -238,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if len(profiles) == 1:
         code, report = _run(args, extra, spec, profiles[0], out)
+        no_case = _judged_no_case(code, report, extra, args.marker)
+        if no_case is not None:
+            written = f"; {args.write_expectations} was not written" if args.write_expectations else ""
+            print(f"{PROG}: error: {no_case}{written}", file=sys.stderr)
+            return code
         if report is not None:
             print(f"\nconformance result: {report} (summary {report.with_suffix('.md')})\n"
                   f"HTML report: {report.with_suffix('.html')}")

@@ -97,6 +97,31 @@ class FakePytest:
         return self.code
 
 
+def test_pytest_arguments_after_the_separator_reach_pytest_as_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-q -- -k NAME``: argparse keeps the ``--`` after the unknown ``-q``; passed on, pytest took ``-k`` and NAME
+    for paths (``module or package not found: -k``) and the result was empty."""
+    fake = FakePytest()
+    monkeypatch.setattr("conformance.cli.pytest.main", fake)
+    assert main(["-q", "--out", str(tmp_path), "--", "-k", "V1-lora", "-m", "gpu"]) == 0
+    assert "--" not in fake.args and fake.args[-5:] == ["-q", "-k", "V1-lora", "-m", "gpu"]
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (5, "the pytest arguments ['-k', 'V1-lroa'] with -m cpu selected no case, so "),
+    (4, "pytest refused its arguments ['-k', 'V1-lroa'] (its error is above), so no case ran and "),
+])
+def test_a_run_that_judges_no_case_is_an_error_that_says_what_to_give(
+        code: int, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr("conformance.cli.pytest.main", FakePytest(code, {"cases": [], "preflight": []}))
+    listed = tmp_path / "conformance-expectations.toml"
+    assert main(["--out", str(tmp_path), "--write-expectations", str(listed), "--", "-k", "V1-lroa"]) == code
+    out, err = capsys.readouterr()
+    assert err.startswith(f"python -m conformance: error: {says}") and "\n" not in err.strip()
+    assert err.strip().endswith(f"; {listed} was not written") and not listed.exists()
+    assert "conformance result:" not in out
+
+
 def test_written_expectations_leave_out_the_cases_no_entry_excuses(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A fail is an [[xfail]] entry, an unknown an [[unknown]] one; an error or a broken run has no verdict of its
@@ -116,6 +141,16 @@ def test_written_expectations_leave_out_the_cases_no_entry_excuses(
     text = listed.read_text()
     assert '[[xfail]]\ncase = "V1-lora"' in text and '[[unknown]]\ncase = "S2-mixed-versions"' in text
     assert "I3-lora" not in text and "V2-lora" not in text
+
+
+@pytest.mark.slow
+def test_a_k_selection_after_the_separator_runs_the_selected_case(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The issue's command, for real: ``python -m conformance -q -- -k NAME`` runs NAME."""
+    args = ["-q", "--out", str(tmp_path), "--", "-k", "V3-first-drain-fake", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    assert main(args) == 0
+    assert [c["case"] for c in json.loads((tmp_path / "conformance-result.json").read_text())["cases"]] == \
+        ["V3-first-drain"]
 
 
 @pytest.mark.slow

@@ -53,10 +53,11 @@ class Capabilities:
     lora: bool = True
     """The Updater can push a LoRA adapter (``Updater.update(..., lora=...)``)."""
     pause_modes: frozenset[str] = frozenset({"retract", "in_place"})
-    """Pause modes the Updater can run a cycle under (fully-async integrations reject ``abort``, I3). A scenario
-    asking for a mode the integration lacks runs in the integration's own mode (an abort-only integration runs and
-    fails I2/I3 with its cost measured); an empty set declares an integration that never pauses (I6 and C2 are
-    then skipped with that reason)."""
+    """Pause modes the Updater can run a cycle under (fully-async integrations reject ``abort``, I3). An integration
+    with one mode runs every scenario in it: keep-only (vLLM's ``keep``: ``{"in_place"}``) passes where it is right,
+    an abort-only one runs and fails I2/I3 with its cost measured; a check that needs the other mode skips, saying
+    so. With several, a scenario asking for a mode the integration lacks is skipped. An empty set declares an
+    integration that never pauses (I6 and C2 are then skipped with that reason)."""
     failover: bool = True
     """``Roles.new_updater()`` may be called again to fail over to a fresh trainer cell."""
     multi_turn: bool = True

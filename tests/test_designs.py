@@ -235,3 +235,31 @@ def test_a_design_that_never_pauses_for_a_lora_reload_is_not_judged_on_pauses_it
     h = results["lora"].history
     assert not list(h.integration_calls("/pause_generation")) and all(c.lora for c in h.cycles)
     assert {"I3", "I6"} <= set(results["lora"].skipped_checks), results["lora"].skipped_checks
+
+
+def _with_pause_modes(integration: Any, *modes: str) -> Any:
+    return replace(integration, name=f"{integration.name}-{'-'.join(modes)}-only",
+                   capabilities=replace(integration.capabilities, pause_modes=frozenset(modes)))
+
+
+def test_a_keep_only_vllm_integration_runs_every_scenario_in_its_own_mode() -> None:
+    """vLLM frameworks pause with ``keep`` (the vocabulary's in_place) and declare nothing else: the scenarios that
+    ask for retract run in in_place, and pass, instead of being skipped."""
+    from conformance.reference import vllm
+
+    keep_only = _with_pause_modes(vllm, "in_place")
+    results = run_cases(keep_only, fake_backend_factory(engine="vllm"), deadlines=FAST,
+                        scenarios=["steady-disk-retract", "mixed-versions"])
+    bad = {f"{c}-{s}": v.explain() for s, r in results.items() for c, v in r.verdicts.items() if not v.passed}
+    assert not bad and not any(r.skipped for r in results.values()), bad
+    h = results["steady-disk-retract"].history
+    assert {c.sent_as for c in h.integration_calls("/pause_generation")} == {"POST /pause?mode=keep"}
+
+
+def test_a_check_that_needs_the_other_pause_mode_skips_saying_so() -> None:
+    retract_only = _with_pause_modes(ReferenceIntegration(name="reference"), "retract")
+    result = run_cases(retract_only, fake_backend_factory(), deadlines=FAST,
+                       scenarios=["steady-tensor-in_place"])["steady-tensor-in_place"]
+    assert result.skipped_checks["C2"] == ("the integration runs this scenario in its only pause mode, retract "
+                                           "(declares ['retract']), and C2 needs a pause in in_place")
+    assert all(v.passed for v in result.verdicts.values()), {c: v.explain() for c, v in result.verdicts.items()}

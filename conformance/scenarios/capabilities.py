@@ -40,11 +40,12 @@ def transport_for(preferred: Sequence[str], caps: Capabilities) -> str | None:
 
 
 def pause_mode_for(mode: str, caps: Capabilities) -> str:
-    """The pause mode a scenario asking for ``mode`` runs in: an abort-only integration runs every scenario in abort
-    mode (and fails I2/I3 with the cost measured); one that never pauses runs in ``mode``, which it ignores;
-    otherwise a mode it lacks raises :class:`Unsupported`."""
-    if caps.pause_modes == {"abort"}:
-        return "abort"
+    """The pause mode a scenario asking for ``mode`` runs in: an integration with one pause mode runs every scenario
+    in it (keep-only vLLM frameworks in ``in_place``; an abort-only one in ``abort``, failing I2/I3 with the cost
+    measured), and the checks that need the other mode skip, saying so (:meth:`Scenario.skipped_checks`); one that
+    never pauses runs in ``mode``, which it ignores; otherwise a mode it lacks raises :class:`Unsupported`."""
+    if len(caps.pause_modes) == 1:
+        return next(iter(caps.pause_modes))
     if caps.pause_modes and mode not in caps.pause_modes:
         raise Unsupported(f"integration does not support pause mode {mode!r} (declares {sorted(caps.pause_modes)})")
     return mode

@@ -87,5 +87,12 @@ class Scenario:
         return replace(self, pause_mode=mode, rollout=replace(self.rollout, turns=turns))
 
     def skipped_checks(self, integration: Integration, profile: str) -> dict[str, str]:
-        """Checks of this scenario that cannot apply to ``integration`` on SGLang ``profile``, with the reason."""
-        return skip_reasons(self.checks, integration.capabilities, profile)
+        """Checks of this scenario that cannot apply to ``integration`` on SGLang ``profile``, with the reason; and
+        those whose situation needs the scenario's own pause mode where the integration runs it in another."""
+        skipped = skip_reasons(self.checks, integration.capabilities, profile)
+        resolved = self.resolve(integration)
+        for check in set(self.checks) - set(resolved.checks) - set(skipped):
+            skipped[check] = (f"the integration runs this scenario in its only pause mode, {resolved.pause_mode} "
+                              f"(declares {sorted(integration.capabilities.pause_modes)}), and {check} needs a pause "
+                              f"in {self.pause_mode}")
+        return skipped

@@ -29,6 +29,7 @@ from ..asgi import (
 )
 from ..facts import VLLM
 from ..failures import EngineClosed, EngineCrashed
+from . import logprobs as LP
 from .errors import answer, error_reply, worker_failed
 
 FakeVLLMEngine = Any
@@ -37,16 +38,38 @@ Handler = Callable[[FakeVLLMEngine, HTTPRequest], Awaitable[Reply]]
 
 
 class Invalid(ValueError):
-    """A body or query FastAPI's validation rejects: ``loc`` and pydantic's message (one error)."""
+    """A body or query FastAPI's validation rejects: ``loc`` and pydantic's message (one error, after ``preceding``
+    ones: ``(kind, loc, msg, given, ctx)``)."""
 
-    def __init__(self, loc: tuple[Any, ...], msg: str, kind: str, given: Any = None) -> None:
+    def __init__(self, loc: tuple[Any, ...], msg: str, kind: str, given: Any = None,
+                 ctx: dict[str, Any] | None = None,
+                 preceding: tuple[tuple[str, tuple[Any, ...], str, Any, dict[str, Any] | None], ...] = ()) -> None:
         super().__init__(msg)
         self.loc, self.msg, self.kind, self.given = loc, msg, kind, given
+        self.errors = [*preceding, (kind, loc, msg, given, ctx)]
 
     def reply(self) -> Reply:
-        error = {"type": self.kind, "loc": self.loc, "msg": self.msg, "input": self.given}
-        return error_reply(400, f"1 validation error:\n  {error}", "Bad Request",
-                           ".".join(str(p) for p in self.loc[1:]) or None)
+        """``validation_exception_handler`` (``serve/exception_handling/handlers/validation.py``, 0.32.0): each error
+        with its ``loc`` joined (``clean_loc_for_param``) and its ``input`` summarised (``_summarize_error_input``);
+        ``param`` the first error's joined ``loc``."""
+        rendered = []
+        for kind, loc, msg, given, ctx in self.errors:
+            error: dict[str, Any] = {"type": kind, "loc": ".".join(str(p) for p in loc), "msg": msg,
+                                     "input": _summarised(given)}
+            if ctx is not None:
+                error["ctx"] = ctx
+            rendered.append(f"  {error}")
+        count = len(rendered)
+        return error_reply(400, f"{count} validation {'error' if count == 1 else 'errors'}:\n" + "\n".join(rendered),
+                           "Bad Request", ".".join(str(p) for p in self.errors[0][1]))
+
+
+def _summarised(value: Any) -> str:
+    """``_summarize_error_input``: a container as ``<list of N items>``, anything else as its text (200 characters)."""
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = value if isinstance(value, str) else str(value)
+    return text[:200] + "...[truncated]" if len(text) > 200 else text
 
 
 def _json(req: HTTPRequest) -> Any:
@@ -186,12 +209,71 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     return {k: body[k] for k in ("max_tokens", "temperature", "ignore_eos", "stop_token_ids") if k in body}
 
 
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """``CompletionRequest.logprobs``, checked as vLLM parses the body (:mod:`fakes.vllm.logprobs`)."""
+    value = body.get("logprobs")
+    refused = LP.completion_request_error(value)
+    if refused is not None:
+        raise _Refused(refused)
+    if LP.fractional(value):
+        raise Invalid(("body", "logprobs"), "Input should be a valid integer, got a number with a fractional part",
+                      "int_from_float", value)
+    return None if value is None else int(value)
+
+
+def _sampling_logprobs(sampling: dict[str, Any]) -> int | None:
+    """``sampling_params.logprobs`` of ``/inference/v1/generate``, as pydantic builds ``SamplingParams`` from the
+    dict: a value no lax ``int`` takes fails both arms (not an instance, and the dict's field), then
+    ``SamplingParams._verify_args`` refuses a negative one."""
+    value = sampling.get("logprobs")
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            _bad_sampling(sampling, "int_parsing", "Input should be a valid integer, unable to parse string as an "
+                          "integer", value)
+    elif LP.fractional(value):
+        _bad_sampling(sampling, "int_from_float", "Input should be a valid integer, got a number with a fractional "
+                      "part", value)
+    elif value is not None and not isinstance(value, (int, float)):
+        _bad_sampling(sampling, "int_type", "Input should be a valid integer", value)
+    refused = LP.sampling_params_error(value)
+    if refused is not None:
+        raise _Refused(refused)
+    return None if value is None else int(value)
+
+
+def _bad_sampling(sampling: dict[str, Any], kind: str, msg: str, value: Any) -> None:
+    """The two errors pydantic reports for a ``sampling_params`` field (measured on 0.32.0: the ``is_instance_of``
+    arm first, ``param`` ``body.sampling_params``)."""
+    raise Invalid(("body", "sampling_params", "logprobs"), msg, kind, value, preceding=(
+        ("is_instance_of", ("body", "sampling_params"), "Input should be an instance of SamplingParams", sampling,
+         {"class": "SamplingParams"}),))
+
+
+class _Refused(Exception):
+    """A request refused with ``reply`` before anything runs."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
+
+
+async def _error_event(reply: Reply) -> AsyncIterator[Any]:
+    """A streamed request the engine refused once its 200 was sent: the error body as the one event."""
+    yield reply.body
+
+
 async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     """``/v1/completions`` with a prompt of token ids (or text, the fake's byte tokenizer), ``n`` = 1."""
     body = _json(req)
     if not isinstance(body, dict):
         raise Invalid(("body",), "Input should be a valid dictionary or object to extract fields from",
                       "model_attributes_type", body)
+    try:
+        logprobs = _completion_logprobs(body)
+    except _Refused as refused:
+        return refused.reply
     wrong = e.check_model(body.get("model"))
     if wrong is not None:
         return wrong
@@ -202,21 +284,28 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         prompt = e.encode(prompt)
     if not prompt:
         return answer("no_prompt", param="prompt")
+    stream = bool(body.get("stream"))
+    refused = LP.over_limit(logprobs, e.vocab_size, e.max_logprobs)
+    if refused is not None:
+        return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
     rid = _request_id(e, req, body)
-    request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, bool(body.get("stream")))
+    request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, stream)
     ids = bool(body.get("return_token_ids"))
     model = body.get("model") or e.served_model_name
-    if body.get("stream"):
-        return Reply(200, stream=_completion_stream(e, request, call, rid, model, ids))
+    if stream:
+        return Reply(200, stream=_completion_stream(e, request, call, rid, model, ids, logprobs))
     out = await e.finished(request, call)
+    output = list(out.output_ids)
     return Reply(200, {
         "id": rid, "object": "text_completion", "created": e.now(), "model": model,
-        "choices": [{"index": 0, "text": e.text(out.output_ids), "logprobs": None,
+        "choices": [{"index": 0, "text": e.text(output),
+                     "logprobs": None if logprobs is None else LP.completion_logprobs(output, logprobs, e.vocab_size,
+                                                                                      e.text),
                      "finish_reason": e.finish_reason(out), "stop_reason": None,
-                     "token_ids": list(out.output_ids) if ids else None, "prompt_logprobs": None,
+                     "token_ids": output if ids else None, "prompt_logprobs": None,
                      "prompt_token_ids": list(out.input_ids) if ids else None, "routed_experts": None}],
-        "service_tier": None, "system_fingerprint": None, "usage": _usage(out),
+        "service_tier": None, "system_fingerprint": e.system_fingerprint, "usage": _usage(out),
         "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None})
 
 
@@ -226,16 +315,29 @@ def _usage(out: Any) -> dict[str, Any]:
             "prompt_tokens_details": None, "completion_tokens_details": None}
 
 
-async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str, model: str,
-                             ids: bool) -> AsyncIterator[dict[str, Any]]:
-    sent = 0
+async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str, model: str, ids: bool,
+                             logprobs: int | None) -> AsyncIterator[dict[str, Any]]:
+    """``completion_stream_generator`` (``entrypoints/openai/completion/serving.py``, 0.32.0): the choice's fields
+    set (``exclude_unset``: no ``usage``), the prompt ids on the first chunk, ``text_offset`` absolute across
+    chunks, ``system_fingerprint`` on the terminal chunk."""
+    sent, offset = 0, 0
     async for out, final in e.outputs(request, call):
         new = list(out.output_ids[sent:])
+        if not new and not final:  # an output with nothing new (its tokens went out with an earlier one)
+            continue
+        lp = None if logprobs is None else LP.completion_logprobs(new, logprobs, e.vocab_size, e.text, sent, offset)
+        if lp is not None and lp["tokens"]:
+            offset = lp["text_offset"][-1] + len(lp["tokens"][-1])
+        chunk: dict[str, Any] = {
+            "id": rid, "object": "text_completion", "created": e.now(), "model": model,
+            "choices": [{"index": 0, "text": e.text(new), "logprobs": lp,
+                         "finish_reason": e.finish_reason(out) if final else None, "stop_reason": None,
+                         "prompt_token_ids": list(out.input_ids) if ids and sent == 0 else None,
+                         "token_ids": new if ids else None}]}
         sent = len(out.output_ids)
-        yield {"id": rid, "object": "text_completion", "created": e.now(), "model": model,
-               "choices": [{"index": 0, "text": e.text(new), "logprobs": None,
-                            "finish_reason": e.finish_reason(out) if final else None, "stop_reason": None,
-                            **({"token_ids": new} if ids else {})}], "usage": None}
+        if final:
+            chunk["system_fingerprint"] = e.system_fingerprint
+        yield chunk
 
 
 def _request_id(e: FakeVLLMEngine, req: HTTPRequest, body: dict[str, Any]) -> str:
@@ -246,7 +348,8 @@ def _request_id(e: FakeVLLMEngine, req: HTTPRequest, body: dict[str, Any]) -> st
 
 
 async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
-    """``/inference/v1/generate``: token ids in and out, each choice with its ``weight_versions`` spans."""
+    """``/inference/v1/generate``: token ids in and out, each choice with its ``weight_versions`` spans and, with
+    ``sampling_params.logprobs``, its logprobs (``output_mode`` ``tokens``; ``text`` is not modelled)."""
     if not e.enable_scale_out:
         return answer("scale_out_disabled")
     body = _json(req)
@@ -255,37 +358,58 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         raise Invalid(("body", "token_ids"), "List should have at least 1 item after validation, not 0",
                       "too_short", ids)
     sampling = _field(body, "sampling_params", dict)
+    try:
+        logprobs = _sampling_logprobs(sampling)
+    except _Refused as refused:
+        return refused.reply
     rid = _request_id(e, req, body)
     wrong = e.check_model(body.get("model"))
     if wrong is not None:
         return wrong
+    stream = bool(body.get("stream"))
+    refused = LP.over_limit(logprobs, e.vocab_size, e.max_logprobs)
+    if refused is not None:
+        return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
-    request, call = e.submit(ids, sampling, rid, lora, bool(body.get("stream")))
-    if body.get("stream"):
-        return Reply(200, stream=_generate_stream(e, request, call, rid))
+    prompt_ids = bool(body.get("return_token_ids"))
+    request, call = e.submit(ids, sampling, rid, lora, stream)
+    if stream:
+        return Reply(200, stream=_generate_stream(e, request, call, rid, logprobs, prompt_ids))
     out = await e.finished(request, call)
+    output = list(out.output_ids)
     return Reply(200, {
         "request_id": rid, "created": e.now(), "model": body.get("model") or e.served_model_name,
         "output_mode": "tokens",
         "choices": [{"index": 0, "finish_reason": e.finish_reason(out), "stop_reason": None,
-                     "token_ids": list(out.output_ids), "logprobs": None, "routed_experts": None,
-                     "sampling_mask": None, "weight_versions": e.spans(out)}],
-        "prompt_token_ids": list(out.input_ids), "prompt_logprobs": None, "prompt_token_id_logprobs": None,
-        "mm_placeholders": None, "usage": _usage(out), "kv_transfer_params": None, "ec_transfer_params": None,
-        "metrics": None})
+                     "token_ids": output,
+                     "logprobs": None if logprobs is None else LP.generate_logprobs(output, logprobs, e.vocab_size),
+                     "routed_experts": None, "sampling_mask": None, "weight_versions": e.spans(out)}],
+        "prompt_token_ids": list(out.input_ids) if prompt_ids else None, "prompt_logprobs": None,
+        "prompt_token_id_logprobs": None, "mm_placeholders": None, "usage": _usage(out), "kv_transfer_params": None,
+        "ec_transfer_params": None, "metrics": None})
 
 
-async def _generate_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str) -> AsyncIterator[dict[str, Any]]:
-    """Token deltas; the final chunk carries the whole output's ``weight_versions``."""
+async def _generate_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str, logprobs: int | None,
+                           prompt_ids: bool) -> AsyncIterator[dict[str, Any]]:
+    """Token deltas; the final chunk carries the whole output's ``weight_versions``. ``serve_tokens_stream_generator``
+    (0.32.0) leaves out ``prompt_token_ids``, ``mm_placeholders`` and ``metrics`` where they are None: the prompt ids
+    ride on the first chunk with ``return_token_ids``, a text prompt has no placeholders."""
     sent = 0
     async for out, final in e.outputs(request, call):
         new = list(out.output_ids[sent:])
+        if not new and not final:  # skipped, as vLLM skips a non-terminal output without tokens
+            continue
+        chunk: dict[str, Any] = {
+            "request_id": rid, "usage": None, "output_mode": "tokens",
+            "choices": [{"index": 0, "finish_reason": e.finish_reason(out) if final else None,
+                         "stop_reason": None, "token_ids": new, "routed_experts": None, "sampling_mask": None,
+                         "weight_versions": e.spans(out) if final else None,
+                         "logprobs": None if logprobs is None else LP.generate_logprobs(new, logprobs, e.vocab_size,
+                                                                                        sent)}]}
+        if prompt_ids and sent == 0:
+            chunk["prompt_token_ids"] = list(out.input_ids)
         sent = len(out.output_ids)
-        yield {"request_id": rid, "output_mode": "tokens", "usage": None, "prompt_token_ids": None,
-               "mm_placeholders": None, "metrics": None,
-               "choices": [{"index": 0, "finish_reason": e.finish_reason(out) if final else None,
-                            "stop_reason": None, "token_ids": new, "routed_experts": None, "sampling_mask": None,
-                            "weight_versions": e.spans(out) if final else None, "logprobs": None}]}
+        yield chunk
 
 
 def _models(e: FakeVLLMEngine) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from ..scheduler import Request, Scheduler, StepResult, decode_ids, encode_text
 from ..served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model, load_served_model
 from .app import make_app
 from .errors import answer, error_reply, worker_failed
+from .logprobs import MAX_LOGPROBS
 
 _STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
             "up_proj": "gate_up_proj"}
@@ -52,7 +53,8 @@ class FakeVLLMEngine(EngineLoop):
                  model_path: str | None = None, served_model_name: str | None = None,
                  tokens_per_second: float | None = None, clock: Clock | None = None, seed: int = 0,
                  engine_id: str = "e0", max_num_seqs: int = 256, enable_lora: bool = False,
-                 enable_scale_out: bool = False, max_model_len: int | None = None, max_lora_rank: int = 16) -> None:
+                 enable_scale_out: bool = False, max_model_len: int | None = None, max_lora_rank: int = 16,
+                 max_logprobs: int = MAX_LOGPROBS) -> None:
         if release not in VLLM.releases:
             raise ValueError(f"unknown vLLM release {release!r}; known: {', '.join(VLLM.releases)}")
         if tokens_per_second is not None and tokens_per_second <= 0:
@@ -74,6 +76,14 @@ class FakeVLLMEngine(EngineLoop):
         self.enable_lora, self.enable_scale_out = enable_lora, enable_scale_out
         self.max_lora_rank = max_lora_rank
         """``--max-lora-rank`` (vLLM's ``LoRAConfig`` default: 16)."""
+        self.max_logprobs = max_logprobs
+        """``--max-logprobs``: the most sample logprobs a request may ask for (-1: the vocabulary)."""
+        self.vocab_size = int(self.model.config.get("vocab_size") or 256)
+        """``config.json``'s ``vocab_size``: what ``logprobs: -1`` asks for."""
+        self.system_fingerprint = "vllm-{}-{}".format(release, hashlib.sha256(
+            f"{self.model_path}:{self.max_model_len}".encode()).hexdigest()[:8])
+        """``get_system_fingerprint`` (``entrypoints/serve/utils/fingerprint.py``, 0.32.0, mode ``full``, one
+        process): ``vllm-<release>-<hash8>`` of the config; on non-streamed completions and a stream's last chunk."""
         self.scheduler = Scheduler(None, max_num_seqs, self.clock, seed,
                                    version=VLLM.fact("initial_weight_version", release), events=self.events,
                                    engine_id=engine_id)
@@ -160,12 +170,15 @@ class FakeVLLMEngine(EngineLoop):
         return req, call
 
     async def outputs(self, req: Request, call: _Call) -> AsyncIterator[tuple[Request, bool]]:
-        """``(request, final)`` as its tokens come; leaving early (the client went away) aborts it."""
+        """``(request, final)`` as its tokens come; leaving early (the client went away) aborts it. A request read
+        once it has finished is final then (vLLM's last output carries the last tokens and the finish reason; the
+        ones queued after it are not read)."""
         try:
             while True:
                 _, item, final = await call.get()
                 if isinstance(item, BaseException):
                     raise item
+                final = final or item.finished
                 yield item, final
                 if final:
                     return

@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from ..facts import VLLM
+from .logprobs import MAX_LOGPROBS
 
 if TYPE_CHECKING:
     from .engine import FakeVLLMEngine
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--enable-scale-out", action="store_true")
+    parser.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS)
     for flag in ("--enforce-eager", "--disable-log-requests", "--disable-log-stats", "--trust-remote-code"):
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--dtype", "--max-loras", "--gpu-memory-utilization", "--tensor-parallel-size",
@@ -67,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             served_model_name=args.served_model_name, tokens_per_second=args.fake_tokens_per_second,
                             seed=args.fake_seed, max_num_seqs=args.max_num_seqs, enable_lora=args.enable_lora,
                             enable_scale_out=args.enable_scale_out, max_model_len=args.max_model_len,
-                            max_lora_rank=args.max_lora_rank)
+                            max_lora_rank=args.max_lora_rank, max_logprobs=args.max_logprobs)
     try:
         sock = bind_loopback(args.host, args.port)
     except OSError as e:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,172 @@ def choice(body: Any) -> Observation:
         seen["error"] = ({k: (message_class(v) if k == "message" else v) for k, v in error.items()}
                          if isinstance(error, dict) else message_class(str(error)))
     return seen
+
+
+LOGPROBS_TOKENS = 4
+"""Budget of the logprobs steps' requests (their answers are compared by shape, not by value)."""
+_LOC_ERROR = re.compile(r"'type': '(\w+)', 'loc': '([^']*)'")
+
+
+def located_errors(body: Any) -> list[str] | None:
+    """A vLLM validation error's errors as ``type at loc`` (``validation.py`` joins each ``loc``), in order."""
+    message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+    found = [f"{kind} at {loc}" for kind, loc in _LOC_ERROR.findall(message)] if isinstance(message, str) else []
+    return found or None
+
+
+def _all(values: Any) -> bool:
+    return all(values)
+
+
+def completion_logprobs(lp: Any, k: int, ids: list[int] | None = None) -> Observation:
+    """What a completion's ``logprobs`` (``CompletionLogProbs``) says by shape: its keys, parallel lists one entry per
+    token, floats <= 0, a ``top_logprobs`` dict per token holding the sampled token and 1 to ``k + 1`` entries (tokens
+    that decode alike share one key, so a count is a range), not the values or the token strings."""
+    if not isinstance(lp, dict):
+        return {"logprobs": None if lp is None else type(lp).__name__}
+    tokens, values, tops, offsets = (lp.get(f) or [] for f in ("tokens", "token_logprobs", "top_logprobs",
+                                                                 "text_offset"))
+    return {"keys": sorted(lp),
+            "one entry per token": len({len(tokens), len(values), len(tops), len(offsets)}) == 1
+            and (ids is None or len(tokens) == len(ids)),
+            "tokens are strings": _all(isinstance(t, str) for t in tokens),
+            "token_logprobs are floats <= 0": _all(isinstance(v, float) and v <= 0 for v in values),
+            "text_offset counts the tokens' text": _all(b - a == len(t) for a, b, t in zip(offsets, offsets[1:], tokens)),
+            "top_logprobs hold the sampled token": _all(isinstance(d, dict) and t in d for t, d in zip(tokens, tops)),
+            "top_logprobs sizes within 1..k+1": _all(isinstance(d, dict) and 1 <= len(d) <= k + 1 for d in tops),
+            "top_logprobs values are floats <= 0": _all(isinstance(v, float) and v <= 0 for d in tops
+                                                         if isinstance(d, dict) for v in d.values())}
+
+
+def generate_logprobs(lp: Any, k: int, ids: list[int] | None) -> Observation:
+    """What a generate choice's ``logprobs`` (``GenerateLogProbs``) says by shape: one entry per output token naming
+    it, rank and top candidates (the sampled token first, at most ``max(k, 1)``, ranks ascending), floats <= 0."""
+    if not isinstance(lp, dict):
+        return {"logprobs": None if lp is None else type(lp).__name__}
+    content = lp.get("content") or []
+    entries = [e for e in content if isinstance(e, dict)]
+    tops = [e.get("top_logprobs") or [] for e in entries]
+    return {"keys": sorted(lp),
+            "entry keys": sorted({json.dumps(sorted(e)) for e in entries}),
+            "top entry keys": sorted({json.dumps(sorted(t)) for top in tops for t in top if isinstance(t, dict)}),
+            "one entry per token": ids is not None and [e.get("token_id") for e in entries] == ids,
+            "logprobs are floats <= 0": _all(isinstance(e.get("logprob"), float) and e["logprob"] <= 0
+                                             for e in [*entries, *(t for top in tops for t in top)]),
+            "ranks are ints": _all(isinstance(e.get("rank"), int) for e in [*entries, *(t for top in tops for t in top)]),
+            "top starts with the sampled token": _all(top and top[0].get("token_id") == e.get("token_id")
+                                                      for e, top in zip(entries, tops)),
+            "top sizes within 1..max(k,1)": _all(1 <= len(top) <= max(k, 1) for top in tops),
+            "top ranks ascend": _all([t.get("rank") for t in top] == sorted(t.get("rank") for t in top)
+                                     for top in tops)}
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The events of a server-sent-events answer (``[DONE]`` kept as a string)."""
+    events: list[Any] = []
+    for line in response.text.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def stream_observation(response: httpx.Response, k: int, completion: bool) -> Observation:
+    """A streamed logprobs answer by shape, whatever its chunking (the fake decodes faster and sends fewer chunks):
+    the chunks' keys, the prompt ids and finish reason where they ride, every chunk's logprobs covering its tokens
+    (``text_offset`` running on across chunks), the tokens in all; an error event as its body."""
+    seen: Observation = {"status": response.status_code,
+                         "content-type": response.headers.get("content-type", "").split(";")[0]}
+    if seen["content-type"] != "text/event-stream":
+        seen.update(choice(response.json()))
+        return seen
+    events = sse_events(response)
+    seen["ends with [DONE]"] = bool(events) and events[-1] == "[DONE]"
+    chunks = [e for e in events if isinstance(e, dict)]
+    errors = [e for e in chunks if "error" in e]
+    if errors:
+        seen["error events"] = [choice(e) for e in errors]
+        return seen
+    choices = [c["choices"][0] for c in chunks if c.get("choices")]
+    last = len(choices) - 1
+    riders = {"system_fingerprint", "prompt_token_ids"}  # on the last chunk, on the first: one chunk may be both
+    seen["chunk keys"] = sorted({json.dumps(sorted(set(c) - riders)) for c in chunks})
+    seen["last chunk keys"] = sorted(set(chunks[-1]) - {"prompt_token_ids"}) if chunks else None
+    seen["choice keys"] = sorted({json.dumps(sorted(c)) for c in choices})
+    seen["finish_reason on the last chunk only"] = [c.get("finish_reason") is not None for c in choices] == \
+        [i == last for i in range(len(choices))]
+    seen["tokens in all"] = sum(len(c.get("token_ids") or []) for c in choices)
+    if completion:
+        seen["prompt ids on the first chunk only"] = [c.get("prompt_token_ids") is not None for c in choices] == \
+            [i == 0 for i in range(len(choices))]
+        shapes = [completion_logprobs(c.get("logprobs"), k, c.get("token_ids")) for c in choices]
+        offsets = [(c.get("logprobs") or {}).get("text_offset") or [] for c in choices]
+        tokens = [(c.get("logprobs") or {}).get("tokens") or [] for c in choices]
+        flat_offsets = [o for chunk in offsets for o in chunk]
+        flat_tokens = [t for chunk in tokens for t in chunk]
+        seen["text_offset runs on across chunks"] = bool(flat_offsets) and flat_offsets[0] == 0 and _all(
+            b - a == len(t) for a, b, t in zip(flat_offsets, flat_offsets[1:], flat_tokens))
+    else:
+        seen["prompt ids on the first chunk only"] = [c.get("prompt_token_ids") is not None for c in chunks] == \
+            [i == 0 for i in range(len(chunks))]
+        seen["weight_versions on the last chunk only"] = [c.get("weight_versions") is not None for c in choices] == \
+            [i == last for i in range(len(choices))]
+        shapes = [generate_logprobs(c.get("logprobs"), k, c.get("token_ids")) for c in choices]
+    merged: Observation = {}
+    for shape in shapes:
+        for key, value in shape.items():
+            merged[key] = (merged[key] and value) if isinstance(value, bool) and key in merged else \
+                merged.get(key, value)
+    seen["chunk logprobs"] = merged
+    return seen
+
+
+async def logprobs_steps(call: Call, model: str, out: dict[str, Observation]) -> None:
+    """Sample logprobs on both generation routes, as RL trainers read them for importance ratios: answered, streamed,
+    and refused (negative, above ``--max-logprobs``, -1 for the whole vocabulary, not a number, fractional; above the
+    limit a stream has its 200 and gets the error as its event): ``entrypoints/openai/completion``,
+    ``entrypoints/scale_out/token_in_token_out``, ``sampling_params.py`` (0.32.0)."""
+
+    def completion(logprobs: Any, **extra: Any) -> dict[str, Any]:
+        return {"model": model, "prompt": PROMPT, "max_tokens": LOGPROBS_TOKENS, "temperature": 0,
+                "return_token_ids": True, "logprobs": logprobs, **extra}
+
+    def generate(logprobs: Any, **extra: Any) -> dict[str, Any]:
+        return {"token_ids": PROMPT, "sampling_params": {"max_tokens": LOGPROBS_TOKENS, "temperature": 0,
+                                                         "logprobs": logprobs}, **extra}
+
+    for k in (0, 2):
+        step = f"completion logprobs {k}"
+        body = (await call(step, "/v1/completions", completion(k))).json()
+        first = (body.get("choices") or [{}])[0]
+        out[step + " answer"] = {**choice(body), **completion_logprobs(first.get("logprobs"), k, first.get("token_ids")),
+                                 "system_fingerprint": type(body.get("system_fingerprint")).__name__}
+        step = f"generate logprobs {k}"
+        body = (await call(step, "/inference/v1/generate", generate(k))).json()
+        first = (body.get("choices") or [{}])[0]
+        out[step + " answer"] = {**choice(body), **generate_logprobs(first.get("logprobs"), k, first.get("token_ids"))}
+    body = (await call("completion without logprobs", "/v1/completions",
+                       {k: v for k, v in completion(None).items() if k != "logprobs"})).json()
+    out["completion without logprobs answer"] = {
+        "logprobs": ((body.get("choices") or [{}])[0]).get("logprobs", "<absent>"),
+        "system_fingerprint": type(body.get("system_fingerprint")).__name__}
+    body = (await call("generate with logprobs outside sampling_params", "/inference/v1/generate",
+                       {**generate(None), "logprobs": 2})).json()
+    out["generate with logprobs outside sampling_params answer"] = {
+        "logprobs": ((body.get("choices") or [{}])[0]).get("logprobs", "<absent>")}
+    for step, path, body in (("completion logprobs streamed", "/v1/completions", completion(2, stream=True)),
+                             ("generate logprobs streamed", "/inference/v1/generate",
+                              generate(2, stream=True, return_token_ids=True)),
+                             ("completion logprobs 21 streamed", "/v1/completions", completion(21, stream=True)),
+                             ("generate logprobs 21 streamed", "/inference/v1/generate", generate(21, stream=True)),
+                             ("completion logprobs -2 streamed", "/v1/completions", completion(-2, stream=True))):
+        response = await call(step, path, body)
+        out[step] = stream_observation(response, 2, path == "/v1/completions")  # not the stream's text
+    for value in (-2, -1, 21, "x", 1.5):
+        for step, path, body in ((f"completion logprobs {value}", "/v1/completions", completion(value)),
+                                 (f"generate logprobs {value}", "/inference/v1/generate", generate(value))):
+            response = await call(step, path, body)
+            out[step + " answer"] = {**choice(response.json()), "errors": located_errors(response.json())}
 
 
 class Held:
@@ -187,6 +354,7 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         out["completion unknown model answer"] = choice(response.json())
         response = await call("completion without prompt", "/v1/completions", {"model": model, "max_tokens": 4})
         out["completion without prompt answer"] = choice(response.json())
+        await logprobs_steps(call, model, out)
 
         # -- pause: abort (the default), keep, wait --
         async def pause_default(held: Held) -> bool:

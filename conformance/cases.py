@@ -140,8 +140,10 @@ class ScenarioResult:
 
 def run_one(scenario: str, integration: Integration, backend_factory: BackendFactory, seed: int = 0,
             deadlines: Deadlines = DEADLINES) -> ScenarioResult:
-    """Run one scenario on a fresh backend and check every invariant it is registered for."""
+    """Run one scenario on a fresh backend and check every invariant it is registered for (under ``deadlines``
+    extended by the integration's declared update budget)."""
     s = SCENARIOS[scenario]
+    deadlines = deadlines.with_update_budget(integration.capabilities.update_budget_s)
     try:
         s.resolve(integration)
     except Unsupported as exc:

@@ -74,6 +74,11 @@ class Capabilities:
     the client side (a turn is as old as the version published when its ``/generate`` was sent); S2/S3 then judge
     the Manager's records against that truth, computed from the cycle timeline, and V1 still fails, plainly, on
     engines that were never stamped."""
+    update_budget_s: float | None = None
+    """How long one ``Updater.update()`` may take, retries included (a refusal retried for a minute before raising
+    is a design, not a hang). None: the suite's deadline, ``Deadlines.update_s`` (20 s, times
+    ``WEIGHTSYNC_DEADLINE_SCALE``); a larger budget extends the update deadline and each scenario's (room for two
+    cycles at the budget) and the case's timeout. An update past it is a hang, and the witness names the budget."""
     absent_because: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     """Why a transport or capability is not declared (name → reason, e.g. the extra to install): said in the
     reason of every case skipped for it."""
@@ -84,6 +89,9 @@ class Capabilities:
         return f": {reason}" if reason else ""
 
     def __post_init__(self) -> None:
+        if self.update_budget_s is not None and not self.update_budget_s > 0:
+            raise ValueError(f"Capabilities: update_budget_s must be a positive number of seconds or None, got "
+                             f"{self.update_budget_s!r}")
         unknown = (set(self.transports) - ALL_TRANSPORTS) | (set(self.pause_modes) - ALL_PAUSE_MODES)
         if unknown:
             raise ValueError(f"Capabilities: unknown transport/pause mode {sorted(unknown)}; "

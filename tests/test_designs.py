@@ -18,8 +18,9 @@ from conformance.checks.labels import cut_short, finish_type
 from conformance.history import WireCall
 from conformance.interface import Capabilities, Turn
 from conformance.mutants import KeepsAbortedManager, NoneAsZeroManager
-from conformance.reference import (LoraTransport, ReferenceIntegration, ReferenceManager, ReferenceUpdater,
-                                   write_checkpoint_atomic)
+from conformance.reference import (EngineError, LoraTransport, ReferenceIntegration, ReferenceManager,
+                                   ReferenceUpdater, write_checkpoint_atomic)
+from conformance.reference.integration import default_capabilities
 from conformance.scenarios import DEFAULT_ROLLOUT, SCENARIOS, Deadlines, Run, Scenario
 from conformance.scenarios.errors import wait_for_condition
 
@@ -263,3 +264,48 @@ def test_a_check_that_needs_the_other_pause_mode_skips_saying_so() -> None:
     assert result.skipped_checks["C2"] == ("the integration runs this scenario in its only pause mode, retract "
                                            "(declares ['retract']), and C2 needs a pause in in_place")
     assert all(v.passed for v in result.verdicts.values()), {c: v.explain() for c, v in result.verdicts.items()}
+
+
+class RetriesRefusalsUpdater(ReferenceUpdater):
+    """Retries a refused transfer with back-off for ``RETRY_S`` before it raises (real retry budgets run for a
+    minute; here scaled down with the deadlines)."""
+
+    RETRY_S = 3.0
+
+    async def transfer(self, *args: Any, **kw: Any) -> Any:
+        deadline = asyncio.get_running_loop().time() + self.RETRY_S
+        while True:
+            try:
+                return await super().transfer(*args, **kw)
+            except EngineError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)  # sleep-ok: the design's back-off between retries
+
+
+@pytest.mark.parametrize("budget_s", [None, 6.0], ids=["suite-deadline", "declared-budget"])
+def test_an_update_that_retries_for_longer_than_the_suites_deadline_declares_its_budget(budget_s: Any) -> None:
+    """With the update deadline at 2 s, an update that retries a refusal for 3 s is a hang, and the witness says how
+    to declare the budget; declared (6 s), the cycle fails as the design says and every case passes."""
+    caps = replace(default_capabilities(), update_budget_s=budget_s)
+    integration = ReferenceIntegration(name=f"retries-{budget_s}", capabilities=caps, updater_cls=RetriesRefusalsUpdater)
+    result = run_cases(integration, fake_backend_factory(), scenarios=["failing-transfer-tensor"],
+                       deadlines=replace(FAST, update_s=2.0))["failing-transfer-tensor"]
+    if budget_s is None:
+        assert result.history.breaks and "declare Capabilities.update_budget_s" in result.history.breaks[0].message
+        return
+    bad = {c: v.explain() for c, v in result.verdicts.items() if not v.passed}
+    assert not bad and not result.history.breaks, bad
+    assert max(c.t_end - c.t_start for c in result.history.cycles) > RetriesRefusalsUpdater.RETRY_S
+
+
+def test_a_declared_update_budget_extends_the_deadlines_and_the_case_timeout(pytestconfig: pytest.Config) -> None:
+    from conformance.scenarios import DEADLINES
+    from conformance.suite import case_timeout_s
+
+    extended = DEADLINES.with_update_budget(DEADLINES.update_s + 60)
+    assert (extended.update_s, extended.script_s) == (DEADLINES.update_s + 60, DEADLINES.script_s + 120)
+    assert DEADLINES.with_update_budget(1.0) == DEADLINES == DEADLINES.with_update_budget(None)
+    assert case_timeout_s(pytestconfig, DEADLINES.update_s + 60) == case_timeout_s(pytestconfig) + 120
+    with pytest.raises(ValueError, match="update_budget_s must be a positive number"):
+        Capabilities(update_budget_s=0)

@@ -309,9 +309,27 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 session.resolve(chosen)
             except IntegrationError as exc:
                 raise pytest.UsageError(f"weightsync-conformance: {exc}") from None
+    _budget_timeouts(session, config, cases)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and getattr(config, "workerinput", None) is None:
         reporter.write_line(header_line(config, sorted({_class_spec(item) for item in cases})))
+
+
+def _budget_timeouts(session: Any, config: pytest.Config, cases: list[pytest.Item]) -> None:
+    """A case of an integration that declares ``Capabilities.update_budget_s`` gets pytest-timeout's bound for that
+    budget (the collected bound is for the suite's own deadlines)."""
+    from conformance.cases import IntegrationError
+    from conformance.suite import case_timeout_s
+
+    for item in cases:
+        chosen = getattr(item.cls, "integration", None)
+        try:
+            integration = session.integration() if chosen is None else session.resolve(chosen)
+        except IntegrationError:
+            continue  # said once, as a usage error, by the controller
+        budget = integration.capabilities.update_budget_s
+        if budget:
+            item.add_marker(pytest.mark.timeout(case_timeout_s(config, budget)), append=False)
 
 
 def header_line(config: pytest.Config, integrations: Sequence[str] | None = None) -> str:

@@ -56,7 +56,8 @@ def new_run(scenario: Scenario, integration: Integration, backend: Backend, role
     """The run a script drives over built ``roles``."""
     return Run(backend, roles, history, Trainer(backend.initial_weights(), seed), roles.new_updater(),
                rollout=scenario.rollout, pause_mode=scenario.pause_mode,
-               transport=scenario.transport_for(integration) or "tensor", deadlines=deadlines)
+               transport=scenario.transport_for(integration) or "tensor", deadlines=deadlines,
+               update_budget_s=integration.capabilities.update_budget_s)
 
 
 async def run_scenario(scenario: Scenario, integration: Integration, backend: Backend, seed: int = 0,

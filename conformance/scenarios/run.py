@@ -8,7 +8,7 @@ import asyncio
 import math
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from fakes.facts import SGLANG
@@ -45,6 +45,12 @@ class Deadlines:
     def scaled(self, factor: float) -> Deadlines:
         """Every deadline times ``factor``."""
         return Deadlines(*(getattr(self, f.name) * factor for f in fields(self)))
+
+    def with_update_budget(self, budget_s: float | None) -> Deadlines:
+        """These deadlines for an integration that declares ``Capabilities.update_budget_s``: an update may take the
+        budget where it is longer than :attr:`update_s`, and a scenario two such updates more."""
+        extra = 0.0 if budget_s is None else max(0.0, budget_s - self.update_s)
+        return replace(self, update_s=self.update_s + extra, script_s=self.script_s + 2 * extra)
 
 
 def _scale_from_env() -> float:
@@ -126,6 +132,8 @@ class Run:
     cell: int = 0
     step: int = 0
     deadlines: Deadlines = DEADLINES
+    update_budget_s: float | None = None
+    """The integration's declared ``Capabilities.update_budget_s`` (the deadlines already allow for it)."""
 
     async def start(self) -> None:
         """Start the manager; record the version it publishes for the initial weights (None, or e.g. 0)."""
@@ -196,9 +204,12 @@ class Run:
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
+            budget = ("the integration's declared Capabilities.update_budget_s" if self.update_budget_s else
+                      "the suite's update deadline: declare Capabilities.update_budget_s where an update may take "
+                      "longer, retries included")
             returned = await bounded(self.updater.update(weights, transport=transport, lora=adapter),
                                      self.deadlines.update_s, f"Updater.update() (cycle {index}, {transport}"
-                                     f"{', LoRA' if lora else ''})", wire)
+                                     f"{', LoRA' if lora else ''}; {budget})", wire)
         except Hang as exc:
             error, hang = str(exc), exc
         except Exception as exc:  # the integration's failure is data for the checkers

@@ -27,6 +27,7 @@ import pytest
 from ..backend_table import BACKENDS
 from ..cases import CASES, Case, scenario_bound_s
 from ..preflight import probe_bound_s
+from ..scenarios import DEADLINES
 from ..session import ScenarioRunError
 
 
@@ -112,18 +113,19 @@ class ConformanceSuite:
                             f"{bound}", pytrace=False)
 
 
-def case_timeout_s(config: pytest.Config) -> float:
+def case_timeout_s(config: pytest.Config, update_budget_s: float | None = None) -> float:
     """pytest-timeout's bound on one case: never under the suite's own bounds on what the case may wait for (the
     release check before a session's first scenario, :func:`conformance.preflight.probe_bound_s`, then the scenario:
     its script's deadline plus the teardown margin, :func:`conformance.cases.scenario_bound_s`) plus a minute, so a
     hung scenario gets its verdict from the suite, once, and every case of it the hang witness; a larger
-    ``--timeout`` (or ini ``timeout``) stands."""
+    ``--timeout`` (or ini ``timeout``) stands. ``update_budget_s``: the integration's declared update budget
+    (``Capabilities.update_budget_s``), which extends the scenario's deadlines."""
     try:
         configured = config.getoption("timeout", None)
         configured = float(config.getini("timeout") if configured is None else configured)
     except (ValueError, TypeError):
         configured = 0.0
-    return max(configured, probe_bound_s() + scenario_bound_s() + 60.0)
+    return max(configured, probe_bound_s() + scenario_bound_s(DEADLINES.with_update_budget(update_budget_s)) + 60.0)
 
 
 _COLLECTED = pytest.StashKey[dict[tuple[Any, str], list[str]]]()

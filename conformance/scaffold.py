@@ -127,12 +127,13 @@ class Updater:
 CAPABILITIES = Capabilities(
     transports=frozenset({{"disk", "tensor", "distributed"}}),  # full-weight transports Updater.update implements
     lora=True,                          # Updater.update(..., lora=LoraAdapter) pushes an adapter
-    pause_modes=frozenset({{"retract", "in_place"}}),  # pause modes of a cycle; {{"abort"}}: abort-only; empty: never
+    pause_modes=frozenset({{"retract", "in_place"}}),  # one mode: every scenario in it (keep); empty: never
     failover=True,                      # Roles.new_updater() may build a second trainer cell (failover)
     multi_turn=True,                    # samples of several /generate calls
     staleness_filter=True,              # the Manager enforces env.rollout.max_staleness at consumption
     partial_rollout=False,              # the Manager resumes an aborted call (Turn.continues) instead of recycling
     stamps_engines=True,                # the engines carry your versions (False: Turn.policy_version holds them)
+    update_budget_s=None,               # seconds one update may take, retries included (None: the suite's 20 s)
     absent_because={{}},                # why something above is not declared (name -> reason; said in its skips)
 )
 """Declare only what you support: a case needing more is skipped with the reason, never passed."""

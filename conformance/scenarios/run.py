@@ -204,14 +204,15 @@ class Run:
         t0 = time.monotonic()
         returned, error, hang = None, None, None
         try:
+            returned = await bounded(self.updater.update(weights, transport=transport, lora=adapter),
+                                     self.deadlines.update_s, f"Updater.update() (cycle {index}, {transport}"
+                                     f"{', LoRA' if lora else ''})", wire)
+        except Hang as exc:
             budget = ("the integration's declared Capabilities.update_budget_s" if self.update_budget_s else
                       "the suite's update deadline: declare Capabilities.update_budget_s where an update may take "
                       "longer, retries included")
-            returned = await bounded(self.updater.update(weights, transport=transport, lora=adapter),
-                                     self.deadlines.update_s, f"Updater.update() (cycle {index}, {transport}"
-                                     f"{', LoRA' if lora else ''}; {budget})", wire)
-        except Hang as exc:
-            error, hang = str(exc), exc
+            hang = Hang(f"{exc} ({budget})", exc.open_calls)
+            hang.t, error = exc.t, str(hang)
         except Exception as exc:  # the integration's failure is data for the checkers
             error = f"{type(exc).__name__}: {exc}"
         finally:

@@ -689,3 +689,13 @@ def test_a_design_that_never_unloads_passes_p7_once_adapters_were_loaded():
     load = call(2, "/load_lora_adapter", {"lora_name": "policy", "lora_path": "/a"}, t0=1.1, t1=1.2)
     v = check("P7", history(wire=[pause(1, 1.0), used, load]))
     assert v.passed and v.metrics == {"unloads": 0, "loads": 1}, v.explain()
+
+
+def test_a_translated_pause_is_witnessed_as_the_integration_sent_it():
+    """vLLM's ``/pause`` with no mode is recorded as ``/pause_generation {"mode": "abort"}``: the witness shows the
+    call as sent, not a mode the integration never wrote."""
+    translated = call(0, "/pause_generation", {"mode": "abort"}, t0=1.0, t1=1.1)
+    translated.sent_as = "POST /pause"
+    v = check("I3", history(wire=[translated], pause_mode="in_place"))
+    assert v.status == "fail" and "(sent as POST /pause: mode 'abort' in the suite's vocabulary)" in v.witness[0], \
+        v.explain()

@@ -66,7 +66,10 @@ def effective(call: WireCall, field: str, profile: str) -> Any:
 
 def sent_as(call: WireCall, field: str, profile: str) -> str:
     """How ``field`` came to have its effective value, for witnesses: as sent (the JSON value), SGLang's default
-    (left out), or a handler that takes no such field on ``profile``."""
+    (left out), or a handler that takes no such field on ``profile``; for a call another engine family's dialect
+    translated (``WireCall.sent_as``), the call as the integration sent it."""
+    if call.sent_as is not None:
+        return f"sent as {call.sent_as}: {field} {effective(call, field, profile)!r} in the suite's vocabulary"
     payload = call.payload if isinstance(call.payload, dict) else {}
     body = effective_body(call, profile)
     if body is not None and field not in body:

@@ -1,11 +1,12 @@
 """Watching a checkpoint directory with Linux inotify (ctypes, no dependency).
 
 The top level tells how each checkpoint arrived, race-free: by rename (``IN_MOVED_TO``: written elsewhere,
-published atomically) or created in place (``IN_CREATE``: filled where readers can see it half-written). The kernel
-queues events, so none is lost to timing. Once a checkpoint has arrived by rename, its inside is watched too, for files
-written into it afterwards (``written``: a path reused across versions and rewritten in place rather than replaced
-by a rename); deletions inside are not recorded (removing a checkpoint deletes its files first). A checkpoint moved
-or deleted away is no longer followed.
+published atomically) or created in place (``IN_CREATE``: filled where it is read). The kernel queues events, so none
+is lost to timing. Once a checkpoint has arrived, its inside is watched too, for files written into it afterwards
+(``written``: a checkpoint still being filled, or a path reused across versions and rewritten in place rather than
+replaced by a rename): its arrival is read, and the watch added, no later than the next wire call is stamped
+(:meth:`DirectoryWatch.sync`), so every write after an engine was told to load it is seen. Deletions inside are
+recorded as the start of its removal (``deleted_inside``). A checkpoint moved or deleted away is no longer followed.
 """
 
 from __future__ import annotations
@@ -99,15 +100,15 @@ class DirectoryWatch:
             for bit, kind in _KINDS.items():
                 if mask & bit:
                     self.events.append(FsEvent(now, kind, name))
-                    self._follow(name, inside=bit == _IN_MOVED_TO and bool(mask & _IN_ISDIR))
+                    self._follow(name, inside=bit in (_IN_MOVED_TO, _IN_CREATE) and bool(mask & _IN_ISDIR))
 
     def following(self, name: str) -> bool:
         """Whether the inside of checkpoint ``name`` is watched yet (it is once its arrival has been read)."""
         return name in self._followed
 
     def _follow(self, name: str, inside: bool) -> None:
-        """Watch the inside of checkpoint ``name`` once it arrived by rename (one created in place
-        fails F3 already); stop when it is moved or deleted away."""
+        """Watch the inside of checkpoint ``name`` once it arrived (by rename, or created in place); stop when it is
+        moved or deleted away."""
         assert self._libc is not None
         for wd in [wd for wd, n in self._inside.items() if n == name]:
             del self._inside[wd]

@@ -407,6 +407,19 @@ def write_checkpoint_reused_in_place(root: Path, name: str, tensors: Mapping[str
     return final
 
 
+class SaveNotAwaitedTransport(DiskTransport):
+    """Saves each checkpoint in place, and its last file (the trainer's state) lands after the engines were told to
+    load it: the save is not awaited before the load, so the engines read a checkpoint still being written."""
+
+    async def transfer(self, engines: Sequence[WeightSyncClient], weights: Mapping[str, Tensor],
+                       version: int) -> None:
+        path = await self._staged_for(weights, version)
+        await gather_all(*(engine.update_weights_from_disk(path) for engine in engines))
+        await asyncio.to_thread((Path(path) / "trainer_state.json").write_text, json.dumps({"version": version}))
+        self._staged = None
+        await asyncio.to_thread(self._remove_older_than, version)
+
+
 class FreedByFirstLoadTransport(DiskTransport):
     """Each checkpoint is freed when its reference count falls to 0, but the count starts at 1 (not at the number
     of engines told to load it), so the first engine to finish frees it while the others still read it."""
@@ -464,9 +477,11 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("success_false_ignored", "an engine's success:false / non-200 transfer answer is logged, not raised",
             "miles #684; minimind update_policy", ("P5",),
             shows_in=("one-engine-rejects",), client_cls=UncheckedTransferClient),
-    _mutant("non_atomic_checkpoint", "the checkpoint is written in place at its final path",
-            "minimind (update_policy)", ("F3",),
-            shows_in=("steady-disk-retract",), disk_writer=write_checkpoint_in_place),
+    _mutant("non_atomic_checkpoint", "the checkpoint is saved in place at its final path and the save is not "
+            "awaited: its last file is written after the engines were told to load it",
+            "minimind (update_policy: saved in place); async checkpoint saves not awaited before the load", ("F3",),
+            shows_in=("steady-disk-retract",), disk_writer=write_checkpoint_in_place,
+            disk_cls=SaveNotAwaitedTransport),
     _mutant("flush_under_in_place", "the cache is flushed under in_place too",
             "rl-frameworks C2; ray #63769 review", ("C2",),
             shows_in=("steady-tensor-in_place",), updater_cls=AlwaysFlushUpdater),

@@ -599,10 +599,19 @@ def test_a_run_that_trains_nothing_at_the_bound_proves_nothing_about_s3():
 
 # -- F3 --------------------------------------------------------------------------------------------------
 
-def test_checkpoint_created_in_place_fails_and_renamed_passes():
+def test_a_checkpoint_is_judged_complete_at_load_time_whatever_its_publish_protocol():
+    """Created in place with its shards renamed in and a marker written last, all before the load: complete and
+    final, passes; still written into after the engines were told to load it (a save not awaited): fails. Renamed
+    into place whole passes."""
     load = call(0, "/update_weights_from_disk", {"model_path": "/ck/v1"}, t0=2, t1=3, response={"success": True})
-    v = check("F3", history(wire=[load], fs=[FsEvent(1.0, "created", "v1")]))
-    assert v.status == "fail" and "created in place" in v.witness[0]
+    marker_last = [FsEvent(1.0, "created", "v1"), FsEvent(1.2, "written", "v1", "model-00001.safetensors"),
+                   FsEvent(1.5, "written", "v1", "COMPLETE")]
+    assert check("F3", history(wire=[load], fs=marker_last)).passed
+    v = check("F3", history(wire=[load], fs=[*marker_last, FsEvent(2.2, "written", "v1", "model-00002.safetensors")]))
+    assert v.status == "fail" and v.anomalies[0].kind == "checkpoint-written-after-load", v.explain()
+    assert ("checkpoint 'v1' was written into at t=2.200s (model-00002.safetensors; 1 write(s) in all) after "
+            "engine(s) [0] had been told to load it (first at t=2.000s): created in place at t=1.000s and still being "
+            "written") in v.witness[0]
     assert check("F3", history(wire=[load], fs=[FsEvent(1.0, "moved_in", "v1")])).passed
     early = [FsEvent(1.0, "moved_in", "v1"), FsEvent(2.5, "deleted", "v1")]
     assert check("F3", history(wire=[load], fs=early)).status == "fail"

@@ -309,3 +309,25 @@ def test_a_declared_update_budget_extends_the_deadlines_and_the_case_timeout(pyt
     assert case_timeout_s(pytestconfig, DEADLINES.update_s + 60) == case_timeout_s(pytestconfig) + 120
     with pytest.raises(ValueError, match="update_budget_s must be a positive number"):
         Capabilities(update_budget_s=0)
+
+
+def write_checkpoint_marker_last(root: Path, name: str, tensors: Mapping[str, torch.Tensor],
+                                 config: Mapping[str, Any]) -> Path:
+    """The checkpoint's folder made in place; each file written aside and renamed in, a marker written last (the
+    engines are told to load it only once it is there: the reference loads after the writer returned)."""
+    staged = write_checkpoint_atomic(root, f".{name}.staged", tensors, config)
+    final = root / name
+    final.mkdir()
+    for file in sorted(staged.iterdir()):
+        os.rename(file, final / file.name)
+    staged.rmdir()
+    (final / "COMPLETE").write_text("")
+    return final
+
+
+def test_a_checkpoint_made_in_place_with_a_marker_written_last_passes_f3() -> None:
+    """No engine reads a file that is not complete and final: what F3 holds, whatever the publish protocol."""
+    results = _all_pass(ReferenceIntegration(name="marker-last", disk_writer=write_checkpoint_marker_last),
+                        ["steady-disk-retract", "slow-engine-disk"])
+    fs = results["steady-disk-retract"].history.fs
+    assert any(e.kind == "created" and not e.name.startswith(".") for e in fs), fs

@@ -1,4 +1,5 @@
-"""F3: disk transports publish only complete checkpoints, and delete one only after every engine loaded it."""
+"""F3: no engine reads a checkpoint that is not complete and final, and none is deleted before every engine loaded
+it."""
 
 from __future__ import annotations
 
@@ -12,21 +13,21 @@ from .verdict import Verdict, verdict
 
 @check("F3", "atomic checkpoints",
        needs={"disk"},
-       holds="disk checkpoints are published atomically (rename), never written into once an engine was told to "
-             "load them (a reused path is replaced by a rename), and kept until every engine loaded them; judged per "
-             "load",
+       holds="no engine reads a checkpoint file that is not complete and final: nothing is written into a "
+             "checkpoint once an engine was told to load it (whatever the publish protocol: a directory rename, "
+             "files renamed into place, a marker written last; a reused path is replaced by a rename), and it is kept "
+             "until every engine loaded it; judged per load",
        reads="the `model_path` of each `/update_weights_from_disk` (other than the engines' own base model, "
              "which a restore may load) against inotify events of the checkpoint directory and of the inside of each "
              "checkpoint renamed into it",
        model_based="it needs disk updates (the disk scenarios), which the model-based run mixes with the other "
                    "transports")
 def atomic_checkpoints(h: History) -> Verdict:
-    """F3, per load: every checkpoint an engine is told to load arrived at its path by an atomic rename (never
-    written in place, where a reader can see it half-written:
-    minimind's disk update), is not written into once an engine was told
-    to load it (a path reused across versions is replaced by a rename, not rewritten inside), and is not removed
-    before the last engine told to load it finished. A path that receives a new checkpoint by rename is judged per
-    arrival."""
+    """F3, per load: every checkpoint an engine is told to load is complete and final by then, whatever the publish
+    protocol (renamed into place whole, or created in place with its files renamed in and a marker written last):
+    nothing is written into it once an engine was told to load it (a save still running as the engines read it; a
+    path reused across versions rewritten inside rather than replaced by a rename), and it is not removed before
+    the last engine told to load it finished. A path that receives a new checkpoint is judged per arrival."""
     loads = [w for w in h.integration_calls("/update_weights_from_disk") if isinstance(w.payload, dict)
              and (h.served_model is None or w.payload.get("model_path") != h.served_model)]
     if not loads:
@@ -54,14 +55,6 @@ def atomic_checkpoints(h: History) -> Verdict:
                 continue
             loaded_arrivals += 1
             first_load, last_load = min(w.t_start for w in told), max((w.t_end or w.t_start) for w in told)
-            if arrival.kind == "created":
-                failures.append(Anomaly(
-                    "checkpoint-in-place",
-                    f"checkpoint {name!r} was created in place at t={arrival.t:.3f}s, not renamed into place, "
-                    f"so while it is being written a reader of the directory sees it incomplete (the "
-                    f"first engine was told to load it at t={first_load:.3f}s); write it to a temp dir and "
-                    f"rename it",
-                    times=(arrival.t, first_load)))
             removal = next((e for e in events if e.kind in _REMOVAL and e.t > arrival.t), None)
             if removal is not None and first_load <= removal.t < last_load:
                 failures.append(Anomaly(
@@ -73,12 +66,17 @@ def atomic_checkpoints(h: History) -> Verdict:
             written = [e for e in events if e.kind == "written" and first_load <= e.t < until]
             if written:
                 engines = sorted({w.engine for w in told if w.t_start <= written[0].t})
+                how = (f"created in place at t={arrival.t:.3f}s and still being written: an engine reads files that "
+                       f"are not complete and final; tell the engines to load it only once every file is written "
+                       f"(rename it into place whole, or write a marker last and wait for it)"
+                       if arrival.kind == "created" else
+                       "a path reused across versions must be replaced by renaming a complete checkpoint into "
+                       "place, never rewritten inside, or a reader sees old and new files mixed")
                 failures.append(Anomaly(
-                    "checkpoint-rewritten",
+                    "checkpoint-written-after-load" if arrival.kind == "created" else "checkpoint-rewritten",
                     f"checkpoint {name!r} was written into at t={written[0].t:.3f}s ({written[0].inner}; "
                     f"{len(written)} write(s) in all) after engine(s) {engines} had been told to load it (first at "
-                    f"t={first_load:.3f}s): a path reused across versions must be replaced by renaming a complete "
-                    f"checkpoint into place, never rewritten inside, or a reader sees old and new files mixed",
+                    f"t={first_load:.3f}s): {how}",
                     engine=engines[0] if engines else None, times=(written[0].t, first_load)))
     return verdict(failures, metrics={"checkpoints": len(names)})
 

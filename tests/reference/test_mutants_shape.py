@@ -30,7 +30,7 @@ INTENDED = {
     "recycle_partial": ({"manager_cls"}, {"handle_aborted"}),
     "resume_not_finally": ({"updater_cls"}, {"release_on_failure"}),
     "success_false_ignored": ({"client_cls"}, {"check_response"}),
-    "non_atomic_checkpoint": ({"disk_writer"}, set()),
+    "non_atomic_checkpoint": ({"disk_writer", "disk_cls"}, {"transfer"}),
     "flush_under_in_place": ({"updater_cls"}, {"flush_needed"}),
     "publish_before_transfer": ({"updater_cls"}, {"transfer"}),
     "never_pauses": ({"updater_cls"}, {"pause_all"}),

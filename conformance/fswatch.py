@@ -94,8 +94,10 @@ class DirectoryWatch:
             now = time.monotonic()
             if wd != self._top:
                 if wd in self._inside and mask & _INSIDE:
-                    kind = "deleted_inside" if mask & _IN_DELETE else "written"
-                    self.events.append(FsEvent(now, kind, self._inside[wd], name))
+                    event = FsEvent(now, "deleted_inside" if mask & _IN_DELETE else "written", self._inside[wd], name)
+                    last = self.events[-1] if self.events else None
+                    if last is None or (last.kind, last.name, last.inner) != (event.kind, event.name, event.inner):
+                        self.events.append(event)  # one event per run of writes to a file (not one per write())
                 continue
             for bit, kind in _KINDS.items():
                 if mask & bit:

@@ -153,8 +153,9 @@ async def _collective_rpc(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
 
 
 async def _weight_transfer(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
-    """init/start/update/finish without ``--weight-transfer-config``: the worker raises (fact
-    ``weight_transfer_needs_config``); nothing changes, a finish publishes no version."""
+    """init/start/update/finish/shutdown of vLLM's native weight transfer (:mod:`fakes.vllm.weight_transfer`): the
+    body validated as FastAPI does, then the worker's session rules. Without ``--weight-transfer-config`` every call
+    but shutdown answers 500 (fact ``weight_transfer_needs_config``); a finish that fails publishes no version."""
     body = _json(req)
     if req.path == "/init_weight_transfer_engine":
         _field(body, "init_info", dict)
@@ -162,7 +163,7 @@ async def _weight_transfer(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         _field(body, "update_info", dict)
     elif req.path == "/finish_weight_update":
         _field(body, "weight_version", str, required=False)
-    return answer("weight_transfer_not_configured")
+    return await e.weight_transfer.call(req.path, body)
 
 
 async def _weight_checker(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
@@ -449,8 +450,7 @@ ROUTES: dict[str, tuple[tuple[str, ...], Handler]] = {
     "/start_draft_weight_update": (("POST",), _weight_transfer),
     "/update_weights": (("POST",), _weight_transfer),
     "/finish_weight_update": (("POST",), _weight_transfer),
-    "/shutdown_weight_transfer_engine": (("POST",), _sync(
-        lambda e, r: Reply(200, {"message": "Weight transfer shut down"}))),
+    "/shutdown_weight_transfer_engine": (("POST",), _weight_transfer),
     "/weight_checker": (("POST",), _weight_checker),
     "/collective_rpc": (("POST",), _collective_rpc),
     "/reset_prefix_cache": (("POST",), _sync(lambda e, r: e.reset_prefix_cache())),

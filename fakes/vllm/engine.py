@@ -34,6 +34,7 @@ from ..served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model, load_
 from .app import make_app
 from .errors import answer, error_reply, worker_failed
 from .logprobs import MAX_LOGPROBS
+from .weight_transfer import WeightTransfer, parse_config
 
 _STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
             "up_proj": "gate_up_proj"}
@@ -54,7 +55,7 @@ class FakeVLLMEngine(EngineLoop):
                  tokens_per_second: float | None = None, clock: Clock | None = None, seed: int = 0,
                  engine_id: str = "e0", max_num_seqs: int = 256, enable_lora: bool = False,
                  enable_scale_out: bool = False, max_model_len: int | None = None, max_lora_rank: int = 16,
-                 max_logprobs: int = MAX_LOGPROBS) -> None:
+                 max_logprobs: int = MAX_LOGPROBS, weight_transfer_config: str | dict | None = None) -> None:
         if release not in VLLM.releases:
             raise ValueError(f"unknown vLLM release {release!r}; known: {', '.join(VLLM.releases)}")
         if tokens_per_second is not None and tokens_per_second <= 0:
@@ -107,6 +108,10 @@ class FakeVLLMEngine(EngineLoop):
         self._lora_update_lock: asyncio.Lock | None = None
         self._app: Any = None
         self._ids = random.Random(f"ids:{seed}:{engine_id}")
+        self.weight_transfer = WeightTransfer(parse_config(weight_transfer_config), self._transfer_load,
+                                              self._transfer_lost, self._transfer_finished, self._transfer_publish)
+        """``--weight-transfer-config``: the worker's weight-transfer engine and session
+        (:mod:`fakes.vllm.weight_transfer`; without a config every call but shutdown answers 500)."""
 
     @property
     def app(self) -> Any:
@@ -295,6 +300,28 @@ class FakeVLLMEngine(EngineLoop):
         self._event("weights.lost", source="reload_weights", model_path=self.weights_path, error=error)
         return worker_failed("collective_rpc", error)
 
+    def _transfer_load(self, blobs: dict[str, Any]) -> None:
+        """The gloo engine's ``model.load_weights`` of the received tensors (a name the model lacks: vLLM's
+        ``AutoWeightsLoader`` error; a shape that does not fit: the weight loader's)."""
+        unknown = self._unknown_prefix(blobs)
+        if unknown is not None:
+            architecture = (self.model.config.get("architectures") or ["LlamaForCausalLM"])[0]
+            raise ValueError(f"There is no module or parameter named {unknown!r} in {architecture}.")
+        self.weights = self.weights.updated(blobs, cast=True)
+        self._event("weights.load", digest=self.weights.digest(), source="update_weights")
+
+    def _transfer_lost(self, error: str) -> None:
+        """An update that raised: the session ended with the layers reset by its start (as a failed reload)."""
+        self.weights_gone = True
+        self._event("weights.lost", source="update_weights", error=error)
+
+    def _transfer_finished(self) -> None:
+        """``finalize_layerwise_reload``: the layers no update loaded get their kernel tensors back."""
+        self.weights_gone = False
+
+    def _transfer_publish(self, version: str) -> None:
+        self.scheduler.set_version(version, cause="finish_weight_update")
+
     def forward_fault(self) -> str | None:
         if self.weights_gone:
             return "a forward pass on the meta tensors a failed reload_weights left (Cannot copy out of meta tensor)"
@@ -402,6 +429,13 @@ class FakeVLLMEngine(EngineLoop):
     @staticmethod
     def now() -> int:
         return int(time.time())
+
+    async def aclose(self) -> None:
+        """Shut down (the engine loop's), leaving the weight-transfer group."""
+        await super().aclose()
+        group, self.weight_transfer.group = self.weight_transfer.group, None
+        if group is not None:
+            await asyncio.to_thread(group.destroy)
 
     def dead_reply(self, endpoint: str) -> Reply:
         if endpoint == "/health":

@@ -39,10 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--enable-scale-out", action="store_true")
     parser.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS)
+    parser.add_argument("--weight-transfer-config", default=None,
+                        help='vLLM\'s weight transfer engine, JSON: the fake serves {"backend": "gloo"}')
     for flag in ("--enforce-eager", "--disable-log-requests", "--disable-log-stats", "--trust-remote-code"):
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--dtype", "--max-loras", "--gpu-memory-utilization", "--tensor-parallel-size",
-                 "--seed", "--weight-transfer-config", "--uvicorn-log-level"):
+                 "--seed", "--uvicorn-log-level"):
         parser.add_argument(flag, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fake-release", choices=VLLM.releases, default=VLLM.default_release)
     parser.add_argument("--fake-tokens-per-second", type=float, default=1000.0)
@@ -65,11 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = builtin_model(args.fake_seed) if builtin else load_served_model(args.model, seed=args.fake_seed)
     except ModelPathError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    engine = FakeVLLMEngine(args.fake_release, model=model, model_path=None if builtin else args.model,
-                            served_model_name=args.served_model_name, tokens_per_second=args.fake_tokens_per_second,
-                            seed=args.fake_seed, max_num_seqs=args.max_num_seqs, enable_lora=args.enable_lora,
-                            enable_scale_out=args.enable_scale_out, max_model_len=args.max_model_len,
-                            max_lora_rank=args.max_lora_rank, max_logprobs=args.max_logprobs)
+    try:
+        engine = FakeVLLMEngine(args.fake_release, model=model, model_path=None if builtin else args.model,
+                                served_model_name=args.served_model_name, tokens_per_second=args.fake_tokens_per_second,
+                                seed=args.fake_seed, max_num_seqs=args.max_num_seqs, enable_lora=args.enable_lora,
+                                enable_scale_out=args.enable_scale_out, max_model_len=args.max_model_len,
+                                max_lora_rank=args.max_lora_rank, max_logprobs=args.max_logprobs,
+                                weight_transfer_config=args.weight_transfer_config)
+    except ValueError as e:  # an unknown weight-transfer backend: vLLM's factory stops the start-up
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     try:
         sock = bind_loopback(args.host, args.port)
     except OSError as e:

@@ -331,3 +331,13 @@ def test_a_checkpoint_made_in_place_with_a_marker_written_last_passes_f3() -> No
                         ["steady-disk-retract", "slow-engine-disk"])
     fs = results["steady-disk-retract"].history.fs
     assert any(e.kind == "created" and not e.name.startswith(".") for e in fs), fs
+
+
+def test_an_integration_that_never_pauses_skips_the_scenario_that_needs_its_engines_paused() -> None:
+    """A framework that never pauses (and waits for its own answers before each update) cannot be handed answers
+    while its engines are paused: the scenario is skipped with that reason instead of holding those answers past the
+    update deadline."""
+    never = ReferenceIntegration(name="never-pauses", capabilities=default_capabilities(pause_modes=frozenset()))
+    result = run_cases(never, fake_backend_factory(), scenarios=["answers-while-paused"],
+                       deadlines=FAST)["answers-while-paused"]
+    assert result.skipped and "the integration never pauses" in result.skipped, result.skipped

@@ -293,7 +293,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "paused by its cycle, so it starts groups that SGLang's pause gate holds until the new weights are in",
              _answers_while_paused, (),
              rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1, max_in_flight_groups=2,
-                             buffer_capacity=8)),
+                             buffer_capacity=8), needs_pause=True),
     Scenario("aborted-groups", "every engine aborts its requests mid-rollout (injected)", _aborted_groups,
              ("aborted",)),
 ]}

@@ -40,6 +40,9 @@ class Scenario:
     long: bool = False
     """It runs several times longer than most (many batches drained): where scenarios run ahead it is started first,
     so that it does not finish last."""
+    needs_pause: bool = False
+    """Its situation exists only for an integration that pauses (answers reaching it while its engines are paused):
+    one that never pauses skips it, saying so."""
 
     def __post_init__(self) -> None:
         if isinstance(self.builds, str):
@@ -79,6 +82,9 @@ class Scenario:
             raise Unsupported(f"integration supports none of the transports this scenario needs "
                               f"{list(self.transport)} (declares {sorted(caps.transports)})"
                               + "".join(caps.because(t) for t in self.transport))
+        if self.needs_pause and not caps.pause_modes:
+            raise Unsupported("the integration never pauses (declares no pause mode): this scenario's situation, "
+                              "answers reaching it while its engines are paused, cannot arise")
         mode = pause_mode_for(self.pause_mode, caps)
         reason = self.needs.missing(caps)
         if reason:

@@ -175,7 +175,9 @@ class Turn:
     """One ``/generate`` call of a sample, as the integration recorded it."""
 
     rid: str
-    """``meta_info.id`` of the response (the suite joins it with the wire record)."""
+    """``meta_info.id`` of the response (the suite joins it with the wire record). On vLLM: the ``request_id`` the
+    integration put in the request's body (``/inference/v1/generate``, ``/v1/completions``), the id the dialect
+    records (:mod:`conformance.dialect`)."""
     weight_version: str | None
     """The engine's label for this turn as SGLang reported it (``meta_info.weight_version``), or None."""
     finish_reason: str

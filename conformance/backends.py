@@ -179,7 +179,8 @@ class FakeBackend:
             from fakes.vllm import FakeVLLMEngine
 
             return FakeVLLMEngine(tokens_per_second=speed, max_num_seqs=c.max_running_requests,
-                                  enable_lora=c.enable_lora, enable_scale_out=True, seed=c.seed, engine_id=engine_id)
+                                  enable_lora=c.enable_lora, enable_scale_out=True, seed=c.seed, engine_id=engine_id,
+                                  weight_transfer_config='{"backend": "gloo"}')
         from fakes.engine import FakeEngine
 
         return FakeEngine(profile=c.profile, tokens_per_second=speed, max_running_requests=c.max_running_requests,

@@ -21,6 +21,15 @@ SGLang's dialect is the identity. vLLM's (0.32.0, ``fakes.facts.VLLM``; its rout
   ``{"abort_all": true}`` (vLLM knows a request by its route's prefix and the body's ``request_id``: fact
   ``request_id_prefix``; an id without the prefix is recorded as it is and aborts nothing);
 * ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` → ``/load_lora_adapter``, ``/unload_lora_adapter``;
+* vLLM's native weight transfer (``--weight-transfer-config``, the gloo engine of ``fakes.vllm.weight_transfer``):
+  ``/init_weight_transfer_engine {init_info}`` → ``/init_weights_update_group`` (the group's name, ``backend:
+  gloo``), ``/start_weight_update`` → ``/begin_weight_update``, ``/update_weights {update_info}`` →
+  ``/update_weights_from_distributed`` on that group (``dtype_names`` → ``dtypes``; neither flushing nor aborting),
+  ``/finish_weight_update`` → ``/end_weight_update`` (a ``weight_version`` it carries stays in the body: vLLM
+  publishes it once the finish succeeded), ``/shutdown_weight_transfer_engine`` → ``/destroy_weights_update_group``.
+  An update that fails ends vLLM's session (the worker's ``_weight_update_active = False``) with the layers reset; a
+  ``/start_weight_update`` after it reopens one so that a finish restores them: recorded as sent (outside the
+  vocabulary), the session the checkers see running on to that finish;
 * ``/inference/v1/generate``, ``/v1/completions`` → ``/generate`` (``model`` → ``lora_path``), answered with
   ``meta_info`` (id, finish reason, tokens, version spans); ``GET /weight_info`` → ``/model_info``.
 
@@ -38,6 +47,7 @@ from urllib.parse import parse_qs
 from fakes.facts import VLLM
 from fakes.profiles import DEFAULT_PROFILE
 from fakes.scheduler import decode_ids, encode_text
+from fakes.vllm.weight_transfer import GROUP_NAME
 
 VOCABULARY_PROFILE = DEFAULT_PROFILE
 """The SGLang release whose routes and bodies the vocabulary is: a translated call means under it what it meant to
@@ -87,6 +97,10 @@ _VLLM_MODES = {mode: vllm for vllm, mode in _PAUSE_MODES.items()}
 _GENERATION = frozenset({"/inference/v1/generate", "/v1/completions"})
 _RENAMED = {"/resume": "/continue_generation", "/reset_prefix_cache": "/flush_cache", "/weight_info": "/model_info",
             "/v1/load_lora_adapter": "/load_lora_adapter", "/v1/unload_lora_adapter": "/unload_lora_adapter"}
+_TRANSFER = {"/init_weight_transfer_engine": "/init_weights_update_group", "/start_weight_update": "/begin_weight_update",
+             "/update_weights": "/update_weights_from_distributed", "/finish_weight_update": "/end_weight_update",
+             "/shutdown_weight_transfer_engine": "/destroy_weights_update_group"}
+"""vLLM's native weight-transfer routes → the vocabulary's (:meth:`VllmDialect._transfer`)."""
 MISSING = "/nonexistent/made-to-fail-by-the-conformance-suite"
 """Where a load the suite makes fail points the engine (:meth:`VllmDialect.failing_load`)."""
 SERVED = "<the served model>"
@@ -100,6 +114,11 @@ class VllmDialect(Dialect):
 
     def __init__(self) -> None:
         self.served = SERVED
+        self.group = GROUP_NAME
+        """The weight-transfer group the engine was last told to join (its ``update_weights`` use it)."""
+        self.ended_by_failure = False
+        """vLLM ended the engine's weight-update session when an update failed (the worker's
+        ``_weight_update_active = False``); the session the vocabulary sees goes on until a finish."""
 
     def fresh(self) -> "VllmDialect":
         return VllmDialect()
@@ -124,13 +143,43 @@ class VllmDialect(Dialect):
             return _RENAMED[path], {k: body[k] for k in ("lora_name", "lora_path") if k in body}
         if path in _GENERATION:
             return "/generate", _generate_request(path, body)
+        if path in _TRANSFER:
+            return self._transfer(path, body)
         return _RENAMED.get(path, path), payload if path not in ("/resume", "/reset_prefix_cache") else {}
+
+    def _transfer(self, path: str, body: dict[str, Any]) -> tuple[str, Any]:
+        """A call of vLLM's native weight transfer in the vocabulary (see the module docstring)."""
+        if path == "/init_weight_transfer_engine":
+            info = body.get("init_info") if isinstance(body.get("init_info"), dict) else {}
+            self.group = str(info.get("group_name") or GROUP_NAME)
+            return "/init_weights_update_group", {**{k: info[k] for k in (
+                "master_address", "master_port", "rank_offset", "world_size") if k in info},
+                "group_name": self.group, "backend": "gloo"}
+        if path == "/update_weights":
+            info = body.get("update_info")
+            info = info[0] if isinstance(info, list) and info else info  # this engine's (its one rank's)
+            info = info if isinstance(info, dict) else {}
+            return "/update_weights_from_distributed", {
+                "names": info.get("names"), "dtypes": info.get("dtype_names"), "shapes": info.get("shapes"),
+                "group_name": self.group, "flush_cache": False, "abort_all_requests": False}
+        if path == "/shutdown_weight_transfer_engine":
+            return "/destroy_weights_update_group", {"group_name": self.group}
+        if path == "/start_weight_update" and self.ended_by_failure:
+            self.ended_by_failure = False  # reopened after a failed update: the same session, not a second one
+            return path, {}
+        if path == "/finish_weight_update":
+            self.ended_by_failure = False
+        if path == "/finish_weight_update" and body.get("weight_version") is not None:
+            return "/end_weight_update", {"weight_version": body["weight_version"]}
+        return _TRANSFER[path], {}
 
     def answered(self, path: str, payload: Any, response: Any) -> Any:
         if path == "/generate" and isinstance(response, dict) and isinstance(response.get("choices"), list):
             rid = payload.get("rid") if isinstance(payload, dict) else None
             return [_output(choice, response, rid) for choice in response["choices"]] \
                 if len(response["choices"]) != 1 else _output(response["choices"][0], response, rid)
+        if path == "/update_weights_from_distributed" and isinstance(response, dict) and "error" in response:
+            self.ended_by_failure = True
         if path == "/update_weights_from_disk" and isinstance(response, dict) and "results" in response:
             return {"success": True, "message": "reload_weights", "results": response["results"]}
         return response

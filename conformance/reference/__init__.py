@@ -15,7 +15,8 @@ from .manager import (NegativeStaleness, PartialRolloutManager, ProtocolError, R
 from .transports import (DiskTransport, DistributedTransport, LoraTransport, TensorTransport,
                          encode_pickle_b64, write_checkpoint_atomic)
 from .updater import ReferenceUpdater
-from .vllm_client import NO_TENSORS, VllmEngineClient
+from .transports import torch_installed
+from .vllm_client import NO_GLOO, NO_TENSORS, VllmEngineClient
 
 integration = ReferenceIntegration()
 partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager_cls=PartialRolloutManager,
@@ -23,11 +24,13 @@ partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager
 """The reference with partial rollout: aborted turns are resumed instead of recycled."""
 vllm = ReferenceIntegration(
     name="reference-vllm", client_cls=VllmEngineClient,
-    capabilities=Capabilities(transports=frozenset({"disk"}),
-                              absent_because={"tensor": NO_TENSORS, "distributed": NO_TENSORS}))
-"""The reference on vLLM (``--engine vllm``): the same updater and manager over :class:`VllmEngineClient`, disk updates
-only (its ``retract`` cycles pause with ``wait``, which answers once every running request finished: such a cycle
-lasts as long as the longest request in flight)."""
+    capabilities=Capabilities(transports=frozenset({"disk", "distributed"} if torch_installed() else {"disk"}),
+                              absent_because={"tensor": NO_TENSORS, **({} if torch_installed() else
+                                                                        {"distributed": NO_GLOO})}))
+"""The reference on vLLM (``--engine vllm``): the same updater and manager over :class:`VllmEngineClient`, disk
+updates, and distributed ones through vLLM's native weight transfer (its gloo engine) where torch is installed (its
+``retract`` cycles pause with ``wait``, which answers once every running request finished: such a cycle lasts as
+long as the longest request in flight)."""
 
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport", "NegativeStaleness",

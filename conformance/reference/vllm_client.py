@@ -16,7 +16,16 @@ The cycle maps onto vLLM's RL surface (``vllm/entrypoints/rl/online/api_router.p
 * ``/generate`` → ``/inference/v1/generate`` (token ids; ``model`` names the adapter), its answer read back as
   SGLang's ``meta_info`` by the vLLM dialect (:mod:`conformance.dialect`).
 
-Tensor and distributed updates do not exist on vLLM 0.32 on CPU: its weight-transfer engines are CUDA IPC and NCCL.
+* a distributed update → vLLM's native weight transfer (``--weight-transfer-config '{"backend": "gloo"}'``: the gloo
+  engine this project registers through vLLM's factory, :mod:`fakes.vllm.weight_transfer`): the group →
+  ``/init_weight_transfer_engine`` (``init_info``: the rendezvous and the group's name), the session →
+  ``/start_weight_update`` … ``/finish_weight_update``, the broadcast's receiving side → ``/update_weights``
+  (``update_info``: ``names``, ``dtype_names``, ``shapes``), the group's end → ``/shutdown_weight_transfer_engine``.
+  The label is the cycle's relabel inside the session (the finish carries none). An update that fails ends vLLM's
+  session with the layers reset (no weights): the client opens a session again, so that the cycle's closing finish
+  gives the layers their tensors back.
+
+Tensor updates do not exist on vLLM 0.32 on CPU (its tensor-moving engines are CUDA IPC and NCCL).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from .releases import Release
 
 NO_TENSORS = ("vLLM 0.32 moves tensors only through its weight-transfer engines (CUDA IPC, NCCL; "
               "/init_weight_transfer_engine), none of which runs on CPU: use the disk transport")
+NO_GLOO = ("vLLM's native weight transfer on CPU needs torch here and engines started with "
+           "--weight-transfer-config '{\"backend\": \"gloo\"}'")
 
 
 class VllmRelease(Release):
@@ -124,22 +135,44 @@ class VllmEngineClient(HttpEngineClient):
 
     async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str, backend: str) -> None:
-        raise EngineError(self.url, "/init_weight_transfer_engine", None, NO_TENSORS)
+        """``/init_weight_transfer_engine``: the engine joins the trainer's gloo group (it answers once every rank
+        joined)."""
+        if backend != "gloo":
+            raise EngineError(self.url, "/init_weight_transfer_engine", None,
+                              f"backend {backend!r}: vLLM's weight transfer on CPU is its gloo engine")
+        await self._call("/init_weight_transfer_engine", {"init_info": {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name}})
 
     async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
                                               shapes: Sequence[Sequence[int]], group_name: str,
                                               weight_version: str | None = None, flush_cache: bool = False) -> None:
-        raise EngineError(self.url, "/update_weights", None, NO_TENSORS)
+        """``/update_weights``: receive the broadcast (answered once every tensor arrived). On failure a session is
+        opened again (vLLM ended it, the layers reset): the cycle's finish then restores them."""
+        try:
+            await self._call("/update_weights", {"update_info": {
+                "names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}})
+        except EngineError as exc:
+            try:
+                await self._call("/start_weight_update")
+            except EngineError as again:  # still active: the refusal never reached the worker
+                exc.add_note(f"reopening the weight-update session: {again}")
+            raise
+        if flush_cache:
+            await self.flush_cache()
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
-        return None
+        await self._call("/shutdown_weight_transfer_engine")
 
     async def begin_weight_update(self) -> bool:
-        """vLLM's ``/start_weight_update`` belongs to its transfer engines; a disk reload needs no session."""
-        return False
+        """``/start_weight_update`` (the distributed transport's session; a disk reload needs none)."""
+        await self._call("/start_weight_update")
+        return True
 
     async def end_weight_update(self) -> bool:
-        return False
+        """``/finish_weight_update`` (no version: the cycle relabelled inside the session)."""
+        await self._call("/finish_weight_update")
+        return True
 
     async def load_lora_adapter_from_tensors(self, lora_name: str, config_dict: Mapping[str, Any],
                                              serialized_named_tensors: Sequence[str]) -> None:

@@ -18,9 +18,10 @@ vLLM 0.32.0 registers no CPU engine (nccl, ipc, sparse_nccl, sharded_rdt, nccl_m
 takes engines registered at runtime, and ``gloo`` is the one this project registers on real vLLM
 (``gpu/vllm_gloo.py``, installed as a vLLM general plugin) and serves here: the NCCL engine's protocol on a gloo
 group. Its ``init_info`` is NCCL's TCP rendezvous (``master_address``, ``master_port``, ``rank_offset``,
-``world_size``) and its ``update_info`` NCCL's unpacked one (``names``, ``dtype_names``, ``shapes``: one broadcast
+``world_size``; and ``group_name``, default :data:`GROUP_NAME`) and its ``update_info`` NCCL's unpacked one
+(``names``, ``dtype_names``, ``shapes``: one broadcast
 per tensor from rank 0, in order). The group is :class:`fakes.distributed.DistributedGroup` (a real gloo group,
-``torch.distributed``'s ``tcp://`` rendezvous on the trainer's store, group name :data:`GROUP_NAME`), so a trainer
+``torch.distributed``'s ``tcp://`` rendezvous on the trainer's store, under the group's name), so a trainer
 joins it with :func:`fakes.distributed.trainer_group` and sends with ``.send``. Like NCCL's engine it loads through
 vLLM's layerwise reload: ``start`` resets the layers (``initialize_layerwise_reload``), each received tensor is
 loaded, ``finish`` finalizes. An update that fails therefore leaves the model without weights (as a failed reload
@@ -42,7 +43,7 @@ from .errors import answer, worker_failed
 BACKEND = "gloo"
 """The backend name the gloo engine is registered under (``--weight-transfer-config '{"backend": "gloo"}'``)."""
 GROUP_NAME = "vllm_weight_transfer"
-"""The gloo group's name (the store prefix both sides use; not in ``init_info``)."""
+"""The gloo group's name (the store prefix both sides use) when ``init_info`` names none."""
 ENGINE_CLASS = "GlooWeightTransferEngine"
 """The engine's class name (in ``parse_init_info``'s and ``parse_update_info``'s errors)."""
 BUILTIN_BACKENDS = ("nccl", "ipc", "sparse_nccl", "sharded_rdt", "nccl_m2n", "modelexpress")
@@ -59,6 +60,7 @@ class GlooWeightTransferInitInfo:
     master_port: int
     rank_offset: int
     world_size: int
+    group_name: str = GROUP_NAME
 
 
 @dataclass
@@ -163,7 +165,7 @@ class WeightTransfer:
         self._check()
         info = _parsed(GlooWeightTransferInitInfo, "init_info", raw)
         group = DistributedGroup.join(info.master_address, info.master_port, info.rank_offset, info.world_size,
-                                      GROUP_NAME, "gloo", self.timeout_s)
+                                      info.group_name, "gloo", self.timeout_s)
         old, self.group = self.group, group
         if old is not None:
             old.destroy()

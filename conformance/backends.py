@@ -148,6 +148,7 @@ class FakeBackend:
         self.sentinel_tokens = int(SENTINEL_SECONDS * self.config.tokens_per_second)
         self.decode_tokens_per_s = self.config.tokens_per_second
         self.wire, self.control = WireLog(), WireControl()
+        self.control.freeze = self._freeze
         self.urls: list[str] = []
         self._engines: list[Any] = []
         self._servers: list[Any] = []
@@ -190,6 +191,11 @@ class FakeBackend:
         while not self._closing.wait(1.0 / self.config.tokens_per_second):
             with self._stepping:
                 self._step(1)
+
+    def _freeze(self, frozen: bool) -> None:
+        """Decoding stopped on every engine while the wire holds a disturbing call (``WireControl.freeze``)."""
+        for engine in self._engines:
+            engine.set_frozen(frozen)
 
     def _step(self, n: int) -> None:
         for engine in self._engines:

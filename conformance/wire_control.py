@@ -107,6 +107,13 @@ class WireControl:
         self._refusals: dict[tuple[int, str], Refusal] = {}
         self._hold: _Hold | None = None
         self._answers: AnswerHold | None = None
+        self._holding = 0
+        self._frozen: list[tuple[float, float]] = []
+        self._frozen_since: float | None = None
+        self.freeze: Callable[[bool], None] | None = None
+        """Called with True when :meth:`hold_first` starts holding a call and with False once none is held: a fake
+        backend stops its engines' decoding meanwhile, so the requests resident when a disturbing call arrived are
+        resident when it goes on, however long the hold and however loaded the machine (real engines cannot)."""
 
     def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1,
                rewrite: Rewrite | None = None) -> None:
@@ -192,15 +199,42 @@ class WireControl:
                     or call.engine in hold.passed:
                 return False
             hold.passed.add(call.engine)
-        arrived = self.clock()
-        ready = await poll(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})), hold.timeout_s,
-                           self.clock, lambda: self._hold is hold)
-        then = None
-        if not ready and hold.then is not None:
-            then = await poll(lambda: hold.then(call.engine), hold.then_timeout_s, self.clock, lambda: self._hold is hold)
-        with self._lock:
-            hold.went.add(call.engine)
-            if not ready and self._hold is hold:
-                now = self.clock()
-                hold.expired[call.engine] = Expired(now, now - arrived, then)
+        self._held_one(+1)
+        try:
+            arrived = self.clock()
+            ready = await poll(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})), hold.timeout_s,
+                               self.clock, lambda: self._hold is hold)
+            then = None
+            if not ready and hold.then is not None:
+                then = await poll(lambda: hold.then(call.engine), hold.then_timeout_s, self.clock,
+                                  lambda: self._hold is hold)
+            with self._lock:
+                hold.went.add(call.engine)
+                if not ready and self._hold is hold:
+                    now = self.clock()
+                    hold.expired[call.engine] = Expired(now, now - arrived, then)
+        finally:
+            self._held_one(-1)
         return True
+
+    def _held_one(self, change: int) -> None:
+        """Count the calls :meth:`held` holds now; :attr:`freeze` as the count leaves or reaches 0."""
+        with self._lock:
+            before = self._holding
+            self._holding += change
+            edge = self.freeze is not None and (before == 0) != (self._holding == 0)
+            frozen = self._holding > 0
+            if edge and frozen:
+                self._frozen_since = self.clock()
+            elif edge:
+                self._frozen.append((self._frozen_since or self.clock(), self.clock()))
+                self._frozen_since = None
+        if edge and self.freeze is not None:
+            self.freeze(frozen)
+
+    def decode_time(self, t0: float, t1: float) -> float:
+        """Seconds of ``[t0, t1]`` in which the engines decoded: less the time :attr:`freeze` stopped them (a
+        request sent at ``t0`` has decoded this long at ``t1``, as far as the clock can tell)."""
+        with self._lock:
+            spans = [*self._frozen, *([(self._frozen_since, t1)] if self._frozen_since is not None else [])]
+        return (t1 - t0) - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)

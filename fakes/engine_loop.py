@@ -218,8 +218,25 @@ class EngineLoop:
                     f"GPU memory {sorted(self.offload_tags)} is released by the memory saver)")
         return None
 
+    frozen = False
+    """Real-time decoding stopped (:meth:`set_frozen`)."""
+
+    def set_frozen(self, frozen: bool) -> None:
+        """Stop (or restart) real-time decoding, from any thread: nothing decodes while frozen, and the steps missed
+        are not caught up after (to the requests, the time frozen never passed). A test holding a call at the wire
+        freezes the engines so that what they are decoding when the call arrives is still decoding when it goes on."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self.frozen = frozen
+            return
+        loop.call_soon_threadsafe(self._apply_frozen, frozen)
+
+    def _apply_frozen(self, frozen: bool) -> None:
+        self.frozen = frozen
+        self._touch()
+
     def _runnable(self) -> bool:
-        return not self.dead and self.scheduler.has_work() and not self.scheduler.paused
+        return not self.dead and not self.frozen and self.scheduler.has_work() and not self.scheduler.paused
 
     async def _tick(self) -> None:
         """Real-time mode: step at ``tokens_per_second``, catching up by elapsed time; idle without work."""

@@ -98,10 +98,11 @@ def test_a_held_call_waits_out_a_resident_request_near_its_end() -> None:
     from types import SimpleNamespace
 
     from conformance.wire import WireLog
+    from conformance.wire_control import WireControl
 
     wire = WireLog()
     run = object.__new__(Run)
-    run.backend = SimpleNamespace(wire=wire, decode_tokens_per_s=100.0, sentinel_tokens=300)
+    run.backend = SimpleNamespace(wire=wire, control=WireControl(), decode_tokens_per_s=100.0, sentinel_tokens=300)
     run.rollout = SimpleNamespace(max_new_tokens=10)
 
     def resident(age_s: float, engine: int = 0):

@@ -286,3 +286,25 @@ def test_the_log_records_and_the_control_refuses_and_holds() -> None:
     app = WireRecorder(engine, 0, log)
     assert _post(app, "/update_weights_from_disk", {}).status_code == 200
     assert engine.seen == ["/update_weights_from_disk"]
+
+
+def test_a_held_call_freezes_a_fake_backends_decoding_and_the_frozen_time_is_no_decode_time() -> None:
+    """While ``hold_first`` holds any call the control's ``freeze`` hook is on (once, for overlapping holds); the time
+    frozen is not counted as decoding (``decode_time``): a request resident when the call arrived is as far from its
+    end when it goes on."""
+    from conformance.wire_control import WireControl
+
+    now = [10.0]
+    control, calls = WireControl(clock=lambda: now[0]), []
+    control.freeze = calls.append
+    control._held_one(+1)
+    now[0] = 11.0
+    control._held_one(+1)
+    assert calls == [True] and control.decode_time(9.0, 11.5) == pytest.approx(1.0)
+    now[0] = 12.0
+    control._held_one(-1)
+    control._held_one(-1)
+    assert calls == [True, False] and control.decode_time(9.0, 13.0) == pytest.approx(2.0)
+    unhooked = WireControl(clock=lambda: now[0])
+    unhooked._held_one(+1)
+    assert unhooked.decode_time(9.0, 13.0) == 4.0  # real engines: nothing is frozen

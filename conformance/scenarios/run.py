@@ -467,11 +467,11 @@ class Run:
 
     def _young(self, call: WireCall, now: float, fraction: float = 0.5) -> bool:
         """Whether ``call`` is open and was sent less than ``fraction`` of its decode time ago (its ``max_new_tokens``
-        at :func:`decode_rate`)."""
+        at :func:`decode_rate`), counting only the time the engines decoded (``WireControl.decode_time``)."""
         params = call.payload.get("sampling_params") if isinstance(call.payload, dict) else None
         budget = params.get("max_new_tokens") if isinstance(params, dict) else None
         lasts = (budget if isinstance(budget, int) else self.rollout.max_new_tokens) / decode_rate(self.backend)
-        return call.t_end is None and now - call.t_start <= lasts * fraction
+        return call.t_end is None and self.backend.control.decode_time(call.t_start, now) <= lasts * fraction
 
     def holds_young(self, engine: int, another_went: bool = False) -> bool:
         """Whether the cycle's first pause, bump or transfer may go on to ``engine`` (or it is not one the

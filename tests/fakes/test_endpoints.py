@@ -637,6 +637,29 @@ async def test_real_time_ticker_decodes_without_stepping_and_never_while_paused(
     assert done.json()["meta_info"]["finish_reason"]["type"] == "abort"
 
 
+@pytest.mark.asyncio
+async def test_a_frozen_real_time_engine_decodes_nothing_and_catches_nothing_up(connect) -> None:
+    """``set_frozen`` (what the suite's wire holds use on a fake backend): no token while frozen, and after the thaw
+    the request goes on from where it was, the frozen time never having passed for it."""
+    wire = await connect(FakeEngine(tokens_per_second=2000))
+    tasks = await wire.start_generates(1, max_new_tokens=10_000)
+
+    def decoded() -> int:
+        return sum(len(r.output_ids) for r in wire.engine.scheduler.live())
+
+    await wire.wait(lambda: decoded() > 5)
+    wire.engine.set_frozen(True)
+    await asyncio.sleep(0)  # sleep-ok: one loop turn applies the freeze (call_soon_threadsafe)
+    frozen = decoded()
+    with pytest.raises(TimeoutError):  # a bounded negative check: 0.2 s frozen is 400 tokens not decoded
+        await wire.engine.wait_until(lambda: decoded() > frozen + 1, timeout=0.2)
+    wire.engine.set_frozen(False)
+    await wire.wait(lambda: decoded() > frozen + 1)
+    assert decoded() < frozen + 300, "the frozen time was caught up after the thaw"
+    await wire.post("/abort_request", json={"abort_all": True})
+    await wire.results(tasks)
+
+
 def test_step_and_wait_from_another_thread() -> None:
     engine = FakeEngine()
     assert engine.step_threadsafe(2) == 0  # no loop yet: steps run inline (the clock still advances)

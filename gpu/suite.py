@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -46,6 +47,8 @@ class GpuLaunch:
     drop_in: tuple[str, ...]
     flags: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    weight_transfer: tuple[str, str] | None = None
+    """The native weight-transfer backend on GPUs and in the drop-in fake (``--weight-transfer-config``)."""
     memory_flag: str | None = None
     """The flag that takes the share of a GPU's memory an engine may use, where engines share a GPU (SGLang's is
     :attr:`gpu.launch.EngineSpec.mem_fraction_static`)."""
@@ -62,9 +65,10 @@ GPU_LAUNCH: dict[str, GpuLaunch] = {
     "vllm": GpuLaunch(
         "vLLM", "vllm", VLLM, FAKE_VLLM,
         # the tiny model's context; no CUDA graphs (seconds of capture for nothing); the token-in/token-out route
-        # whose answers carry version spans; the native weight-transfer engine over NCCL (its RL routes)
-        flags=("--max-model-len", "4096", "--enforce-eager", "--enable-scale-out",
-               "--weight-transfer-config", '{"backend": "nccl"}'),
+        # whose answers carry version spans
+        flags=("--max-model-len", "4096", "--enforce-eager", "--enable-scale-out"),
+        # the native weight-transfer engine: NCCL on GPUs; the drop-in fake serves gloo (no CUDA)
+        weight_transfer=("nccl", "gloo"),
         # the RL routes (/pause, /resume, /update_weight_version, /weight_info, ...) and runtime LoRA
         env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
         memory_flag="--gpu-memory-utilization"),
@@ -154,6 +158,14 @@ class GpuSuite(PooledSetup):
             return f"{needs}: the Ray cluster at {address or 'this machine'} has no GPU"
         return None
 
+    def why_not(self, scenario: str) -> str | None:
+        """Real vLLM skips the scenarios only its native weight transfer runs (:data:`gpu.vllm_suite.NO_GLOO_ENGINE`:
+        the reference speaks the gloo engine, vLLM's GPUs NCCL's); the simulated cluster's drop-in runs them."""
+        from .vllm_suite import NO_GLOO_ENGINE, native_transfer_only
+
+        return NO_GLOO_ENGINE if self.engine == "vllm" and not self.simulate and native_transfer_only(scenario) \
+            else None
+
     def model(self) -> tuple[str, dict[str, bytes] | None]:
         """The served model's path and, for the built tiny model, its files to write on every engine's node."""
         if self.model_path:
@@ -175,9 +187,11 @@ class GpuSuite(PooledSetup):
         per_node = -(-engines // self.nodes)
         share = round(0.8 / per_node, 2) if per_node > 1 else None
         memory = (launch.memory_flag, str(share)) if share is not None and launch.memory_flag else ()
+        transfer = () if launch.weight_transfer is None else (
+            "--weight-transfer-config", json.dumps({"backend": launch.weight_transfer[self.simulate]}))
         spec = EngineSpec(model_path=path, enable_lora=True, random_seed=self.seed,
                           mem_fraction_static=share if launch.memory_flag is None else None,
-                          extra_args=(*launch.flags, *memory),
+                          extra_args=(*launch.flags, *transfer, *memory),
                           fake_args=launch.fake_args(self.profile) if self.simulate else ())
         return RayBackendConfig(spec, engines=engines, nodes=self.nodes,
                                 program=launch.drop_in if self.simulate else launch.program,

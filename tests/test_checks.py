@@ -708,3 +708,14 @@ def test_a_translated_pause_is_witnessed_as_the_integration_sent_it():
     v = check("I3", history(wire=[translated], pause_mode="in_place"))
     assert v.status == "fail" and "(sent as POST /pause: mode 'abort' in the suite's vocabulary)" in v.witness[0], \
         v.explain()
+
+
+def test_vllms_finish_weight_update_with_a_version_stamps_the_engines_and_sglangs_end_does_not():
+    """vLLM publishes the ``weight_version`` its ``/finish_weight_update`` carries once it succeeded (recorded as
+    ``/end_weight_update``); SGLang's ``/end_weight_update`` takes no version, so one sent there stamps nothing."""
+    finish = call(0, "/end_weight_update", {"weight_version": "1"}, t0=1.5, t1=1.6, response={"success": True})
+    finish.sent_as = "POST /finish_weight_update"
+    assert check("V1", history(wire=[finish], cycles=[cycle()])).passed
+    finish.sent_as = None
+    v = check("V1", history(wire=[finish], cycles=[cycle()]))
+    assert v.status == "fail" and v.anomalies[0].kind == "never-stamped", v.explain()

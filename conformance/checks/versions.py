@@ -115,7 +115,8 @@ def published_only_after_success(h: History) -> Verdict:
 
 def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, float, str, str]]:
     """Where an engine's label changed in these calls: (call, when, version, how). A bump relabels when it is sent;
-    a transfer carrying ``weight_version`` relabels when it succeeds (SGLang sets the version only on success)."""
+    a transfer carrying ``weight_version`` relabels when it succeeds (SGLang sets the version only on success), and so
+    does vLLM's ``/finish_weight_update`` carrying one (recorded as ``/end_weight_update``)."""
     stamps = []
     for w in calls:
         if w.path == "/update_weight_version":
@@ -124,6 +125,10 @@ def _stamps(calls: Iterable[WireCall], profile: str) -> list[tuple[WireCall, flo
             version = effective(w, "weight_version", profile)
             if version is not None:
                 stamps.append((w, w.t_end, version, f"by its transfer {w.path} (weight_version in the body)"))
+        elif w.path == "/end_weight_update" and w.sent_as is not None and w.ok and w.t_end is not None \
+                and isinstance(w.payload, dict) and w.payload.get("weight_version") is not None:
+            # vLLM's /finish_weight_update publishes the version it carries once it succeeded (SGLang's end takes none)
+            stamps.append((w, w.t_end, str(w.payload["weight_version"]), f"by {w.sent_as} (weight_version in the body)"))
     return stamps
 
 

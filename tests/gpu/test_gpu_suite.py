@@ -113,7 +113,8 @@ def test_engines_take_a_gpu_each_or_share_one_on_a_node(nodes: int, gpu: float, 
         assert config.resources_per_engine == {"CPU": 1, "GPU": gpu}
         assert config.spec.enable_lora and config.program == GPU_LAUNCH[engine].program
         assert config.spec.mem_fraction_static == (memory if engine == "sglang" else None)
-        assert config.spec.extra_args == (*GPU_LAUNCH[engine].flags, *memory_args)
+        transfer = ("--weight-transfer-config", '{"backend": "nccl"}') if engine == "vllm" else ()
+        assert config.spec.extra_args == (*GPU_LAUNCH[engine].flags, *transfer, *memory_args)
         assert set(config.model_files) >= {"config.json", "model.safetensors", "tokenizer.json"}
 
 
@@ -140,9 +141,15 @@ def test_a_simulated_cluster_runs_the_drop_in_fakes_on_the_same_launch_line() ->
         finally:
             real.close(), simulated.close()
         assert b.program == drop_in and b.engine_host == "127.0.0.1"
-        assert b.spec.extra_args == a.spec.extra_args and b.resources_per_engine == a.resources_per_engine
+        # the same launch line but the native weight-transfer backend: NCCL on GPUs, gloo in the drop-in fake
+        gloo = [arg.replace('"nccl"', '"gloo"') for arg in a.spec.extra_args]
+        assert list(b.spec.extra_args) == gloo and b.resources_per_engine == a.resources_per_engine
+        assert ('"gloo"' in " ".join(b.spec.extra_args)) is (engine == "vllm")
         assert launch_command(b.spec, "h", 1, b.program)[len(drop_in) + 1:] == \
-            launch_command(a.spec, "h", 1, a.program)[len(drop_in) + 1:] + list(b.spec.fake_args)
+            [arg.replace('"nccl"', '"gloo"') for arg in launch_command(a.spec, "h", 1, a.program)[len(drop_in) + 1:]] \
+            + list(b.spec.fake_args)
+        assert (real.why_not("steady-distributed-retract") is None) is (engine == "sglang")
+        assert simulated.why_not("steady-distributed-retract") is None and real.why_not("steady-disk-retract") is None
 
 
 def test_the_simulated_cluster_needs_only_ray(monkeypatch: pytest.MonkeyPatch) -> None:

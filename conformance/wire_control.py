@@ -226,11 +226,11 @@ class WireControl:
             frozen = self._holding > 0
             if edge and frozen:
                 self._frozen_since = self.clock()
-            elif edge:
-                self._frozen.append((self._frozen_since or self.clock(), self.clock()))
+            elif edge and self._frozen_since is not None:
+                self._frozen.append((self._frozen_since, self.clock()))
                 self._frozen_since = None
-        if edge and self.freeze is not None:
-            self.freeze(frozen)
+        if edge:
+            self.freeze(frozen)  # type: ignore[misc]  (edge implies a hook)
 
     def decode_time(self, t0: float, t1: float) -> float:
         """Seconds of ``[t0, t1]`` in which the engines decoded: less the time :attr:`freeze` stopped them (a

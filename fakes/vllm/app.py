@@ -29,7 +29,8 @@ from ..asgi import (
 )
 from ..facts import VLLM
 from ..failures import EngineClosed, EngineCrashed
-from . import logprobs as LP
+from .logprobs import (completion_logprobs, completion_request_error, fractional, generate_logprobs, over_limit,
+                       sampling_params_error)
 from .errors import answer, error_reply, worker_failed
 
 FakeVLLMEngine = Any
@@ -213,10 +214,10 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
 def _completion_logprobs(body: dict[str, Any]) -> int | None:
     """``CompletionRequest.logprobs``, checked as vLLM parses the body (:mod:`fakes.vllm.logprobs`)."""
     value = body.get("logprobs")
-    refused = LP.completion_request_error(value)
+    refused = completion_request_error(value)
     if refused is not None:
         raise _Refused(refused)
-    if LP.fractional(value):
+    if fractional(value):
         raise Invalid(("body", "logprobs"), "Input should be a valid integer, got a number with a fractional part",
                       "int_from_float", value)
     return None if value is None else int(value)
@@ -233,12 +234,12 @@ def _sampling_logprobs(sampling: dict[str, Any]) -> int | None:
         except ValueError:
             _bad_sampling(sampling, "int_parsing", "Input should be a valid integer, unable to parse string as an "
                           "integer", value)
-    elif LP.fractional(value):
+    elif fractional(value):
         _bad_sampling(sampling, "int_from_float", "Input should be a valid integer, got a number with a fractional "
                       "part", value)
     elif value is not None and not isinstance(value, (int, float)):
         _bad_sampling(sampling, "int_type", "Input should be a valid integer", value)
-    refused = LP.sampling_params_error(value)
+    refused = sampling_params_error(value)
     if refused is not None:
         raise _Refused(refused)
     return None if value is None else int(value)
@@ -286,7 +287,7 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     if not prompt:
         return answer("no_prompt", param="prompt")
     stream = bool(body.get("stream"))
-    refused = LP.over_limit(logprobs, e.vocab_size, e.max_logprobs)
+    refused = over_limit(logprobs, e.vocab_size, e.max_logprobs)
     if refused is not None:
         return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
@@ -301,7 +302,7 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     return Reply(200, {
         "id": rid, "object": "text_completion", "created": e.now(), "model": model,
         "choices": [{"index": 0, "text": e.text(output),
-                     "logprobs": None if logprobs is None else LP.completion_logprobs(output, logprobs, e.vocab_size,
+                     "logprobs": None if logprobs is None else completion_logprobs(output, logprobs, e.vocab_size,
                                                                                       e.text),
                      "finish_reason": e.finish_reason(out), "stop_reason": None,
                      "token_ids": output if ids else None, "prompt_logprobs": None,
@@ -326,7 +327,7 @@ async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: st
         new = list(out.output_ids[sent:])
         if not new and not final:  # an output with nothing new (its tokens went out with an earlier one)
             continue
-        lp = None if logprobs is None else LP.completion_logprobs(new, logprobs, e.vocab_size, e.text, sent, offset)
+        lp = None if logprobs is None else completion_logprobs(new, logprobs, e.vocab_size, e.text, sent, offset)
         if lp is not None and lp["tokens"]:
             offset = lp["text_offset"][-1] + len(lp["tokens"][-1])
         chunk: dict[str, Any] = {
@@ -368,7 +369,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     if wrong is not None:
         return wrong
     stream = bool(body.get("stream"))
-    refused = LP.over_limit(logprobs, e.vocab_size, e.max_logprobs)
+    refused = over_limit(logprobs, e.vocab_size, e.max_logprobs)
     if refused is not None:
         return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
@@ -383,7 +384,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         "output_mode": "tokens",
         "choices": [{"index": 0, "finish_reason": e.finish_reason(out), "stop_reason": None,
                      "token_ids": output,
-                     "logprobs": None if logprobs is None else LP.generate_logprobs(output, logprobs, e.vocab_size),
+                     "logprobs": None if logprobs is None else generate_logprobs(output, logprobs, e.vocab_size),
                      "routed_experts": None, "sampling_mask": None, "weight_versions": e.spans(out)}],
         "prompt_token_ids": list(out.input_ids) if prompt_ids else None, "prompt_logprobs": None,
         "prompt_token_id_logprobs": None, "mm_placeholders": None, "usage": _usage(out), "kv_transfer_params": None,
@@ -405,7 +406,7 @@ async def _generate_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str,
             "choices": [{"index": 0, "finish_reason": e.finish_reason(out) if final else None,
                          "stop_reason": None, "token_ids": new, "routed_experts": None, "sampling_mask": None,
                          "weight_versions": e.spans(out) if final else None,
-                         "logprobs": None if logprobs is None else LP.generate_logprobs(new, logprobs, e.vocab_size,
+                         "logprobs": None if logprobs is None else generate_logprobs(new, logprobs, e.vocab_size,
                                                                                         sent)}]}
         if prompt_ids and sent == 0:
             chunk["prompt_token_ids"] = list(out.input_ids)

@@ -18,8 +18,11 @@ decoding), not from a guess: real SGLang on 2 CPU cores decodes a few hundred to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -295,6 +298,26 @@ class PooledSetup:
     """The engine family the pool runs (its dialect, reset and weight reads)."""
     _pool: EnginePool | None = field(default=None, init=False)
     _start_failure: str | None = field(default=None, init=False)
+    _model_dir: str | None = field(default=None, init=False)
+    _cluster: contextlib.ExitStack | None = field(default=None, init=False)
+
+    def tiny_model(self) -> str:
+        """The tiny model the engines serve, built here once (removed by :meth:`close`)."""
+        if self._model_dir is None:
+            from .tiny_model import write_model
+
+            folder = tempfile.mkdtemp(prefix=f"weightsync-{self.family}-model-")
+            self._model_dir = str(write_model(Path(folder) / "model"))
+        return self._model_dir
+
+    def simulated_cluster(self, nodes: int, cpus_per_node: int, gpus_per_node: int = 0) -> None:
+        """A simulated Ray cluster on this machine, started once (torn down by :meth:`close`)."""
+        if self._cluster is None:
+            from .cluster import local_cluster
+
+            self._cluster = contextlib.ExitStack()
+            self._cluster.enter_context(local_cluster(nodes=nodes, cpus_per_node=cpus_per_node,
+                                                      gpus_per_node=gpus_per_node))
 
     def config(self) -> RayBackendConfig:
         raise NotImplementedError
@@ -346,6 +369,14 @@ class PooledSetup:
         return [f"{self.describe()}: {line}" for line in self._pool.stats.lines()]
 
     def close(self) -> None:
-        """Tear the engines down."""
-        if self._pool is not None:
-            self._pool.close()
+        """Tear the engines down, then the simulated cluster and the built model."""
+        try:
+            if self._pool is not None:
+                self._pool.close()
+        finally:
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+            if self._model_dir is not None:
+                shutil.rmtree(Path(self._model_dir).parent, ignore_errors=True)
+                self._model_dir = None

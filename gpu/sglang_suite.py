@@ -14,11 +14,8 @@ on 127.0.0.1).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,8 +63,6 @@ class SglangSuite(PooledSetup):
     fake_args: tuple[str, ...] = ()
     _skip: str | None = field(default=None, init=False)
     _checked: bool = field(default=False, init=False)
-    _model_dir: str | None = field(default=None, init=False)
-    _cluster: contextlib.ExitStack | None = field(default=None, init=False)
 
     @classmethod
     def with_fake(cls, profile: str = DEFAULT_PROFILE, tokens_per_second: float = 500.0,
@@ -117,12 +112,7 @@ class SglangSuite(PooledSetup):
         """What the engines are started with: the tiny model (written once), the family's CPU flags and environment,
         the environment's interpreter."""
         from .backend import RayBackendConfig
-        from .tiny_model import write_model
-
-        if self._model_dir is None:
-            folder = tempfile.mkdtemp(prefix=f"weightsync-{self.family}-model-")
-            self._model_dir = str(write_model(Path(folder) / "model"))
-        spec = EngineSpec(model_path=self._model_dir, enable_lora=self.lora, random_seed=self.seed,
+        spec = EngineSpec(model_path=self.tiny_model(), enable_lora=self.lora, random_seed=self.seed,
                           disable_cuda_graph=False, extra_args=self.flags(), fake_args=self.fake_args)
         env = importlib.import_module(self.installer)
         python = self.python or str(env.python_of(Path(self.venv) if self.venv else env.default_venv(self.release)))
@@ -155,25 +145,10 @@ class SglangSuite(PooledSetup):
             return LocalBackend(config)
         from .backend import RayBackend
 
-        if self._cluster is None:
-            from .cluster import local_cluster
-
-            self._cluster = contextlib.ExitStack()
-            self._cluster.enter_context(local_cluster(nodes=2, cpus_per_node=1))
+        self.simulated_cluster(nodes=2, cpus_per_node=1)
         return RayBackend(config)
 
     def describe(self) -> str:
         where = "Ray actors on a simulated 2-node cluster" if self.ray else "local processes"
         name = "the fake's drop-in" if self.fake_args else self.title
         return f"{name} {self.release} on CPU ({where})"
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            if self._cluster is not None:
-                self._cluster.close()
-                self._cluster = None
-            if self._model_dir is not None:
-                shutil.rmtree(Path(self._model_dir).parent, ignore_errors=True)
-                self._model_dir = None

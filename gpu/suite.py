@@ -15,12 +15,9 @@ engines' program with the same launch line: the cluster path (placement, actors,
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -109,8 +106,6 @@ class GpuSuite(PooledSetup):
     _skip: str | None = field(default=None, init=False)
     _checked: bool = field(default=False, init=False)
     _error: str | None = field(default=None, init=False)
-    _built: str | None = field(default=None, init=False)
-    _cluster: contextlib.ExitStack | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.engine not in GPU_LAUNCH:
@@ -170,11 +165,8 @@ class GpuSuite(PooledSetup):
         """The served model's path and, for the built tiny model, its files to write on every engine's node."""
         if self.model_path:
             return self.model_path, None
-        if self._built is None:
-            from .tiny_model import write_model
-
-            self._built = str(write_model(Path(tempfile.mkdtemp(prefix="weightsync-tiny-model-")) / "model"))
-        return self._built, {p.name: p.read_bytes() for p in Path(self._built).iterdir()}
+        built = self.tiny_model()
+        return built, {p.name: p.read_bytes() for p in Path(built).iterdir()}
 
     def config(self) -> Any:
         """What each engine starts with: ``max(2, nodes)`` engines over ``nodes`` nodes, one GPU each, or a share
@@ -211,12 +203,8 @@ class GpuSuite(PooledSetup):
         """Engines in Ray actors on the cluster (a simulated one is started at the first)."""
         from .backend import RayBackend
 
-        if self.simulate and self._cluster is None:
-            from .cluster import local_cluster
-
-            per_node = -(-config.engines // self.nodes)
-            self._cluster = contextlib.ExitStack()
-            self._cluster.enter_context(local_cluster(nodes=self.nodes, cpus_per_node=per_node, gpus_per_node=1))
+        if self.simulate:
+            self.simulated_cluster(nodes=self.nodes, cpus_per_node=-(-config.engines // self.nodes), gpus_per_node=1)
         return RayBackend(config)
 
     def describe(self) -> str:
@@ -225,16 +213,11 @@ class GpuSuite(PooledSetup):
         return f"real {self.launch.title} on a {self.nodes}-node Ray cluster"
 
     def close(self) -> None:
+        connected = self._checked and self._skip is None and self._error is None and not self.simulate
         try:
             super().close()
         finally:
-            if self._cluster is not None:
-                self._cluster.close()
-                self._cluster = None
-            elif self._checked and self._skip is None and self._error is None:
+            if connected:  # the cluster it was pointed at: the driver disconnects
                 import ray
 
                 ray.shutdown()
-            if self._built is not None:
-                shutil.rmtree(Path(self._built).parent, ignore_errors=True)
-                self._built = None

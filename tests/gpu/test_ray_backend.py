@@ -57,6 +57,7 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.timeout(600)  # the backend's checks (about 70 s), then the cluster command twice (about 60 s), loaded
 def test_the_ray_backend_on_two_simulated_nodes(subtests, tmp_path: Path) -> None:
     import ray
 

@@ -10,7 +10,7 @@ import pytest
 from conformance.cases import fake_backend_factory, run_cases
 from conformance.scenarios import Deadlines
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.slow]  # whole designs end to end: the README command's budget
 FAST = Deadlines(update_s=5.0, drain_s=5.0, wait_s=5.0, script_s=30.0)
 
 

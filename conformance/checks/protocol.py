@@ -116,9 +116,10 @@ def pause_mode_sent(h: History) -> Verdict:
     go without a pause)."""
     failures: list[Anomaly] = []
     pauses = list(h.integration_calls("/pause_generation"))
+    refused = [c for c in pauses if c.t_end is not None and not c.ok]
     for call in pauses:
         mode = pause_mode(call, h.profile)
-        if mode is None or (call.t_end is not None and not call.ok):
+        if mode is None or call in refused:
             continue  # the engine rejected it: nothing was paused (P5 judges the refusal; below, the load it left)
         sent = sent_as(call, "mode", h.profile)
         if mode == "abort":
@@ -135,8 +136,7 @@ def pause_mode_sent(h: History) -> Verdict:
                 engine=call.engine, times=(call.t_start,)))
     failures += _loaded_unpaused(h)
     return verdict(failures, vacuous=None if pauses else "the integration never paused",
-                   metrics={"pauses": len(pauses), "refused_pauses": sum(c.t_end is not None and not c.ok
-                                                                         for c in pauses)})
+                   metrics={"pauses": len(pauses), "refused_pauses": len(refused)})
 
 
 def _loaded_unpaused(h: History) -> list[Anomaly]:

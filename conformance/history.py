@@ -17,9 +17,11 @@ from .prompts import PromptBook
 
 LORA_LOAD_PATHS = frozenset({"/load_lora_adapter", "/load_lora_adapter_from_tensors"})
 """SGLang's two ways to load an adapter (from a path, from tensors)."""
-TRANSFER_PATHS = frozenset({
+WEIGHT_LOAD_PATHS = frozenset({
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
-}) | LORA_LOAD_PATHS
+})
+"""The calls that load full weights (an engine that failed one may hold part of them)."""
+TRANSFER_PATHS = WEIGHT_LOAD_PATHS | LORA_LOAD_PATHS
 DISTURBING_PATHS = TRANSFER_PATHS | {"/pause_generation", "/update_weight_version"}
 """Calls of an update cycle that can abort or freeze in-flight requests."""
 
@@ -88,12 +90,13 @@ class UpdateCycle:
     expect_failure: bool = False
     """The scenario deliberately pushed weights the engines must reject."""
     trainer_digest: dict[str, str] | None = None
-    """Parameter name → digest of what the trainer pushed (full-weight updates)."""
+    """Parameter name → digest of what the trainer pushed (full-weight updates; for a poisoned cycle, the weights
+    the engines reject)."""
     digests_after: list[dict[str, str]] | None = None
+    """Per engine, parameter name → digest of what it holds after the cycle (backends that can read weights)."""
     digests_before: list[dict[str, str]] | None = None
     """Per engine, what it held before a cycle the scenario makes fail (refused or poisoned): a failed update must
     leave each engine with whole weights, these or the trainer's."""
-    """Per engine, parameter name → digest of what it holds after the cycle (backends that can read weights)."""
 
 
 @dataclass
@@ -231,6 +234,9 @@ class History:
     t_teardown: float | None = None
     """When the script ended and the teardown began (the manager stopped): calls the integration drops from then on
     are its shutdown, not lost work."""
+    initial_digest: dict[str, str] | None = None
+    """Parameter name → digest of the weights the engines started with (backends that can read weights): the first
+    published weights."""
     final_labels: list[str | None] = field(default_factory=list)
     engine_truth: dict[str, Any] = field(default_factory=dict)
     prompts: PromptBook = field(default_factory=PromptBook)
@@ -266,6 +272,10 @@ class History:
             if w.path != "/generate" and w.t_end is not None:
                 attempts.setdefault((w.engine, w.path), []).append(w)
         return {key: [w for w in calls if not w.ok] for key, calls in attempts.items() if not calls[-1].ok}
+
+    def weight_loads(self, cycle: UpdateCycle, engine: int) -> list[WireCall]:
+        """``cycle``'s calls that load full weights into ``engine`` (whatever they answered)."""
+        return [w for w in self.cycle_calls(cycle, engine) if w.path in WEIGHT_LOAD_PATHS]
 
     def disturbing_call(self, cycle: UpdateCycle, engine: int) -> WireCall | None:
         """The first call of ``cycle`` that can disturb ``engine``'s in-flight requests: its pause, else (an

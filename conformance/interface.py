@@ -239,8 +239,9 @@ class Updater(Protocol):
         """Run one whole update cycle on every engine and publish the new version to the Manager.
 
         ``weights`` are full model tensors (``torch.Tensor`` by HF parameter name); with ``lora`` only the
-        adapter is pushed. Returns the new version. Raises on any failure, leaving engines resumed and the
-        published version unchanged (V2, I6, P5).
+        adapter is pushed. Returns the new version. Raises on any failure, leaving the published version unchanged
+        (V2, P5) and every engine resumed (I6), except one the failed cycle sent full weights to: it may hold part of
+        them, so it is either given published weights back or kept paused until an update loads whole weights (P8).
         """
 
 

@@ -163,6 +163,11 @@ class NoResumeOnFailureUpdater(ReferenceUpdater):
         return None  # continue_generation only on the success path, as in the miles mixin
 
 
+class ResumesOnPartialWeightsUpdater(ReferenceUpdater):
+    async def after_failed_load(self, exc: BaseException, sent: list[WeightSyncClient]) -> None:
+        return None  # every engine is continued after a failed load, whatever part of the weights it holds
+
+
 class AlwaysFlushUpdater(ReferenceUpdater):
     def flush_needed(self) -> bool:
         return True  # flushes even under in_place
@@ -471,9 +476,14 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("recycle_partial", "an aborted group is re-queued with its partial turns",
             "slime #2092", ("I4",),
             shows_in=("aborted-groups",), manager_cls=KeepsAbortedManager),
-    _mutant("resume_not_finally", "a failed update leaves the engines paused with the session open",
-            "rl-frameworks I6; AReaL #1181; miles mixin", ("I6",),
-            shows_in=("failing-transfer-disk",), updater_cls=NoResumeOnFailureUpdater),
+    _mutant("resume_not_finally", "a failed update leaves the engines paused with the session open, also where it "
+            "sent them no weights", "rl-frameworks I6; AReaL #1181; miles mixin; NeMo-RL #3612", ("I6",),
+            shows_in=("lora-refused",), updater_cls=NoResumeOnFailureUpdater),
+    _mutant("resumes_on_partial_weights", "after a failed load every engine is continued on whatever part of the "
+            "weights it holds (SGLang restores nothing: 'partially updated, discard the whole weights')",
+            "SGLang's model_runner_components/weight_updater.py; miles test_dist_weight_update_lifecycle; "
+            "vllm #57854", ("P8",),
+            shows_in=("failing-transfer-distributed",), updater_cls=ResumesOnPartialWeightsUpdater),
     _mutant("success_false_ignored", "an engine's success:false / non-200 transfer answer is logged, not raised",
             "miles #684; minimind update_policy", ("P5",),
             shows_in=("one-engine-rejects",), client_cls=UncheckedTransferClient),
@@ -638,6 +648,7 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "(/pause?mode=in_place), which vLLM refuses with 400, and goes on: the engines load while they generate",
             "vllm-api.md (an invalid mode is a 400 and changes nothing); issue 41 (the suite recorded such a pause "
             "as a valid one)", ("I3",), client_cls=VllmSglangModePauseClient, shows_in=("steady-disk-in_place",)),
+    on_vllm(MUTANTS["resumes_on_partial_weights"], shows_in=("one-engine-rejects",)),  # the others loaded them
     on_vllm(MUTANTS["success_false_ignored"], "vllm_reload_failure_ignored", "a reload_weights that vLLM answers "
             "500 is logged, not raised, and the cycle goes on", "miles #684 on vLLM's disk path", ("P5",),
             client_cls=VllmUncheckedReloadClient),

@@ -1,5 +1,5 @@
 """``TensorBlob`` (one tensor as dtype name, shape and raw little-endian bytes), ``WeightStore`` (what one engine
-holds: an immutable name -> blob mapping with an order-independent ``digest()`` and an all-or-nothing ``updated()``),
+holds: an immutable name -> blob mapping with an order-independent ``digest()`` and an in-order ``updated()`` that says how far a failed load got),
 ``weights_digest`` and ``values_preview`` (what ``/get_weights_by_name`` answers)."""
 
 from __future__ import annotations
@@ -202,33 +202,33 @@ class WeightStore(Mapping):
         """A new store with ``blobs`` replacing the same-named parameters; names not given keep their values
         (SGLang's ``load_weights`` loads what it is given).
 
-        All-or-nothing: every entry is checked before anything changes. An unknown name, a shape mismatch or
-        (unless ``cast``) a dtype mismatch raises ``WeightError`` naming the parameter. Real SGLang copies
-        with ``param.data.copy_(loaded)``, which casts silently: ``cast=True`` models that (the stored dtype
-        wins, values are converted like ``tensor.to``)."""
+        In order, as SGLang's ``load_weights`` copies them: an unknown name, a shape mismatch or (unless ``cast``) a
+        dtype mismatch raises ``WeightError`` naming the parameter, its ``partial`` the store with the parameters
+        before it loaded (``default_weight_loader`` asserts each shape as it goes; the distributed update then answers
+        "The full weights of the ModelRunner are partially updated", ``model_runner_components/weight_updater.py``,
+        0.5.23). Real SGLang copies with ``param.data.copy_(loaded)``, which casts silently: ``cast=True`` models that
+        (the stored dtype wins, values are converted like ``tensor.to``)."""
         new = _as_blobs(blobs)
         merged = dict(self._blobs)
-        for name, blob in new.items():
+        for done, (name, blob) in enumerate(new.items()):
             old = self._blobs.get(name)
+            problem = None
             if old is None:
-                raise WeightError(
-                    f"unknown parameter {name!r}: the model has no such weight "
-                    f"(SGLang load_weights raises KeyError: {name!r})"
-                )
-            if blob.shape != old.shape:
-                raise WeightError(
-                    f"parameter {name!r}: Attempted to load weight (torch.Size({list(blob.shape)})) "
-                    f"into parameter (torch.Size({list(old.shape)}))"
-                )
-            if blob.dtype != old.dtype:
+                problem = (f"unknown parameter {name!r}: the model has no such weight "
+                           f"(SGLang load_weights raises KeyError: {name!r})")
+            elif blob.shape != old.shape:  # default_weight_loader's assert, which does not name the parameter
+                problem = (f"Attempted to load weight (torch.Size({list(blob.shape)})) "
+                           f"into parameter (torch.Size({list(old.shape)}))")
+            elif blob.dtype != old.dtype:
                 if not cast:
-                    raise WeightError(
-                        f"parameter {name!r}: dtype mismatch: got {blob.dtype}, the model holds {old.dtype}"
-                    )
-                try:
-                    blob = blob.astype(old.dtype)
-                except WeightError as e:
-                    raise WeightError(f"parameter {name!r}: {e}") from None
+                    problem = f"parameter {name!r}: dtype mismatch: got {blob.dtype}, the model holds {old.dtype}"
+                else:
+                    try:
+                        blob = blob.astype(old.dtype)
+                    except WeightError as e:
+                        problem = f"parameter {name!r}: {e}"
+            if problem is not None:
+                raise WeightError(problem, partial=WeightStore(merged) if done else None)
             merged[name] = blob
         return WeightStore(merged)
 

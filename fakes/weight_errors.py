@@ -4,7 +4,15 @@ from __future__ import annotations
 
 
 class WeightError(Exception):
-    """A weight update cannot be applied. ``str(e)`` is what the engine puts in its 400 body."""
+    """A weight update cannot be applied. ``str(e)`` is what the engine puts in its 400 body.
+
+    ``partial`` is the store as far as the load got when it failed part-way (``WeightStore.updated``: SGLang's
+    ``load_weights`` copies parameter by parameter, so the parameters before the failing one hold the new values),
+    or None when nothing was loaded."""
+
+    def __init__(self, message: str, partial: object = None) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 class UndecodablePayload(WeightError):

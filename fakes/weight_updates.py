@@ -111,6 +111,15 @@ class WeightUpdatesMixin:
                 blobs = {name: blob for name, blob in blobs.items() if name in self.weights}
         return self.weights.updated(blobs, cast=True)
 
+    def _keep_partial(self, error: Exception, source: str) -> None:
+        """A load that failed part-way leaves the parameters before the failing one loaded (SGLang copies them one
+        by one and restores nothing: "The full weights of the ModelRunner are partially updated. Please discard the
+        whole weights.", ``model_runner_components/weight_updater.py``, 0.5.23; the same loader in 0.5.10-0.5.16)."""
+        partial = getattr(error, "partial", None)
+        if partial is not None:
+            self.weights = partial
+            self._event("weights.load", digest=partial.digest(), source=f"{source} (partial)", model_path=None)
+
     def _flush_now(self) -> bool:
         """One flush attempt: the profile's idle predicate, unless a ``flush_fail`` fault is active."""
         return self.scheduler.is_idle_for_flush() and not _flush_fault.get()
@@ -225,6 +234,7 @@ class WeightUpdatesMixin:
             try:
                 return self._merged(received[0], "update_weights_from_distributed")
             except Exception as e:  # noqa: BLE001 - model_runner catches Exception here
+                self._keep_partial(e, "update_weights_from_distributed")
                 return _partial_update_message(e)
 
         return await self._weight_update(

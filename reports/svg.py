@@ -107,6 +107,14 @@ def _lane(t: Timeline, e: int, y0: float, rh: float, rows: int, x, named: Named)
                    f'x="{x(p.t0):.1f}" y="{y0:.1f}" width="{max(1.0, x(p.t1) - x(p.t0)):.1f}" height="{lane_h:.1f}">'
                    f'<title>engine {e} paused ({escape(p.mode)}; {escape(p.how)}) '
                    f'at t={_fmt_t(p.t0)} s, {end}; requests resident: {escape(resident)}</title></rect>')
+    for u in (u for u in t.unpublished if u.engine == e):
+        end = "to the end of the run" if u.t1 is None else f"until the load at t={_fmt_t(u.t1)} s"
+        served = (f"served {len(u.served)} of the integration's requests on them ({escape(', '.join(u.served[:4]))}"
+                  f"{', …' if len(u.served) > 4 else ''})" if u.served else "served nothing on them")
+        out.append(f'<rect class="unpub{" served" if u.served else ""}" x="{x(u.t0):.1f}" y="{y0:.1f}" '
+                   f'width="{max(1.0, x(u.t1) - x(u.t0)):.1f}" height="{lane_h:.1f}"><title>engine {e} held weights '
+                   f'of no published version after failed cycle {u.cycle}, from t={_fmt_t(u.t0)} s {end}; '
+                   f'{served}</title></rect>')
     for r in (r for r in t.requests if r.engine == e):
         rid = " ".join(r.rids)
         cls = f"rq o-{r.outcome}" + (" s" if r.origin != "integration" else "") + \

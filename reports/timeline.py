@@ -15,6 +15,7 @@ from typing import Any
 
 from conformance.checks.effective import effective, sent_as
 from conformance.checks.labels import finish_type, output_versions
+from conformance.checks.weights import request_id, unpublished_weights
 from conformance.history import TRANSFER_PATHS, History, Injected, WireCall
 
 OUTCOMES = ("finished", "spanning", "aborted", "injected", "failed", "dropped", "open")
@@ -63,6 +64,19 @@ class Pause:
 
 
 @dataclass
+class Unpublished:
+    """An engine holding weights of no published version after failed cycle ``cycle`` (P8's reading), from its first
+    load in that cycle to the next load into it (None: to the end of the run)."""
+
+    engine: int
+    t0: float
+    t1: float | None
+    cycle: int
+    served: list[str]
+    """The rids of the integration's requests it served on them (open while it was not paused)."""
+
+
+@dataclass
 class Mark:
     """A control call on one engine (version bump, transfer, flush, session, abort…), drawn as a tick."""
 
@@ -105,6 +119,7 @@ class Timeline:
     """Staleness of every consumed group: version current at consumption − oldest version of any of its tokens."""
     max_staleness: int | None
     costs: list[CycleCost]
+    unpublished: list[Unpublished]
     group_rids: dict[tuple[int, int], list[str]]
     """(batch, prompt) → the rids of that consumed group's turns (to resolve witnesses that name a group)."""
 
@@ -145,7 +160,9 @@ def build_timeline(history: dict[str, Any]) -> Timeline:
         engines=engines, nodes=list(nodes), requests=requests, pauses=pauses,
         marks=[m for c in calls if (m := _mark(c)) is not None], cycles=cycles,
         batches=[b for b in history.get("batches") or [] if isinstance(b, dict)], injected=injected, breaks=breaks,
-        staleness=[], max_staleness=history.get("max_staleness"), costs=[], group_rids={})
+        staleness=[], max_staleness=history.get("max_staleness"), costs=[], group_rids={},
+        unpublished=[Unpublished(u.engine, u.since, None if u.until == float("inf") else u.until, u.cycle.index,
+                                 [request_id(call) for call in u.served]) for u in unpublished_weights(h)[0]])
     timeline.staleness, timeline.group_rids = _consumed_groups(h)
     continued = {rid: str(turn.get("rid")) for b in timeline.batches
                  for g in (b.get("batch") or {}).get("groups") or [] for s in g.get("samples") or []

@@ -220,13 +220,44 @@ def test_recycled_group_passes_and_no_abort_is_unknown():
 
 # -- I6 / C2 / P1 / P5 -----------------------------------------------------------------------------------
 
+def _failed_load_on(engine: int, paused: tuple[int, ...] = (0,), cycles: int = 1) -> History:
+    """Engines ``paused`` paused, a tensor load refused on ``engine``, no continue (``cycles`` such cycles)."""
+    wire = []
+    for i in range(cycles):
+        t = 1.0 + 2 * i
+        wire += [call(10 * i + e, "/pause_generation", {"mode": "retract"}, t0=t + 0.1, t1=t + 0.2, engine=e)
+                 for e in paused]
+        wire.append(call(10 * i + 9, "/update_weights_from_tensor", {}, t0=t + 0.3, t1=t + 0.4, status=400,
+                         response={"success": False, "message": "bad shape"}, engine=engine))
+    return history(wire=wire, cycles=[cycle(i, t0=1.0 + 2 * i, t1=2.0 + 2 * i, ok=False, error="EngineError: bad "
+                                            "shape", returned=0, published=(None, None)) for i in range(cycles)])
+
+
 def test_pause_without_continue_fails_in_the_failed_cycle():
-    h = history(wire=[call(0, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2),
-                      call(1, "/update_weights_from_tensor", {}, t0=1.3, t1=1.4, status=400,
-                           response={"success": False, "message": "bad shape"})],
-                cycles=[cycle(ok=False, error="EngineError: bad shape", returned=0, published=(None, None))])
-    v = check("I6", h)
+    """The engine left paused was sent no weights (the load failed on another): its weights are whole, the pause
+    leaks (a partial pause left paused, NeMo-RL#3612)."""
+    v = check("I6", _failed_load_on(1))
     assert v.status == "fail" and "left paused" in v.witness[0] and "failed" in v.witness[0]
+
+
+def test_a_partial_pause_left_paused_fails():
+    """Engine 1 refused its pause, so the cycle failed before any weights moved; engine 0, paused, was never
+    continued: its weights are whole, so it is out of service for nothing (NeMo-RL#3612)."""
+    h = history(wire=[call(0, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2),
+                      call(1, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2, status=500, engine=1,
+                           response={"error": "boom"})],
+                cycles=[cycle(ok=False, error="EngineError: boom", returned=0, published=(None, None))])
+    v = check("I6", h)
+    assert v.status == "fail" and "engine 0" in v.witness[0] and "left paused" in v.witness[0], v.explain()
+
+
+def test_an_engine_sent_a_failed_load_may_stay_paused():
+    """It may hold part of the weights (SGLang restores nothing): staying paused is the careful answer (P8 judges
+    what it serves); so is pausing it again in the next cycle."""
+    v = check("I6", _failed_load_on(0, paused=(0, 1), cycles=2))
+    assert v.status == "fail" and all("engine 1" in w for w in v.witness), v.witness  # engine 1 got no load
+    v = check("I6", _failed_load_on(0, paused=(0,), cycles=2))
+    assert v.passed and v.metrics["kept_paused_after_failed_load"] == 2, v.witness
 
 
 def test_pause_continue_paired_passes():
@@ -719,3 +750,52 @@ def test_vllms_finish_weight_update_with_a_version_stamps_the_engines_and_sglang
     finish.sent_as = None
     v = check("V1", history(wire=[finish], cycles=[cycle()]))
     assert v.status == "fail" and v.anomalies[0].kind == "never-stamped", v.explain()
+
+
+# -- P8 -------------------------------------------------------------------------------------------------------
+
+INITIAL, NEW, PARTIAL = {"a": "a0", "b": "b0"}, {"a": "a1", "b": "b1"}, {"a": "a1", "b": "b0"}
+
+
+def _after_failed_load(held: dict[str, str], *, continued: bool, retried: bool = False) -> History:
+    """Cycle 0 pauses engine 0, loads ``NEW`` (refused: the engine holds ``held``) and continues it or not; a request
+    is open from t=2.5 to t=3.5; with ``retried`` cycle 1 (t=4-5) loads ``NEW`` whole and continues."""
+    wire = [call(0, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.2),
+            call(1, "/update_weights_from_disk", {}, t0=1.3, t1=1.4, status=400,
+                 response={"success": False, "message": "Failed to update weights"}),
+            gen("r1", 2.5, 3.5, seq=2)]
+    if continued:
+        wire.append(call(3, "/continue_generation", {}, t0=1.5, t1=1.6))
+    cycles = [cycle(ok=False, error="EngineError", returned=0, published=(None, None), digest=NEW, digests=[held])]
+    if retried:
+        wire += [call(4, "/pause_generation", {"mode": "retract"}, t0=4.1, t1=4.2),
+                 call(5, "/update_weights_from_disk", {}, t0=4.3, t1=4.4),
+                 call(6, "/continue_generation", {}, t0=4.5, t1=4.6)]
+        cycles.append(cycle(1, t0=4.0, t1=5.0, digest=NEW, digests=[NEW]))
+    return history(wire=sorted(wire, key=lambda w: w.t_start), cycles=cycles, initial_digest=INITIAL)
+
+
+def test_an_engine_continued_on_half_loaded_weights_fails_p8_naming_the_parameters_and_requests():
+    v = check("P8", _after_failed_load(PARTIAL, continued=True))
+    assert v.status == "fail" and v.anomalies[0].kind == "served-unpublished", v.explain()
+    assert "1 of 2 parameter(s) of the cycle's unpublished weights (e.g. ['a'])" in v.witness[0]
+    assert "1 of the weights it held before" in v.witness[0] and "r1" in v.witness[0], v.witness[0]
+
+
+def test_an_engine_continued_on_the_unpublished_version_fails_p8_also_when_a_retry_publishes_it_later():
+    """The weights were whole, but of a version nobody published while the engine served them."""
+    v = check("P8", _after_failed_load(NEW, continued=True, retried=True))
+    assert v.status == "fail" and "2 of 2 parameter(s)" in v.witness[0], v.explain()
+
+
+@pytest.mark.parametrize("held, continued", [(PARTIAL, False), (INITIAL, True)],
+                         ids=["kept-paused", "weights-put-back"])
+def test_an_engine_out_of_service_or_given_published_weights_passes_p8(held, continued):
+    v = check("P8", _after_failed_load(held, continued=continued, retried=True))
+    assert v.passed, v.explain()
+
+
+def test_p8_without_weights_truth_is_unknown():
+    h = _after_failed_load(PARTIAL, continued=True)
+    h.initial_digest = None
+    assert check("P8", h).status == "unknown"

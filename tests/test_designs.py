@@ -342,3 +342,29 @@ def test_an_integration_that_never_pauses_skips_the_scenario_that_needs_its_engi
     result = run_cases(never, fake_backend_factory(), scenarios=["answers-while-paused"],
                        deadlines=FAST)["answers-while-paused"]
     assert result.skipped and "the integration never pauses" in result.skipped, result.skipped
+
+
+async def _gate_once_the_buffer_is_full(run: Run) -> None:
+    """The update with answers held at the wire begins while the producer is blocked on its full buffer (a fast
+    engine fills it before the cycle starts): nothing is in flight, so no answer comes until a batch is taken."""
+    await run.start()
+    manager, wire = run.roles.manager, run.backend.wire
+    await wait_for_condition(lambda: manager.buffered_groups == run.rollout.buffer_capacity and not wire.in_flight(),
+                             run.deadlines.wait_s, "the producer blocked on its full buffer")
+    await run.update(gate=True)
+    await run.drain(1)
+
+
+def test_answers_held_at_a_pause_come_from_a_producer_that_was_blocked_on_its_full_buffer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite takes a batch, as a trainer would, so the producer sends the request whose answer it holds (CI saw
+    the wait run out on real vLLM: its turns are short enough to fill the buffer before the cycle began)."""
+    name = "gate-after-full-buffer"
+    monkeypatch.setitem(SCENARIOS, name, Scenario(
+        name, "a gated update once the buffer is full", _gate_once_the_buffer_is_full, (),
+        rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1, max_in_flight_groups=1,
+                        buffer_capacity=2), needs_pause=True))
+    result = run_cases(ReferenceIntegration(), fake_backend_factory(), scenarios=[name], deadlines=FAST)[name]
+    assert not result.history.breaks, result.history.breaks
+    assert len(result.history.batches) >= 2 and all(v.status != "fail" for v in result.verdicts.values()), \
+        {c: v.explain() for c, v in result.verdicts.items()}

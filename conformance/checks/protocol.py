@@ -22,25 +22,31 @@ def _by_engine(h: History, paths: set[str]) -> dict[int, list[WireCall]]:
 
 @check("I6", "pause paired with resume",
        needs={"cycle"},
-       holds="every pause is paired with a continue (also when the update failed); sessions closed",
+       holds="every pause is paired with a continue (also when the update failed), except on an engine a failed "
+             "full-weight load may have left with part of its weights (P8 judges what it serves); sessions closed",
        reads="`/pause_generation` … `/continue_generation` and `/begin_weight_update` … `/end_weight_update` per "
-             "engine and cycle",
+             "engine and cycle; the weight loads each engine was sent in a failed cycle",
        needs_pause=True)
 def pause_paired_with_resume(h: History) -> Verdict:
     """I6: every pause is followed by a continue on the same engine before its cycle ends (also when the cycle
     failed), and every weight-update session opened in a cycle is closed in it. Pausing an engine that is
-    already paused means an earlier cycle left it paused."""
+    already paused means an earlier cycle left it paused. An engine a failed cycle sent full weights to may hold
+    part of them (SGLang restores nothing), so it may stay paused until a later cycle loads whole weights into it
+    (the field's rule: miles' weight-update lifecycle test, vllm#57854); a pause left where no load was sent (a
+    partial pause, a failed flush) still fails."""
     failures: list[Anomaly] = []
     pairs = (("/pause_generation", "/continue_generation", "paused"),
              ("/begin_weight_update", "/end_weight_update", "mid-session"))
     windows = [(c.t_start, c.t_end, c) for c in h.cycles] + [(float("-inf"), float("inf"), None)]
+    kept = _kept_paused(h)
     for opened_path, closed_path, state in pairs:
         for engine, calls in _by_engine(h, {opened_path, closed_path}).items():
             for t0, t1, cycle in windows:
                 inside = [w for w in calls if w.ok and t0 <= w.t_start <= t1]
                 open_call: WireCall | None = None
                 for call in inside:
-                    if call.path == opened_path and open_call is not None and cycle is None:
+                    if call.path == opened_path and open_call is not None and cycle is None \
+                            and open_call.seq not in kept:
                         failures.append(Anomaly(
                             "paused-twice",
                             f"engine {engine}: {opened_path} at t={call.t_start:.3f}s while still {state} "
@@ -50,7 +56,7 @@ def pause_paired_with_resume(h: History) -> Verdict:
                         open_call = open_call or call
                     else:
                         open_call = None
-                if open_call is not None:
+                if open_call is not None and open_call.seq not in kept:
                     where = (f"in cycle {cycle.index} ({'failed: ' + str(cycle.error) if not cycle.ok else 'ok'})"
                              if cycle else "and by the end of the run")
                     failures.append(Anomaly(
@@ -60,7 +66,24 @@ def pause_paired_with_resume(h: History) -> Verdict:
                         engine=engine, cycle=cycle.index if cycle else None, times=(open_call.t_start,)))
     pauses = sum(1 for c in h.wire if c.path == "/pause_generation")
     return verdict(failures, vacuous=None if pauses else "no engine was ever paused",
-                   metrics={"pauses": pauses})
+                   metrics={"pauses": pauses, "kept_paused_after_failed_load": len(kept)})
+
+
+def _kept_paused(h: History) -> set[int]:
+    """The pauses (wire ``seq``) an engine may be left under because the last weight load it was sent, by the end of
+    a cycle, was in a failed cycle (no later cycle loaded whole weights into it; a LoRA cycle does not): the
+    cycle's own pauses of it, and the one it was already under."""
+    kept: set[int] = set()
+    tainted: dict[int, bool] = {}
+    for c in h.cycles:
+        for engine in {w.engine for w in h.cycle_calls(c)} | set(tainted):
+            if h.weight_loads(c, engine):
+                tainted[engine] = not c.ok
+            if tainted.get(engine):
+                kept |= {w.seq for w in h.cycle_calls(c, engine) if w.path == "/pause_generation"}
+                if (pause := h.paused_at(engine, c.t_end)) is not None:
+                    kept.add(pause.seq)
+    return kept
 
 
 @check("P5", "engine failures are fatal",

@@ -1,12 +1,12 @@
 """Version lifecycle: V1 (labels agree), V2 (publish only after success), V3 (nothing before the first update),
-V4/S1 (never backwards, staleness never negative), P6 (engines hold the trainer's weights)."""
+V4/S1 (never backwards, staleness never negative)."""
 
 from __future__ import annotations
 
 from typing import Iterable
 
 from ..anomaly import Anomaly
-from ..history import TRANSFER_PATHS, History, UpdateCycle, WireCall
+from ..history import TRANSFER_PATHS, History, WireCall
 from .effective import effective
 from .registry import check
 from .verdict import Verdict, verdict
@@ -230,60 +230,3 @@ def never_backwards(h: History) -> Verdict:
     return verdict(failures,
                    vacuous=None if h.cycles else "no update cycle ran",
                    metrics={"cells": len(cells), "max_published": high[1] if high else None})
-
-
-@check("P6", "engines hold the trainer's weights",
-       needs={"full-update"},
-       holds="engines hold exactly the trainer's weights, parameter by parameter (a name SGLang skips is named); "
-             "after a failed update no engine is left without weights",
-       reads="the weights each engine holds (fake: its store; real SGLang: `/get_weights_by_name` of every "
-             "parameter)")
-def weights_match(h: History) -> Verdict:
-    """P6: after a successful full-weight update every engine holds exactly the trainer's weights, parameter by
-    parameter (a name the engine does not have is skipped by SGLang's loader with a warning, so the update
-    answers success and the engine keeps stale weights: the witness names the parameter). After a failed one, no
-    engine is left without weights (vLLM is, its layers on the meta device, until a reload succeeds). A failed update
-    that leaves an engine with a mix of old and new weights is not judged yet: SGLang leaves a failed distributed
-    load partially applied ("The full weights of the ModelRunner are partially updated. Please discard the whole
-    weights.", ``model_runner_components/weight_updater.py``, 0.5.23), and the reference does not restore them."""
-    failures: list[Anomaly] = []
-    checked = 0
-    for c in h.cycles:
-        if not c.ok and not c.lora and c.digests_before is not None and c.digests_after is not None:
-            checked += 1
-            failures += _after_failure(c)
-        if not c.ok or c.lora or c.trainer_digest is None or c.digests_after is None:
-            continue
-        checked += 1
-        for engine, held in enumerate(c.digests_after):
-            differ = sorted(n for n in c.trainer_digest if n in held and held[n] != c.trainer_digest[n])
-            unknown = sorted(n for n in c.trainer_digest if n not in held)
-            if differ:
-                failures.append(Anomaly(
-                    "weights-differ",
-                    f"cycle {c.index} ({c.transport}): engine {engine} does not hold the trainer's "
-                    f"values of {len(differ)} of {len(c.trainer_digest)} parameter(s), e.g. {differ[:3]} "
-                    f"(holds {held[differ[0]][:12]}…, the trainer pushed "
-                    f"{c.trainer_digest[differ[0]][:12]}…)",
-                    engine=engine, cycle=c.index))
-            if unknown:
-                failures.append(Anomaly(
-                    "unknown-parameters",
-                    f"cycle {c.index} ({c.transport}): the trainer pushed {len(unknown)} parameter(s) the "
-                    f"engine {engine} model does not have, e.g. {unknown[:3]} (SGLang skips unknown names "
-                    f"with a warning and answers success)",
-                    engine=engine, cycle=c.index))
-    return verdict(failures,
-                   vacuous=None if checked else "no engine digests (backend without weights truth, or no full update)",
-                   metrics={"cycles_checked": checked})
-
-
-def _after_failure(c: UpdateCycle) -> list[Anomaly]:
-    """P6 after the failed cycle ``c``: the engines it left with no weights (it held some before)."""
-    assert c.digests_before is not None and c.digests_after is not None
-    return [Anomaly("no-weights",
-                    f"cycle {c.index} ({c.transport}) failed and left engine {engine} with no weights: its load failed "
-                    f"and nothing loaded the weights it held back before the engine went on (vLLM leaves its layers on "
-                    f"the meta device after a failed reload; the next forward pass kills the engine)",
-                    engine=engine, cycle=c.index)
-            for engine, (before, held) in enumerate(zip(c.digests_before, c.digests_after)) if before and not held]

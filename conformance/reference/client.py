@@ -46,6 +46,13 @@ class HttpEngineClient:
         self.has_sessions: bool | None = None
         """Whether the engine has ``/begin_weight_update`` (0.5.23+); None until the first try."""
         self._release: Release | None = None
+        self.weight_loads_sent = 0
+        """How many calls that load full weights this client sent (:attr:`WEIGHT_LOADS`): after a failed cycle, an
+        engine sent one may hold part of the weights (the updater keeps it out of service)."""
+
+    WEIGHT_LOADS = frozenset({"/update_weights_from_disk", "/update_weights_from_tensor",
+                              "/update_weights_from_distributed"})
+    """The endpoints that load full weights into the engine."""
 
     # -- plumbing ---------------------------------------------------------------------------------------
 
@@ -56,6 +63,8 @@ class HttpEngineClient:
 
     async def _request(self, method: str, endpoint: str, payload: Any = None,
                        timeout_s: float | None = None) -> httpx.Response:
+        if endpoint in self.WEIGHT_LOADS:
+            self.weight_loads_sent += 1
         try:
             return await self.http.request(method, self.url + endpoint, json=self.request_body(endpoint, payload),
                                            timeout=timeout_s or self.timeout_s)

@@ -11,7 +11,9 @@ the reference cycle over its own client implements only what its cycle calls. ``
 Each method raises on an engine-reported failure (non-200 or ``success: false``: P5). Field names and defaults are
 SGLang's (``python/sglang/srt/managers/io_struct.py``, 0.5.23). A client may also offer ``server_info()``
 (``/get_server_info``) or ``release()``: the reference adapts to the engine's release (``releases.release_of``);
-without either it takes the newest behaviour.
+without either it takes the newest behaviour. A client may count the full-weight loads it sent
+(``weight_loads_sent``): after a failed load the reference keeps out of service only the engines sent one (without
+it, every engine of the cycle).
 """
 
 from __future__ import annotations

@@ -2,13 +2,16 @@
 
 Cycle (P1): pause (retract | in_place) → flush unless in_place (C2) → begin session (full weights, 0.5.23) →
 transfer → ``update_weight_version`` on every engine → end session → continue → publish. On any failure the
-open sessions are ended and every engine is continued before the error propagates (I6), and nothing is
-published (V2). LoRA updates are stamped with the same counter as full updates (V1; the miles fully-async
+open sessions are ended and nothing is published (V2); every engine is continued before the error propagates (I6)
+unless the cycle may have written its weights: SGLang loads parameter by parameter and restores nothing ("The full
+weights of the ModelRunner are partially updated. Please discard the whole weights.",
+``model_runner_components/weight_updater.py``, 0.5.23), so those engines stay paused, serving nothing, until a cycle
+loads whole weights into them (P8; :meth:`after_failed_load`). LoRA updates are stamped with the same counter as full updates (V1; the miles fully-async
 rollout review).
 
 Override points: each step of the cycle is a public method with a working default (:meth:`pause_all`,
 :meth:`flush_needed`, :meth:`begin_sessions`, :meth:`transfer`, :meth:`stamp`, :meth:`end_sessions`,
-:meth:`resume_all`, :meth:`release_on_failure`, :meth:`publish`). An adopter whose cycle differs in one step
+:meth:`resume_all`, :meth:`release_on_failure`, :meth:`after_failed_load`, :meth:`publish`). An adopter whose cycle differs in one step
 subclasses :class:`ReferenceUpdater` and overrides that step (``examples/override_one_step.py``); the cycle itself
 (:meth:`update`) stays the reference's. The engines are any
 :class:`~conformance.reference.protocols.WeightSyncClient` (only the parts the cycle calls: see there).
@@ -48,7 +51,12 @@ class ReferenceUpdater:
         self._version = start_version
         self._open_sessions: list[WeightSyncClient] = []
         self._paused: list[WeightSyncClient] = []
+        self._loads_before: list[int | None] | None = None
+        self.out_of_service: list[WeightSyncClient] = []
+        """The engines a failed cycle may have left holding unpublished weights, kept paused until a cycle loads
+        whole weights into them (:meth:`after_failed_load`)."""
         self._retiring: asyncio.Task[None] | None = None
+        self._superseded: list[str] = []
         self._cycle_lock = asyncio.Lock()
         self.releases: list[Release] = []
         """Each engine's SGLang release, learnt at the first cycle (the steps adapt to it)."""
@@ -83,6 +91,10 @@ class ReferenceUpdater:
                 except BaseException as exc:
                     await self.release_on_failure(exc)
                     raise
+                finally:
+                    self._loads_before = None
+                if mover is not None:  # whole weights everywhere: every engine serves a published version again
+                    self.out_of_service = []
                 await self.resume_all()
                 self.publish(new, adapter)
             return new
@@ -122,6 +134,8 @@ class ReferenceUpdater:
         if lora is not None:
             return await self.lora.load(self.engines, lora, new)
         assert mover is not None and weights is not None
+        # a failure from here on may leave the engines sent weights holding part of them
+        self._loads_before = [_loads_sent(e) for e in self.engines]
         await mover.transfer(self.engines, weights, new)
         return None
 
@@ -134,20 +148,35 @@ class ReferenceUpdater:
         await gather_all(*(e.end_weight_update() for e in sessions))
 
     async def resume_all(self) -> None:
-        """Continue every engine this cycle paused."""
+        """Continue every engine this cycle paused, except those out of service (:meth:`after_failed_load`)."""
         paused, self._paused = self._paused, []
-        errors = await settle_all(e.resume() for e in paused)
+        errors = await settle_all(e.resume() for e in paused if e not in self.out_of_service)
         if errors:
             raise errors[0]
 
     async def release_on_failure(self, exc: BaseException) -> None:
-        """I6: close every open session, then continue every engine; cleanup errors become notes on ``exc``."""
+        """I6: close every open session, then continue every engine whose weights the cycle left whole (all of them
+        when it failed before its transfer; :meth:`after_failed_load` decides for the others); cleanup errors become
+        notes on ``exc``."""
         sessions, self._open_sessions = self._open_sessions, []
         errors = await settle_all(e.end_weight_update() for e in sessions)
+        if self._loads_before is not None:
+            sent = [e for e, n in zip(self.engines, self._loads_before) if n is None or _loads_sent(e) != n]
+            if sent:
+                await self.after_failed_load(exc, sent)
         paused, self._paused = self._paused or list(self.engines), []  # a pause that failed halfway: all of them
-        errors += await settle_all(e.resume() for e in paused)
+        errors += await settle_all(e.resume() for e in paused if e not in self.out_of_service)
         for error in errors:
             exc.add_note(f"cleanup after the failed update also failed: {error}")
+
+    async def after_failed_load(self, exc: BaseException, sent: list[WeightSyncClient]) -> None:
+        """What to do with the engines a failed cycle sent weights to (``sent``: they may hold part of them, or all
+        of a version that is not published; P8): by default they stay paused, out of service, until a cycle loads
+        whole weights into them, and ``exc`` says so. An integration that can put published weights back (reload its
+        last published checkpoint) overrides this and restores them: they are then continued."""
+        self.out_of_service = list(dict.fromkeys([*self.out_of_service, *sent]))
+        exc.add_note(f"{len(sent)} engine(s) ({', '.join(getattr(e, 'url', '?') for e in sent)}) may hold part of the "
+                     f"failed cycle's weights: they stay paused until an update loads whole weights into them")
 
     def publish(self, new: int, adapter: str | None) -> None:
         """The cell's counter and the manager's version move together, after everything succeeded (V2)."""
@@ -156,14 +185,19 @@ class ReferenceUpdater:
         if adapter is not None:
             previous = self.manager.switch_adapter(adapter)
             if previous is not None:
-                self._retiring = asyncio.create_task(self._retire(previous))
+                self._superseded.append(previous)
+        if self._superseded and not self.out_of_service:  # a paused engine's requests would keep the unload waiting
+            superseded, self._superseded = self._superseded, []
+            self._retiring = asyncio.create_task(self._retire(superseded))
 
     # -- LoRA adapter retirement ---------------------------------------------------------------------------
 
-    async def _retire(self, name: str) -> None:
-        """Unload a superseded adapter once no request of ours uses it (SGLang also waits for its users)."""
-        await self.manager.adapter_users.idle(name)
-        await self.lora.unload(self.engines, name)
+    async def _retire(self, names: list[str]) -> None:
+        """Unload superseded adapters once no request of ours uses them (SGLang also waits for its users: not while
+        an engine is out of service, paused with requests resident)."""
+        for name in names:
+            await self.manager.adapter_users.idle(name)
+            await self.lora.unload(self.engines, name)
 
     async def _await_retirement(self) -> None:
         retiring, self._retiring = self._retiring, None
@@ -177,3 +211,8 @@ class ReferenceUpdater:
         finally:
             for transport in self.transports.values():
                 await transport.close(self.engines)
+
+
+def _loads_sent(engine: WeightSyncClient) -> int | None:
+    """The full-weight loads ``engine``'s client sent so far, or None where it does not count them."""
+    return getattr(engine, "weight_loads_sent", None)

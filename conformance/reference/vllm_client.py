@@ -64,6 +64,7 @@ class VllmEngineClient(HttpEngineClient):
     """The reference client for one vLLM server (see the module docstring)."""
 
     _dialect = VllmDialect()
+    WEIGHT_LOADS = frozenset({"/collective_rpc", "/update_weights"})  # reload_weights; the native transfer
     loaded: str | None = None
     """The checkpoint the engine serves, once a reload of this client's succeeded."""
 

@@ -246,13 +246,15 @@ class Run:
             digests_after, gone = self.backend.digests(), None
         except Exception as exc:  # an engine gone by the cycle's end: the cycle is recorded, then the run breaks
             digests_after, gone = None, exc
+        if digests_after is not None and self.history.initial_digest is None:  # the backend reads weights
+            self.history.initial_digest = trainer_digests(self.backend, self.trainer.initial)
         self.history.cycles.append(UpdateCycle(
             index=index, cell=self.cell, transport=transport, lora=lora,
             pause_mode=self.pause_mode, t_start=t0, t_end=t1, ok=error is None, error=error,
             counter_before=counter_before, counter_after=self.updater.version, returned=returned,
             published_before=published_before, published_after=manager.weight_version,
             labels_before=labels_before, labels_after=await self.labels(), expect_failure=expect_failure,
-            trainer_digest=trainer_digests(self.backend, weights) if weights is not None and not poison else None,
+            trainer_digest=trainer_digests(self.backend, weights) if weights is not None else None,
             digests_after=digests_after, digests_before=digests_before))
         if answers is not None and answers.released_by != "ready":
             why = "its cycle ended first" if answers.released_by == "end" else f"not within {answers.timeout_s:.1f}s"
@@ -355,7 +357,9 @@ class Run:
         every engine is paused by it, then hand them over; each engine's continue waits (at most two turns) until the
         integration sent that engine a call after that. A call sent then is held at SGLang's pause gate and runs
         entirely under the weights the cycle installs; an integration may also wait before sending (its own gate).
-        Returns the hold and the function that stops following the wire (once the cycle is over)."""
+        While no answer is held and none of its calls is open, batches are consumed (:meth:`_unstall`): its producer
+        may be blocked on a full buffer. Returns the hold and the function that stops following the wire (once the
+        cycle is over)."""
         wire, engines = self.backend.wire, len(self.backend.urls)
         paused: set[int] = set()
         sent: set[int] = set()  # engines sent a /generate once the answers went on
@@ -382,9 +386,15 @@ class Run:
             lambda: len(paused) == engines, max(2.0, 4 * self.turn_s()),
             waiting=lambda: any(engine not in paused for _, engine in list(decoding.values())))
         stop = wire.listen(follow)
+        stalled_since = time.monotonic()
+
+        async def unstall() -> None:  # a producer blocked on a full buffer sends nothing more until a batch is taken
+            nonlocal stalled_since
+            stalled_since = await self._unstall(stalled_since, bool(wire.in_flight()), 1)
+
         await wait_for_condition(lambda: hold.held > 0, self.deadlines.wait_s,
                                  "an answer to one of the integration's /generate calls (to hand it over while every "
-                                 "engine is paused)")
+                                 "engine is paused)", between=unstall)
         self.backend.control.hold_first(frozenset({"/continue_generation"}), lambda engine, _: engine in sent,
                                         2 * self.turn_s())
         return hold, stop

@@ -491,8 +491,7 @@ async def main_steps(steps: Steps, model_dir: Path, lora: bool) -> None:
     await weights("weights after tensor m2 weight_sync")
 
     # -- distributed (gloo) --
-    await distributed_steps(call, ckpt, out, sessions)
-    await weights("weights after distributed m1")
+    await distributed_steps(call, ckpt, weights)
     await label("label after distributed v4d")
     if sessions:
         await call("end_weight_update", "/end_weight_update", {})
@@ -632,9 +631,10 @@ ENDINGS: dict[str, Callable[[Steps], Awaitable[None]]] = {
     "LocalSerializedTensor of another release": _local_tensor_of_another_release,
 }
 """The calls that may end a real server, by the lifetime each runs in."""
-async def distributed_steps(call: Call, ckpt: Checkpoints,
-                            out: dict[str, Observation], sessions: bool) -> None:
-    """A one-engine gloo group (this process is rank 0, keyed as SGLang keys its ranks), m1 broadcast into it."""
+async def distributed_steps(call: Call, ckpt: Checkpoints, weights: Callable[[str], Awaitable[None]]) -> None:
+    """A one-engine gloo group (this process is rank 0, keyed as SGLang keys its ranks), m1 broadcast into it, then
+    m2 with its last parameter a size too big (SGLang loads parameter by parameter: the ones before it load, and the
+    answer says the weights are partially updated); the weights read after each."""
     import torch.distributed as dist
 
     from conformance.reference.transports import DistributedTransport
@@ -656,6 +656,14 @@ async def distributed_steps(call: Call, ckpt: Checkpoints,
     broadcast = loop.run_in_executor(None, transport._broadcast, group, tensors)
     await call("distributed m1", "/update_weights_from_distributed", body)
     await asyncio.wait_for(broadcast, 60.0)
+    await weights("weights after distributed m1")
+    wrong = [ckpt.weights["m2"][n].contiguous() for n in names]
+    wrong[-1] = torch.zeros(*(d + 1 for d in wrong[-1].shape), dtype=wrong[-1].dtype)
+    broadcast = loop.run_in_executor(None, transport._broadcast, group, wrong)
+    await call("distributed m2, its last parameter a size too big", "/update_weights_from_distributed",
+               {**{k: v for k, v in body.items() if k != "weight_version"}, "shapes": [list(t.shape) for t in wrong]})
+    await asyncio.wait_for(broadcast, 60.0)
+    await weights("weights after the distributed update that failed part-way")
     await call("destroy group", "/destroy_weights_update_group", {"group_name": name})
     await call("destroy group again", "/destroy_weights_update_group", {"group_name": name})
     group.shutdown()

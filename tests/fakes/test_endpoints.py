@@ -711,3 +711,37 @@ async def test_batch_stream_chunks_carry_their_index(connect) -> None:
     await wire.wait(lambda: len(wire.engine.scheduler.live()) == 2)
     (chunks,) = await wire.step_until_done([reader])
     assert sorted(c["index"] for c in chunks) == [0, 1]
+
+
+class _ReceivedGroup:
+    """A weight-update group whose broadcast already arrived: ``receive`` returns ``blobs`` (the gloo transfer itself
+    is tests/fakes/test_distributed.py's)."""
+
+    def __init__(self, blobs: dict[str, W.TensorBlob]) -> None:
+        self.blobs = blobs
+
+    def receive(self, names, dtypes, shapes, load_format=None) -> dict[str, W.TensorBlob]:
+        return self.blobs
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("profile_version", ["0.5.10", "0.5.23"])
+async def test_a_distributed_load_that_fails_part_way_keeps_what_it_loaded(connect, profile_version: str) -> None:
+    """SGLang's load_weights copies parameter by parameter and restores nothing: the parameters before the one whose
+    shape does not fit hold the new values after the 400 (measured on real 0.5.23: 20 of 21, gpu.fidelity)."""
+    wire = await connect(FakeEngine(profile_version))
+    before = dict(wire.engine.weights)
+    new = W.perturbed(before, 1)
+    last = list(new)[-1]
+    new[last] = W.TensorBlob.from_values(new[last].dtype, (1,), [0.0])  # its shape does not fit
+    wire.engine._groups["g"] = [_ReceivedGroup(new)]
+    if profile_version == "0.5.23":
+        await wire.post("/begin_weight_update", json={})
+    r = await wire.post("/update_weights_from_distributed", json={
+        "names": list(new), "dtypes": [b.dtype for b in new.values()], "shapes": [list(b.shape) for b in new.values()],
+        "group_name": "g"})
+    assert r.status_code == 400 and "partially updated" in r.json()["message"], r.text
+    held = wire.engine.weights
+    assert [n for n in before if held[n].digest() == new[n].digest()] == list(new)[:-1]
+    assert held[last].digest() == before[last].digest()
+    assert wire.engine.events.of_kind("weights.load")[-1].fields["source"] == "update_weights_from_distributed (partial)"

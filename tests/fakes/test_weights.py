@@ -213,7 +213,7 @@ def test_digest_changes_iff_content_changes(data):
     assert (weights_digest(changed) == base) == (kind == "same")
 
 
-def test_updated_is_all_or_nothing_and_names_the_parameter():
+def test_updated_loads_in_order_and_a_failure_keeps_what_came_before_it():
     store = WeightStore(tiny_model(0))
     new = perturbed(store, step=1)
     q = "model.layers.0.self_attn.q_proj.weight"
@@ -223,17 +223,23 @@ def test_updated_is_all_or_nothing_and_names_the_parameter():
     assert partial.digest() != store.digest() and store[q] != new[q]  # the original store is untouched
     assert store.updated(new).digest() == weights_digest(new)
 
-    bad_cases = {
+    bad_cases = {  # SGLang's own words: default_weight_loader's shape assert does not name the parameter
         "model.layers.9.mlp.up_proj.weight": (new[q], r"unknown parameter 'model\.layers\.9\.mlp\.up_proj\.weight'"),
-        q: (TensorBlob.zeros("bfloat16", (8, 16)), r"parameter 'model\.layers\.0\.self_attn\.q_proj\.weight'.*"
-            r"torch\.Size\(\[8, 16\]\).*torch\.Size\(\[16, 16\]\)"),
+        q: (TensorBlob.zeros("bfloat16", (8, 16)), r"^Attempted to load weight \(torch\.Size\(\[8, 16\]\)\) into "
+            r"parameter \(torch\.Size\(\[16, 16\]\)\)$"),
         "lm_head.weight": (new["lm_head.weight"].astype("bfloat16"), r"'lm_head\.weight': dtype mismatch: got bfloat16"),
     }
     for name, (blob, pattern) in bad_cases.items():
-        update = dict(new)  # every other entry is valid; one bad entry must reject all of it
+        update = dict(new)  # every other entry is valid; the bad one stops the load there
         update[name] = blob
-        with pytest.raises(WeightError, match=pattern):
+        with pytest.raises(WeightError, match=pattern) as failure:
             store.updated(update)
+        before = list(update)[:list(update).index(name)]
+        held = failure.value.partial
+        if not before:
+            assert held is None
+            continue
+        assert [n for n in store if held[n] == new[n]] == before  # the ones before it loaded, nothing after
     assert store.digest() == WeightStore(tiny_model(0)).digest()
 
 

@@ -29,6 +29,7 @@ INTENDED = {
     "filter_at_production": ({"manager_cls"}, {"enqueue", "rejected_at_consumption"}),
     "recycle_partial": ({"manager_cls"}, {"handle_aborted"}),
     "resume_not_finally": ({"updater_cls"}, {"release_on_failure"}),
+    "resumes_on_partial_weights": ({"updater_cls"}, {"after_failed_load"}),
     "success_false_ignored": ({"client_cls"}, {"check_response"}),
     "non_atomic_checkpoint": ({"disk_writer", "disk_cls"}, {"transfer"}),
     "flush_under_in_place": ({"updater_cls"}, {"flush_needed"}),

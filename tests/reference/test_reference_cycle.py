@@ -122,7 +122,10 @@ async def test_failover_cell_continues_the_published_version(rig: Rig) -> None:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("transport", ["disk", "tensor", "distributed"])
-async def test_failed_transfer_raises_resumes_engines_and_keeps_the_version(rig: Rig, transport: str) -> None:
+async def test_failed_transfer_raises_keeps_engines_out_of_service_and_keeps_the_version(rig: Rig,
+                                                                                         transport: str) -> None:
+    """Engine 0 loaded the weights the cycle then did not publish: every engine the cycle sent weights to stays
+    paused (P8), its session closed (I6), until the next cycle loads whole weights and continues them."""
     refusal = Fault(TRANSFER[transport], "error", status=400, body={"success": False, "message": "disk full"},
                     times=1)
     engines = rig.start_engines(faults={1: FaultPlan([refusal])})
@@ -135,13 +138,32 @@ async def test_failed_transfer_raises_resumes_engines_and_keeps_the_version(rig:
         await within(updater.update(trainer_weights(engines[0], 1), transport=transport))
 
     assert "http://engine1" in str(failure.value) and TRANSFER[transport] in str(failure.value)  # P5 witness
-    assert not any(e.paused or e.session_open for e in engines)  # I6
+    assert any("stay paused" in note for note in failure.value.__notes__)
+    assert [(e.paused, e.session_open) for e in engines] == [(True, False)] * 2  # out of service, sessions closed
     assert (updater.version, roles.manager.weight_version) == (0, None)  # V2
     assert [e.weight_version for e in engines] == ["default", "default"]
     assert "/update_weight_version" not in control_endpoints(engines[0])
     weights = trainer_weights(engines[0], 2)
     assert await within(updater.update(weights, transport=transport)) == 1  # the next cycle works
     assert [e.weights.digest() for e in engines] == [digest(weights)] * 2
+    assert not any(e.paused for e in engines) and updater.out_of_service == []
+
+
+@pytest.mark.asyncio
+async def test_a_cycle_that_fails_before_its_transfer_continues_every_engine(rig: Rig) -> None:
+    """Their weights are whole: a pause never leaks (I6)."""
+    refusal = Fault("/pause_generation", "error", status=500, body={"error": "boom"}, times=1)
+    engines = rig.start_engines(faults={1: FaultPlan([refusal])})
+    roles = await rig.build()
+    await within(roles.manager.start())
+    await rig.running_everywhere()
+    updater = roles.new_updater()
+
+    with pytest.raises(EngineError):
+        await within(updater.update(trainer_weights(engines[0], 1), transport="disk"))
+
+    assert not any(e.paused for e in engines) and updater.out_of_service == []
+    assert not any(TRANSFER["disk"] in control_endpoints(e) for e in engines)
 
 
 @pytest.mark.asyncio

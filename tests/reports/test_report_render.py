@@ -312,3 +312,32 @@ def test_lanes_and_charts_per_node_when_the_backend_reports_nodes(tmp_path: Path
     assert '>engine 1</text><text class="node-label" x="4" y=' in html and ">node node-b<title>" in html
     assert "node node-a (integration)" in html and "node node-b (integration)" in html  # resident at the pause
     assert "node node-b · c0: 1/1" in html  # aborted requests per update, per node
+
+
+def test_the_timeline_marks_where_an_engine_held_unpublished_weights_and_what_it_served() -> None:
+    """P8's reading, drawn: engine 0 continued on half-loaded weights after failed cycle 0 serves r1; the span ends
+    at the next load into it."""
+    from conformance.history import History, UpdateCycle, WireCall
+    from reports.svg import timeline_svg
+    from reports.timeline import Named
+
+    def call(seq: int, path: str, t0: float, t1: float, status: int = 200, response=None) -> WireCall:
+        return WireCall(seq, 0, "POST", path, {}, t0, t1, status, response or {})
+
+    answer = {"text": "", "meta_info": {"id": "r1", "finish_reason": {"type": "length"}, "completion_tokens": 4}}
+    h = History("hand-written", "test", "fake", "0.5.23", 0, initial_digest={"a": "a0", "b": "b0"}, wire=[
+        call(0, "/pause_generation", 1.1, 1.2), call(1, "/update_weights_from_disk", 1.3, 1.4, 400),
+        call(2, "/continue_generation", 1.5, 1.6), call(3, "/generate", 2.5, 3.5, response=answer),
+        call(4, "/pause_generation", 4.1, 4.2), call(5, "/update_weights_from_disk", 4.3, 4.4),
+        call(6, "/continue_generation", 4.5, 4.6)], cycles=[
+        UpdateCycle(0, 0, "disk", False, "retract", 1.0, 2.0, False, "EngineError", 0, 0, None, None, None,
+                    ["default"], ["default"], trainer_digest={"a": "a1", "b": "b1"},
+                    digests_after=[{"a": "a1", "b": "b0"}]),
+        UpdateCycle(1, 0, "disk", False, "retract", 4.0, 5.0, True, None, 0, 1, 1, None, 1, ["default"], ["1"],
+                    trainer_digest={"a": "a1", "b": "b1"}, digests_after=[{"a": "a1", "b": "b1"}])])
+    t = build_timeline(json.loads(h.to_json()))
+    assert [(u.engine, u.t0, u.t1, u.cycle, u.served) for u in t.unpublished] == [(0, 1.3, 4.3, 0, ["r1"])]
+    svg = timeline_svg(t, Named(), "t0")
+    assert re.search(r'<rect class="unpub served"[^>]*><title>engine 0 held weights of no published version after '
+                     r'failed cycle 0, from t=1\.3\d* s until the load at t=4\.3\d* s; served 1 of the integration\'s '
+                     r'requests on them \(r1\)</title>', svg), svg

@@ -86,7 +86,7 @@ def main() -> int:
     emit(table("correct integrations: every case of " + ("one scenario" if args.quick else "every scenario"),
                ["integration", "runs passed", "cases/run", "not passed (case × runs)", "s/run"], rows))
     emit(f"\nmutants killed in every run: {len(names) * runs - survived}/{len(names) * runs} mutant-runs; "
-         f"integrations passed {passed}/{runs * len(specs)} runs")
+         f"{'integrations' if args.integrations else 'reference'} passed {passed}/{runs * len(specs)} runs")
     emit(f"total time: {time.perf_counter() - started:.1f} s")
     return 0 if survived == 0 and passed == runs * len(specs) else 1
 

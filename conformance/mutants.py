@@ -656,7 +656,7 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "the engines are resumed as they are; vLLM then holds no weights (its layers on the meta device) and the "
             "next forward pass kills the engine", "measured on vLLM 0.32.0 CPU (gpu/fidelity/vllm.py: a reload from "
             "a missing path, then a completion: 500, /health 503); the SGLang habit of relying on its rollback",
-            ("P6",), client_cls=VllmNoRestoreClient),
+            ("P6",), client_cls=VllmNoRestoreClient, shows_in=("failing-transfer-disk",)),
 ]}
 """Mutants of the reference on vLLM, each killed on the fake vLLM by the same invariant as its SGLang twin."""
 

@@ -107,6 +107,7 @@ class HttpxUpdater:
         new = self._version + 1
         payload = await asyncio.to_thread(self._payload, transport, weights, new)
         sessions: list[AsyncSGLangClient] = []
+        loading = False
         try:
             await self._all("pause", self.env.pause_mode)
             if self.env.pause_mode != "in_place":  # in_place keeps its KV: never flush it
@@ -114,11 +115,13 @@ class HttpxUpdater:
             if transport == "tensor":
                 opened = await self._all("session", "/begin_weight_update")
                 sessions = [e for e, ok in zip(self.engines, opened) if ok]
+            loading = True
             await self._all("load_weights", transport, payload)
             await self._all("update_weight_version", str(new))  # only after every engine loaded
-        except BaseException:  # close sessions and resume everything, then re-raise the original error
+        except BaseException:  # close sessions, resume unless weights were sent, then re-raise the original error
             await self._all("session", "/end_weight_update", engines=sessions, strict=False)
-            await self._all("resume", strict=False)
+            if not loading:  # an engine sent weights may hold part of them: paused until a load succeeds (P8)
+                await self._all("resume", strict=False)
             raise
         await self._all("session", "/end_weight_update", engines=sessions)
         await self._all("resume")

@@ -23,9 +23,13 @@ from examples.requests_adapter import SGLangEngine, ThreadedEngineClient
 
 
 def framework_update_cycle(engines: list[SGLangEngine], checkpoint: str, version: str, pause_mode: str) -> None:
-    """Stands for the framework's own (blocking) weight sync: every engine paused, loaded, relabelled, continued —
-    continued also when a step fails, and the error re-raised."""
+    """Stands for the framework's own (blocking) weight sync: every engine paused, loaded, relabelled, continued.
+    When a step fails the error is re-raised, and an engine that was sent the checkpoint stays paused (it may hold
+    part of it, or a version nobody publishes: P8) until a cycle loads whole weights into it; the others are
+    continued (I6)."""
     paused: list[SGLangEngine] = []
+    sent: list[SGLangEngine] = []
+    done = False
     try:
         for engine in engines:
             engine.pause_generation(pause_mode)
@@ -34,12 +38,15 @@ def framework_update_cycle(engines: list[SGLangEngine], checkpoint: str, version
             for engine in engines:
                 engine.flush_cache()
         for engine in engines:
+            sent.append(engine)
             engine.update_weights_from_disk(checkpoint)
         for engine in engines:
             engine.update_weight_version(version)
+        done = True
     finally:
         for engine in paused:
-            engine.continue_generation()
+            if done or engine not in sent:
+                engine.continue_generation()
 
 
 class OwnCycleUpdater:

@@ -67,6 +67,7 @@ class NeverPausingUpdater(ReferenceUpdater):
         return False
 
 
+@pytest.mark.slow  # about 8 s: the cycle's first transfer is held at the wire for its bound (nothing pauses)
 def test_an_integration_that_never_pauses_has_the_pause_checks_skipped_with_the_reason() -> None:
     caps = Capabilities(pause_modes=frozenset())
     result = run_one("steady-tensor-retract", _integration("never-pauses", caps, updater_cls=NeverPausingUpdater),
@@ -145,6 +146,7 @@ def test_a_cycle_that_fails_at_the_first_refusal_leaves_the_next_one_unused_with
     assert not bad, bad
 
 
+@pytest.mark.slow  # about 12 s: the scenario keeps building its mixed-version group until its bound
 def test_a_situation_another_failure_prevents_is_unknown_for_the_check_that_needed_it() -> None:
     """Abort-mode pauses abort every group that spans an update, so no mixed-version group is ever consumed: S2
     answers unknown with that reason, the run is not broken, and the checks that see the abort still fail."""

@@ -365,6 +365,6 @@ def test_answers_held_at_a_pause_come_from_a_producer_that_was_blocked_on_its_fu
         rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1, max_in_flight_groups=1,
                         buffer_capacity=2), needs_pause=True))
     result = run_cases(ReferenceIntegration(), fake_backend_factory(), scenarios=[name], deadlines=FAST)[name]
-    assert not result.history.breaks, result.history.breaks
-    assert len(result.history.batches) >= 2 and all(v.status != "fail" for v in result.verdicts.values()), \
+    assert not result.history.breaks, result.history.breaks  # before the fix: "timed out ... waiting for an answer"
+    assert all(v.status != "fail" for v in result.verdicts.values()), \
         {c: v.explain() for c, v in result.verdicts.items()}

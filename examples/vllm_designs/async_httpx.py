@@ -5,8 +5,9 @@ vLLM 0.32 on CPU moves weights only from disk (``/collective_rpc`` ``reload_weig
     write checkpoint (tmp dir + rename) → /pause?mode=keep|wait → [/reset_prefix_cache, wait only]
     → reload_weights on every engine → /update_weight_version on every engine → /resume → publish
 
-A failed reload leaves vLLM without weights, so on any failure every engine reloads the checkpoint it served before
-(the served model's directory before the first update), then resumes; nothing is stamped or published.
+A failed reload leaves vLLM without weights, and a reload that succeeded on one engine while another failed leaves it
+serving weights nobody published, so on any failure every engine reloads the last published checkpoint (the served
+model's directory before the first update), then resumes; nothing is stamped or published.
 
     python -m conformance --engine vllm --integration examples.vllm_designs.async_httpx:integration
 """
@@ -88,7 +89,7 @@ class AsyncVllm:
     def __init__(self, url: str, http: httpx.AsyncClient) -> None:
         self.url, self.http = url.rstrip("/"), http
         self.served: str | None = None
-        """The checkpoint this engine serves (None: the directory it was started on, read from /v1/models)."""
+        """The last published checkpoint (None: the directory it was started on, read from /v1/models)."""
 
     async def call(self, path: str, body: Any = None, *, timeout: float = 60.0, **params: str) -> Any:
         resp = await self.http.post(self.url + path, json=body, params=params or None, timeout=timeout)
@@ -130,10 +131,10 @@ class AsyncVllm:
 
     async def reload(self, path: str) -> None:
         await self.call("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
-        self.served = path
 
     async def restore(self) -> None:
-        """Reload what this engine served before the cycle (a failed reload left it with no weights)."""
+        """Reload the last published checkpoint: a failed reload left this engine with no weights, one that
+        succeeded with weights nobody published (the cycle failed elsewhere)."""
         await self.reload(self.served or await self.base_model_dir())
 
     async def stamp(self, version: int) -> None:
@@ -357,6 +358,8 @@ class DiskUpdater:
                     await asyncio.gather(*(e.restore() for e in self.engines), return_exceptions=True)
                     raise
                 await on_all(self.engines, lambda e: e.stamp(new))
+                for e in self.engines:
+                    e.served = path
             finally:
                 await on_all(self.engines, lambda e: e.resume())
             self._version = new

@@ -31,6 +31,7 @@ class BlockingVllm:
     def __init__(self, url: str, timeout: float = 60.0) -> None:
         self.url, self.timeout = url.rstrip("/"), timeout
         self.served: str | None = None
+        """The last published checkpoint (None: the directory it was started on, read from /v1/models)."""
 
     def post(self, path: str, body: Any = None, timeout: float | None = None, **params: str) -> Any:
         resp = requests.post(self.url + path, json=body, params=params or None, timeout=timeout or self.timeout)
@@ -54,10 +55,10 @@ class BlockingVllm:
 
     def reload(self, path: str) -> None:
         self.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
-        self.served = path
 
     def restore(self) -> None:
-        """A failed reload leaves vLLM with no weights: load what it served before."""
+        """Load the last published checkpoint: a failed reload left vLLM with no weights, one that succeeded with
+        weights nobody published (the cycle failed on another engine)."""
         if self.served is None:
             resp = requests.get(self.url + "/v1/models", timeout=self.timeout)
             resp.raise_for_status()
@@ -136,6 +137,8 @@ class ThreadedUpdater:
                         pass
                 raise
             on_all(self.clients, "stamp", new)
+            for c in self.clients:
+                c.served = path
         finally:
             on_all(self.clients, "resume")
 

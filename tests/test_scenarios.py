@@ -242,3 +242,32 @@ def test_a_tensor_payload_sglang_cannot_read_breaks_the_run_with_the_engine_s_de
     # the engine died, whose 500 names the load that killed it
     assert "the run broke" in witness and "update_weights_from_tensor" in witness
     assert "engine crashed" in witness and "is a safetensors buffer" in witness
+
+
+def test_a_batch_taken_during_a_failed_cycle_comes_once_its_engines_are_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (CI, the partial-rollout reference on failing-transfer-tensor): a batch the suite began taking while
+    the cycle's first calls were held waits for engines the failed load then keeps out of service (P8): the cycle
+    does not wait for it (it waited its whole drain deadline, and the run broke with a hang); it comes with the next
+    cycle that puts whole weights in, and is recorded."""
+
+    async def feed_until_blocked(self: Run) -> None:  # the feeder's drain that outlasts the engines' pause
+        await asyncio.wait_for(_paused(self), 10)
+        await self.drain(self.rollout.buffer_capacity + self.rollout.max_in_flight_groups + 1)
+
+    async def _paused(run: Run) -> None:
+        while not any(c.path == "/pause_generation" and c.t_end is not None for c in run.backend.wire.snapshot()):
+            await asyncio.sleep(0.005)
+
+    monkeypatch.setattr(Run, "_feed_held", feed_until_blocked)
+
+    async def script(run: Run) -> None:
+        await run.start()
+        await run.update(refuse=range(len(run.backend.urls)), resident=True, transport="disk")
+        batches = len(run.history.batches)
+        await run.update(transport="disk")
+        assert len(run.history.batches) > batches  # the batch it was taking, recorded once the engines were back
+        await run.drain(1)
+
+    errors = _run(script)
+    assert len(errors) == 1 and errors[0].startswith("EngineError: ") and "/update_weights_from_disk" in errors[0], \
+        errors  # the refused cycle's own error, nothing broken

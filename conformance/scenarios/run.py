@@ -8,7 +8,7 @@ import asyncio
 import math
 import os
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from fakes.facts import SGLANG
@@ -134,6 +134,9 @@ class Run:
     deadlines: Deadlines = DEADLINES
     update_budget_s: float | None = None
     """The integration's declared ``Capabilities.update_budget_s`` (the deadlines already allow for it)."""
+    _feeding: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    """A batch taken while a failed cycle's calls were held, still awaited: its engines may be out of service until
+    a later cycle loads whole weights (P8), so it comes then (:meth:`_fed`)."""
 
     async def start(self) -> None:
         """Start the manager; record the version it publishes for the initial weights (None, or e.g. 0)."""
@@ -220,7 +223,11 @@ class Run:
             expired = control.release_holds()
             unfollow()
             unfollow_window()
-            fed = await asyncio.gather(feeder, return_exceptions=True) if feeder is not None else [None]
+            fed: list[BaseException | None] = [None]
+            if feeder is not None and error is not None and not feeder.done():
+                self._feeding = feeder  # do not wait here for engines a failed load may keep out of service
+            elif feeder is not None:
+                fed = await asyncio.gather(feeder, return_exceptions=True)
             await sentinels.release()
         held_until = ("the continue was held until the integration sent a request while paused" if gate else
                       "the first pause, bump or transfer was held until "
@@ -269,6 +276,8 @@ class Run:
             raise gone
         if isinstance(fed[0], BaseException):  # consuming a batch while the cycle's calls were held failed
             raise fed[0]
+        if error is None:
+            await self._fed()
         if error is not None and not expect_failure:
             raise UnexpectedUpdateFailure(f"update cycle {index} ({transport}{', LoRA' if lora else ''}) failed: "
                                           f"{error}")
@@ -399,8 +408,15 @@ class Run:
                                         2 * self.turn_s())
         return hold, stop
 
+    async def _fed(self) -> None:
+        """Wait for the batch a failed cycle's feeder was still taking (bounded by its own drain deadline)."""
+        feeding, self._feeding = self._feeding, None
+        if feeding is not None:
+            await feeding
+
     async def drain(self, n: int = 1) -> None:
         """Consume ``n`` batches, recording the truth at consumption."""
+        await self._fed()
         for _ in range(n):
             batch = await bounded(self.roles.manager.next_batch(), self.deadlines.drain_s, "Manager.next_batch()",
                                   self.backend.wire)

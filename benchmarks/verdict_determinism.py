@@ -3,7 +3,7 @@ reference, N times, through every scenario. A suite whose verdicts rest on timin
 only; here every mutant must be killed by its own checker in every run and the reference must pass every run.
 
     python benchmarks/verdict_determinism.py [--runs 10] [--quick] [--engine vllm] [--shown]
-    python benchmarks/verdict_determinism.py --engine vllm --no-mutants --integrations examples.vllm_designs.X:integration
+    python benchmarks/verdict_determinism.py --engine vllm --no-mutants --integrations MODULE:ATTR [MODULE:ATTR ...]
 
 Prints, per mutant, the kill rate of each invariant it breaks (killed runs / runs; a case that failed only because
 the run broke does not count as a kill), then the reference's pass rate, then the totals. ``--engine vllm``: the vLLM

@@ -305,8 +305,10 @@ svg text{font-size:10px;fill:#334}.tick{text-anchor:middle;fill:#667}.grid{strok
 .m-abort{fill:#d64545;fill-opacity:.16;background:rgba(214,69,69,.16)}
 .m-retract{fill:#e6a028;fill-opacity:.2;background:rgba(230,160,40,.2)}
 .m-in_place{fill:#3b7dd8;fill-opacity:.14;background:rgba(59,125,216,.14)}
-.pause.open{stroke:#d64545;stroke-dasharray:4 2}.unpub{fill:#d64545;fill-opacity:.08;stroke:#d64545;stroke-width:.8;stroke-dasharray:1 2}
-.unpub.served{fill-opacity:.24}.key.unpub{background:rgba(214,69,69,.24);outline:1px dotted #d64545}.cy{fill:#000;fill-opacity:.045;stroke:#99a;stroke-width:.6}
+.pause.open{stroke:#d64545;stroke-dasharray:4 2}
+.unpub{fill:#d64545;fill-opacity:.08;stroke:#d64545;stroke-width:.8;stroke-dasharray:1 2}.unpub.served{fill-opacity:.24}
+.key.unpub{background:rgba(214,69,69,.24);outline:1px dotted #d64545}
+.cy{fill:#000;fill-opacity:.045;stroke:#99a;stroke-width:.6}
 .key.cy{background:rgba(0,0,0,.08)}.cy.failed{stroke:#d64545;stroke-dasharray:4 2;stroke-width:1}
 .cylabel{fill:#556;font-size:9px}.k-version line{stroke:#7b3fb5;stroke-width:1.4}
 .k-version text{fill:#7b3fb5;font-weight:600}.key.k-version{background:#7b3fb5}.k-transfer{fill:#1d2330}

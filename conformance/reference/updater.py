@@ -6,14 +6,14 @@ open sessions are ended and nothing is published (V2); every engine is continued
 unless the cycle may have written its weights: SGLang loads parameter by parameter and restores nothing ("The full
 weights of the ModelRunner are partially updated. Please discard the whole weights.",
 ``model_runner_components/weight_updater.py``, 0.5.23), so those engines stay paused, serving nothing, until a cycle
-loads whole weights into them (P8; :meth:`after_failed_load`). LoRA updates are stamped with the same counter as full updates (V1; the miles fully-async
-rollout review).
+loads whole weights into them (P8; :meth:`after_failed_load`). LoRA updates are stamped with the same counter as
+full updates (V1; the miles fully-async rollout review).
 
 Override points: each step of the cycle is a public method with a working default (:meth:`pause_all`,
 :meth:`flush_needed`, :meth:`begin_sessions`, :meth:`transfer`, :meth:`stamp`, :meth:`end_sessions`,
-:meth:`resume_all`, :meth:`release_on_failure`, :meth:`after_failed_load`, :meth:`publish`). An adopter whose cycle differs in one step
-subclasses :class:`ReferenceUpdater` and overrides that step (``examples/override_one_step.py``); the cycle itself
-(:meth:`update`) stays the reference's. The engines are any
+:meth:`resume_all`, :meth:`release_on_failure`, :meth:`after_failed_load`, :meth:`publish`). An adopter whose
+cycle differs in one step subclasses :class:`ReferenceUpdater` and overrides that step
+(``examples/override_one_step.py``); the cycle itself (:meth:`update`) stays the reference's. The engines are any
 :class:`~conformance.reference.protocols.WeightSyncClient` (only the parts the cycle calls: see there).
 """
 

@@ -110,8 +110,7 @@ def unpublished_weights(h: History) -> tuple[list[Unpublished], int]:
              "published weights again",
        reads="each engine's weights after every failed full-weight cycle (fake: its store; real SGLang: "
              "`/get_weights_by_name` of every parameter), and the `/generate` calls open on it outside its pause "
-             "windows until its next load",
-       model_based="reads the weights the engines hold after a failed load, which the model-based run never makes")
+             "windows until its next load")
 def served_weights_published(h: History) -> Verdict:
     """P8: an engine that a failed full-weight cycle left holding weights that match no published version (SGLang
     loads parameter by parameter and restores nothing: "The full weights of the ModelRunner are partially updated.

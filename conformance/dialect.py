@@ -87,6 +87,11 @@ class Dialect:
         that raises kills its server, so the scenarios inject the 400 it answers for a load that reports failure)."""
         return None
 
+    def rid(self, engine_rid: str) -> str:
+        """The rid the history knows a request by (``meta_info.id``, ``Turn.rid``), from the id the engine's own
+        scheduler gives it (the fake's event log). SGLang: the same."""
+        return engine_rid
+
 
 SGLANG_DIALECT = Dialect()
 
@@ -122,6 +127,15 @@ class VllmDialect(Dialect):
 
     def fresh(self) -> "VllmDialect":
         return VllmDialect()
+
+    def rid(self, engine_rid: str) -> str:
+        """The body's ``request_id``: the route's prefix stripped, and the prompt's index that the completions route
+        appends (``f"{request_id}-{i}"``, ``entrypoints/openai/completion/serving.py``, 0.32.0)."""
+        for path, prefix in _PREFIXES.items():
+            if engine_rid.startswith(prefix):
+                rid = engine_rid[len(prefix):]
+                return rid.rpartition("-")[0] if path == "/v1/completions" else rid
+        return engine_rid
 
     def recorded(self, method: str, path: str, query: str, payload: Any) -> tuple[str, Any]:
         body = payload if isinstance(payload, dict) else {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .anomaly import Anomaly
 from .interface import Batch, Group, Sample, Turn
@@ -201,6 +201,45 @@ class Breakage:
 
 
 @dataclass
+class HeldWeights:
+    """One set of weights an engine held, from the load that put them there (the fake's per-decode-step truth)."""
+
+    engine: int
+    t: float
+    """When the engine began holding them (the run's clock)."""
+    digests: dict[str, str]
+    """Parameter name → digest; empty: no weights (a failed vLLM reload)."""
+    source: str
+    """What put them there (``startup``, the load route, ``(partial)``, a memory resume, …)."""
+    tokens: dict[str, int] = field(default_factory=dict)
+    """rid → tokens that request decoded on them (requests the engine finished; the suite's own included)."""
+
+
+def held_weights(truth: dict[str, Any], rid: Callable[[str], str]) -> list[HeldWeights] | None:
+    """Per engine, every set of weights it held and the tokens decoded on each, read from a fake engine's event log
+    (``weights.load`` / ``weights.lost`` carry a tag every token decoded on them is stamped with; ``request.finish``
+    counts a request's tokens per tag; ``rid`` maps the engine's request ids to the history's); None when the
+    backend has no such log."""
+    logs = truth.get("engine_events")
+    if not logs:
+        return None
+    held: list[HeldWeights] = []
+    for engine, events in enumerate(logs):
+        by_tag: dict[int, HeldWeights] = {}
+        for e in events:
+            f = e["fields"]
+            if e["kind"] in ("weights.load", "weights.lost") and "tag" in f:
+                by_tag[f["tag"]] = HeldWeights(engine, f["wall"], f["digests"], f["source"])
+                held.append(by_tag[f["tag"]])
+            elif e["kind"] == "request.finish":
+                for tag, count in f.get("weights") or ():
+                    if tag in by_tag:
+                        tokens, known = by_tag[tag].tokens, rid(f["rid"])
+                        tokens[known] = tokens.get(known, 0) + count
+    return held
+
+
+@dataclass
 class History:
     """Everything one scenario run produced."""
 
@@ -239,6 +278,8 @@ class History:
     published weights."""
     final_labels: list[str | None] = field(default_factory=list)
     engine_truth: dict[str, Any] = field(default_factory=dict)
+    held_weights: list[HeldWeights] | None = None
+    """What the engines decoded each token on (:func:`held_weights`; None: the backend cannot tell)."""
     prompts: PromptBook = field(default_factory=PromptBook)
     """The prompts the suite handed out: which prompt a request is for (:meth:`prompt_of`)."""
 
@@ -374,7 +415,8 @@ class History:
             call.t_end = None if call.t_end is None else call.t_end - t0
         for c in self.cycles:
             c.t_start, c.t_end = c.t_start - t0, c.t_end - t0
-        for item in [*self.batches, *(self.fs or []), *self.injected, *self.breaks, *self.unmet]:
+        for item in [*self.batches, *(self.fs or []), *self.injected, *self.breaks, *self.unmet,
+                     *(self.held_weights or [])]:
             item.t -= t0
         self.t_teardown = None if self.t_teardown is None else self.t_teardown - t0
         for injected in self.injected:
@@ -398,7 +440,7 @@ class History:
 _NESTED: dict[tuple[type, str], type] = {
     (History, "wire"): WireCall, (History, "cycles"): UpdateCycle, (History, "batches"): BatchRecord,
     (History, "fs"): FsEvent, (History, "injected"): Injected, (History, "breaks"): Breakage,
-    (History, "unmet"): Unmet, (Breakage, "open_calls"): OpenCall, (BatchRecord, "batch"): Batch,
+    (History, "unmet"): Unmet, (History, "held_weights"): HeldWeights, (Breakage, "open_calls"): OpenCall, (BatchRecord, "batch"): Batch,
     (Batch, "groups"): Group, (History, "prompts"): PromptBook, (Group, "samples"): Sample, (Sample, "turns"): Turn,
 }
 """Which field of which record holds records of which class (a list of them, or one)."""

@@ -169,7 +169,7 @@ class FakeEngine(GenerationMixin, WeightUpdatesMixin, LoraMixin, InfoMixin, Engi
         self._sync_lock = threading.Lock()
         self.update_lock = _UpdateLock(self._wait_for, self._touch, self._raise_if_dead)
         self._app = None
-        self._event("weights.load", digest=self.weights.digest(), source="startup", model_path=self.model_path)
+        self._weights_event("weights.load", source="startup", model_path=self.model_path)
 
     @staticmethod
     def _initial_weights(weights: W.WeightStore | Mapping[str, Any] | None, seed: int) -> W.WeightStore:

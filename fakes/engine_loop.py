@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from .asgi import Reply
@@ -316,6 +317,16 @@ class EngineLoop:
     def record_control(self, endpoint: str, payload: Any, status: int, body: Any) -> None:
         """A ``control`` event: the exact wire payload, the status and body answered."""
         self._event("control", endpoint=endpoint, payload=payload, status=status, body=body)
+
+    def _weights_event(self, kind: str, **fields: Any) -> None:
+        """The engine now holds ``self.weights`` (``weights.load``) or no weights (``weights.lost``): a new weights tag,
+        stamped on every token decoded from here on, recorded with each parameter's digest and the host's monotonic
+        time (the suite's per-decode-step truth: P8 reads which weights each token came from)."""
+        self.scheduler.weights_tag += 1
+        lost = kind == "weights.lost"
+        digests = {} if lost else {name: blob.digest() for name, blob in self.weights.items()}
+        self._event(kind, tag=self.scheduler.weights_tag, wall=time.monotonic(), digests=digests,
+                    digest=None if lost else self.weights.digest(), **fields)
 
     def _event(self, kind: str, **fields: Any) -> None:
         self.events.record(self.clock.now(), kind, self.engine_id, **fields)

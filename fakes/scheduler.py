@@ -69,6 +69,8 @@ class Request:
     # progress, owned by the scheduler
     output_ids: list[int] = field(default_factory=list)
     token_versions: list[str] = field(default_factory=list)
+    token_weights: list[int] = field(default_factory=list)
+    """Per token, the engine's weights when it was decoded (:attr:`Scheduler.weights_tag`): the suite's truth."""
     token_logprobs: list[float] = field(default_factory=list)
     state: str = WAITING
     retractions: int = 0
@@ -103,6 +105,16 @@ class Request:
             else:
                 spans.append({"version": version, "start": i, "end": i + 1})
         return spans or [{"version": current_version, "start": 0, "end": 0}]
+
+    def weight_counts(self) -> list[list[int]]:
+        """``[[weights tag, tokens decoded on them], …]`` in decode order (the engine's truth, never answered)."""
+        counts: list[list[int]] = []
+        for tag in self.token_weights:
+            if counts and counts[-1][0] == tag:
+                counts[-1][1] += 1
+            else:
+                counts.append([tag, 1])
+        return counts
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,9 @@ class Scheduler:
         self.clock: Clock = clock if clock is not None else ManualClock()
         self.seed = seed
         self.version = version
+        self.weights_tag = 0
+        """Which weights the engine holds: bumped by each ``weights.load`` / ``weights.lost`` event, stamped on every
+        token decoded (the per-decode-step truth P8 reads on the fake)."""
         self.events = events if events is not None else EventLog()
         self.engine_id = engine_id
         self.trace_tokens = trace_tokens
@@ -395,6 +410,7 @@ class Scheduler:
         token = _FIRST_PRINTABLE + h % _NUM_PRINTABLE
         req.output_ids.append(token)
         req.token_versions.append(self.version)
+        req.token_weights.append(self.weights_tag)
         req.token_logprobs.append(_LOGPROBS[(h >> 16) % 4000])
         if self.trace_tokens:
             self._event("request.token", rid=req.rid, index=position, token=token, version=self.version)
@@ -427,6 +443,7 @@ class Scheduler:
             finish_reason=reason,
             completion_tokens=len(req.output_ids),
             versions=req.spans(self.version),
+            weights=req.weight_counts(),
         )
 
     def _event(self, kind: str, **fields: Any) -> None:

@@ -76,7 +76,7 @@ class WeightUpdatesMixin:
         self, source: str, obj: Mapping[str, Any], loaded: W.WeightStore, ok_message: str, flush: bool, extra: dict
     ) -> Reply:
         self.weights = loaded
-        self._event("weights.load", digest=loaded.digest(), source=source, model_path=obj.get("model_path"))
+        self._weights_event("weights.load", source=source, model_path=obj.get("model_path"))
         version = obj.get("weight_version")
         if flush and not self._flush_now():
             if self.profile.post_update_flush_failure == "crash":
@@ -118,7 +118,7 @@ class WeightUpdatesMixin:
         partial = getattr(error, "partial", None)
         if partial is not None:
             self.weights = partial
-            self._event("weights.load", digest=partial.digest(), source=f"{source} (partial)", model_path=None)
+            self._weights_event("weights.load", source=f"{source} (partial)", model_path=None)
 
     def _flush_now(self) -> bool:
         """One flush attempt: the profile's idle predicate, unless a ``flush_fail`` fault is active."""
@@ -157,7 +157,7 @@ class WeightUpdatesMixin:
                 self.crash(f"{type(again).__name__} in update_weights_from_disk's rollback (it re-reads "
                            f"{obj['model_path']}): {again}")
                 raise EngineCrashed(self.crash_reason) from None
-            self._event("weights.load", digest=self.weights.digest(), source="update_weights_from_disk (rollback)",
+            self._weights_event("weights.load", source="update_weights_from_disk (rollback)",
                         model_path=obj.get("model_path"))
             return _disk_failure(failure, "load")
 
@@ -360,7 +360,7 @@ class WeightUpdatesMixin:
         if "weights" in tags and self.enable_memory_saver and not self.enable_weights_cpu_backup:
             zeros = {name: W.TensorBlob.zeros(b.dtype, b.shape) for name, b in self.weights.items()}
             self.weights = W.WeightStore(zeros)
-            self._event("weights.load", digest=self.weights.digest(), source="resume_memory_occupation",
+            self._weights_event("weights.load", source="resume_memory_occupation",
                         model_path=None)
         self._event("memory.resume", tags=tags, memory_saver=self.enable_memory_saver)
         self._touch()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..anomaly import Anomaly
-from ..history import History, UpdateCycle, WireCall
+from ..history import HeldWeights, History, UpdateCycle, WireCall
 from .registry import check
 from .verdict import Verdict, verdict
 
@@ -122,10 +122,55 @@ def served_weights_published(h: History) -> Verdict:
     loads whole weights passes, and so does putting published weights back before continuing."""
     if h.initial_digest is None:
         return verdict([], vacuous="no weights digests (backend without weights truth)")
+    if h.held_weights is not None:
+        return _per_token(h, h.initial_digest, h.held_weights)
     found, judged = unpublished_weights(h)
     return verdict([_served_anomaly(u) for u in found if u.served],
                    vacuous=None if judged else "no failed full-weight cycle left digests to read",
                    metrics={"engines_judged": judged, "left_unpublished": len(found)})
+
+
+def _per_token(h: History, initial: dict[str, str], held: list[HeldWeights]) -> Verdict:
+    """P8 from the fake's per-decode-step truth: every token the integration's requests decoded came from weights
+    published by then (the initial weights, or a successful cycle's that had begun when they were loaded: restoring
+    published weights is publishing them again)."""
+    ours = set(h.outputs_by_rid())
+    failures, judged, tokens_bad = [], 0, 0
+    for w in held:
+        decoded = {rid: n for rid, n in w.tokens.items() if rid in ours}
+        if not w.digests or not decoded:
+            continue
+        judged += 1
+        published = [initial] + [c.trainer_digest for c in h.cycles if c.ok and not c.lora and c.trainer_digest
+                                 and c.t_start <= w.t]
+        if any(_same(w.digests, p) for p in published):
+            continue
+        tokens_bad += sum(decoded.values())
+        failures.append(_decoded_anomaly(h, w, decoded, published[-1]))
+    return verdict(failures, vacuous=None if judged else "no token of the integration's requests was decoded",
+                   metrics={"weights_judged": judged, "tokens_on_unpublished": tokens_bad})
+
+
+def _decoded_anomaly(h: History, w: HeldWeights, decoded: dict[str, int], last: dict[str, str]) -> Anomaly:
+    """The per-token witness: the weights (which parameters are the last published version's, the loading cycle's,
+    neither), what put them there, and the requests and tokens decoded on them."""
+    cycle = h.cycle_at(w.t)
+    attempted = (cycle.trainer_digest or {}) if cycle else {}
+    old = sorted(n for n in w.digests if last.get(n) == w.digests[n])
+    new = sorted(n for n in w.digests if n not in old and attempted.get(n) == w.digests[n])
+    neither = sorted(set(w.digests) - set(old) - set(new))
+    parts = [f"{len(new)} of {len(w.digests)} parameter(s) of the weights cycle {cycle.index} tried to load "
+             f"(e.g. {new[:3]})" if new and cycle else "",
+             f"{len(old)} of the last published version's" if old else "",
+             f"{len(neither)} matching neither (e.g. {neither[:3]})" if neither else ""]
+    rids = sorted(decoded)
+    where = f"during cycle {cycle.index} ({'failed' if not cycle.ok else 'ok'})" if cycle else "outside any cycle"
+    return Anomaly(
+        "decoded-on-unpublished",
+        f"engine {w.engine} decoded {sum(decoded.values())} token(s) of {len(decoded)} of the integration's requests "
+        f"({', '.join(rids[:4])}{', …' if len(rids) > 4 else ''}) on weights of no published version, held from "
+        f"t={w.t:.2f}s ({w.source}, {where}): {'; '.join(p for p in parts if p)}",
+        engine=w.engine, cycle=cycle.index if cycle else None, rids=tuple(rids), times=(w.t,))
 
 
 def _same(held: dict[str, str], weights: dict[str, str]) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..backends import Backend, probe_labels
 from ..fswatch import DirectoryWatch
-from ..history import Breakage, History
+from ..history import Breakage, History, held_weights
 from ..interface import BuildEnv, Integration, Roles
 from ..prompts import PromptSource
 from .definition import Scenario
@@ -99,5 +99,6 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
     history.wire = backend.wire.frozen()
     history.final_labels = await probe_labels(list(backend.urls), dialect=backend.dialect)
     history.engine_truth = backend.truth()
+    history.held_weights = held_weights(history.engine_truth, backend.dialect.rid)
     history.rebase(t0)
     return history

@@ -112,6 +112,7 @@ class FakeVLLMEngine(EngineLoop):
                                               self._transfer_lost, self._transfer_finished, self._transfer_publish)
         """``--weight-transfer-config``: the worker's weight-transfer engine and session
         (:mod:`fakes.vllm.weight_transfer`; without a config every call but shutdown answers 500)."""
+        self._weights_event("weights.load", source="startup", model_path=self.model_path)
 
     @property
     def app(self) -> Any:
@@ -279,7 +280,7 @@ class FakeVLLMEngine(EngineLoop):
             return self._reload_failed(str(err))
         self.weights_gone = False
         self.weights = weights
-        self._event("weights.load", digest=self.weights.digest(), source="reload_weights", model_path=self.weights_path)
+        self._weights_event("weights.load", source="reload_weights", model_path=self.weights_path)
         return Reply(200, {"results": [None]})
 
     def _unknown_prefix(self, names: Any) -> str | None:
@@ -297,7 +298,7 @@ class FakeVLLMEngine(EngineLoop):
         before the weights are read, lazily): the model has no weights until a reload succeeds. Measured on 0.32.0:
         the weight checker fails on them, and the next forward pass kills the engine (:meth:`forward_fault`)."""
         self.weights_gone = True
-        self._event("weights.lost", source="reload_weights", model_path=self.weights_path, error=error)
+        self._weights_event("weights.lost", source="reload_weights", model_path=self.weights_path, error=error)
         return worker_failed("collective_rpc", error)
 
     def _transfer_load(self, blobs: dict[str, Any]) -> None:
@@ -308,16 +309,18 @@ class FakeVLLMEngine(EngineLoop):
             architecture = (self.model.config.get("architectures") or ["LlamaForCausalLM"])[0]
             raise ValueError(f"There is no module or parameter named {unknown!r} in {architecture}.")
         self.weights = self.weights.updated(blobs, cast=True)
-        self._event("weights.load", digest=self.weights.digest(), source="update_weights")
+        self._weights_event("weights.load", source="update_weights")
 
     def _transfer_lost(self, error: str) -> None:
         """An update that raised: the session ended with the layers reset by its start (as a failed reload)."""
         self.weights_gone = True
-        self._event("weights.lost", source="update_weights", error=error)
+        self._weights_event("weights.lost", source="update_weights", error=error)
 
     def _transfer_finished(self) -> None:
         """``finalize_layerwise_reload``: the layers no update loaded get their kernel tensors back."""
-        self.weights_gone = False
+        if self.weights_gone:
+            self.weights_gone = False
+            self._weights_event("weights.load", source="finish_weight_update")
 
     def _transfer_publish(self, version: str) -> None:
         self.scheduler.set_version(version, cause="finish_weight_update")

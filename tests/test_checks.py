@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.checks import CHECKS
-from conformance.history import BatchRecord, FsEvent, History, Injected, UpdateCycle, WireCall
+from conformance.history import BatchRecord, FsEvent, HeldWeights, History, Injected, UpdateCycle, WireCall
 from conformance.interface import Batch, Group, Sample, Turn
 
 pytestmark = pytest.mark.cpu
@@ -799,3 +799,39 @@ def test_p8_without_weights_truth_is_unknown():
     h = _after_failed_load(PARTIAL, continued=True)
     h.initial_digest = None
     assert check("P8", h).status == "unknown"
+
+
+def _decoded(*held: tuple[float, dict[str, str], str, int]) -> History:
+    """The per-decode-step truth of engine 0 after ``_after_failed_load(PARTIAL, continued=True, retried=True)``: per
+    set of weights it held (from ``t``, put there by ``source``), the tokens request r1 decoded on them."""
+    h = _after_failed_load(PARTIAL, continued=True, retried=True)
+    h.held_weights = [HeldWeights(0, t, digests, source, {"r1": n} if n else {}) for t, digests, source, n in held]
+    return h
+
+
+def test_p8_on_the_fake_judges_every_token_by_the_weights_its_engine_held():
+    """Half-loaded weights that decoded 7 tokens fail, with the tokens, the request and the parameters named."""
+    v = check("P8", _decoded((0.0, INITIAL, "startup", 3), (1.35, PARTIAL, "update_weights_from_disk (partial)", 7),
+                             (4.35, NEW, "update_weights_from_disk", 5)))
+    assert v.status == "fail" and v.anomalies[0].kind == "decoded-on-unpublished", v.explain()
+    assert "engine 0 decoded 7 token(s) of 1 of the integration's requests (r1)" in v.witness[0], v.witness[0]
+    assert "1 of 2 parameter(s) of the weights cycle 0 tried to load (e.g. ['a'])" in v.witness[0], v.witness[0]
+    assert "1 of the last published version's" in v.witness[0] and v.metrics["tokens_on_unpublished"] == 7
+
+
+@pytest.mark.parametrize("held", [
+    [(0.0, INITIAL, "startup", 3), (1.35, PARTIAL, "update_weights_from_disk (partial)", 0),
+     (4.35, NEW, "update_weights_from_disk", 5)],
+    [(0.0, INITIAL, "startup", 3), (1.35, PARTIAL, "update_weights_from_disk (partial)", 0),
+     (1.45, INITIAL, "update_weights_from_disk", 4)],
+], ids=["half-loaded-but-nothing-decoded", "published-weights-put-back"])
+def test_p8_on_the_fake_passes_when_no_token_came_from_unpublished_weights(held):
+    v = check("P8", _decoded(*held))
+    assert v.passed and v.metrics["tokens_on_unpublished"] == 0, v.explain()
+
+
+def test_p8_on_the_fake_counts_the_failed_cycles_weights_as_unpublished_though_a_retry_publishes_them_later():
+    """Tokens decoded on the whole new weights a failed cycle loaded, before the retry began: no version was
+    published with them yet."""
+    v = check("P8", _decoded((0.0, INITIAL, "startup", 0), (1.35, NEW, "update_weights_from_disk", 6)))
+    assert v.status == "fail" and "2 of 2 parameter(s) of the weights cycle 0" in v.witness[0], v.explain()

@@ -123,3 +123,11 @@ def test_a_pause_that_waits_meets_the_suites_long_lived_request_and_is_not_held_
         budget = resident[0].payload["sampling_params"]["max_new_tokens"]
         # ended by the release before its budget ran out: what the pause waited for (no clock: CI machines stall)
         assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] < budget, (meta, budget)
+
+
+@pytest.mark.parametrize("engine_rid, rid", [("cmpl-p3.s0.t1-0", "p3.s0.t1"), ("generate-tokens-p4.s1.t0", "p4.s1.t0"),
+                                             ("unprefixed-0", "unprefixed-0")])
+def test_the_vllm_dialect_knows_a_request_by_its_bodys_request_id_whatever_id_the_engine_gave_it(engine_rid, rid):
+    """vLLM's scheduler knows a completion as ``cmpl-<request_id>-<prompt index>`` and a token-in request as
+    ``generate-tokens-<request_id>``; the history knows both by the body's ``request_id`` (P8's per-token truth)."""
+    assert VllmDialect().rid(engine_rid) == rid and SGLANG_DIALECT.rid(engine_rid) == engine_rid

@@ -98,6 +98,19 @@ print(json.dumps([t.rows(), t.series]))
 """
 
 
+def test_updates_one_engine_refuses_cost_the_samples_served_on_unpublished_weights() -> None:
+    """Every second update the last engine refuses its transfer: the others hold weights nobody published. The
+    reference keeps them out of service (0 samples served on them, P8 passes); resuming them serves samples on them
+    (counted, P8 fails with the engine named)."""
+    config = ReplayConfig(**{**REDUCED, "updates": 4, "refuse_every": 2})
+    careful = replay(load_integration(REFERENCE), config)
+    assert not careful.broke and [c.ok for c in careful.history.cycles] == [True, False, True, False]
+    assert cost_table(careful).values["unpublished_samples"] == 0 and careful.verdicts["P8"].passed
+    resumed = replay(load_integration("conformance.mutants:resumes_on_partial_weights"), config)
+    assert cost_table(resumed).values["unpublished_samples"] > 0, cost_table(resumed).rows()
+    assert resumed.verdicts["P8"].status == "fail" and "engine 0" in resumed.verdicts["P8"].witness[0]
+
+
 @pytest.mark.slow  # a second Python process
 def test_same_seed_same_table(reduced: dict) -> None:
     """Run to run, in another process with another hash seed (sets iterate differently there)."""

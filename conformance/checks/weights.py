@@ -108,9 +108,9 @@ def unpublished_weights(h: History) -> tuple[list[Unpublished], int]:
        holds="no engine serves weights that match no published version (the initial weights or a successful "
              "update's), parameter by parameter: after a failed load an engine stays out of service until it holds "
              "published weights again",
-       reads="each engine's weights after every failed full-weight cycle (fake: its store; real SGLang: "
-             "`/get_weights_by_name` of every parameter), and the `/generate` calls open on it outside its pause "
-             "windows until its next load")
+       reads="fake: the weights every token was decoded on (per decode step); real engines: each engine's weights "
+             "after every failed full-weight cycle (SGLang: `/get_weights_by_name` of every parameter; vLLM: its "
+             "weight checker) and the `/generate` calls open on it outside its pause windows until its next load")
 def served_weights_published(h: History) -> Verdict:
     """P8: an engine that a failed full-weight cycle left holding weights that match no published version (SGLang
     loads parameter by parameter and restores nothing: "The full weights of the ModelRunner are partially updated.
@@ -119,7 +119,8 @@ def served_weights_published(h: History) -> Verdict:
     integration open on it while it is not paused, from the cycle's first load on it until the next load into it,
     is served on unpublished weights (published: by a cycle that returned before the failed one began; the same
     weights published by a later retry were not published while it served them). Staying paused until a later cycle
-    loads whole weights passes, and so does putting published weights back before continuing."""
+    loads whole weights passes, and so does putting published weights back before continuing. On the fake every token
+    is judged by the weights its engine held when it was decoded (``History.held_weights``)."""
     if h.initial_digest is None:
         return verdict([], vacuous="no weights digests (backend without weights truth)")
     if h.held_weights is not None:

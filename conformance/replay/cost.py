@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..checks.weights import unpublished_weights
 from ..history import TRANSFER_PATHS, History, WireCall
 from .run import ReplayRun
 
@@ -88,6 +89,7 @@ class CostTable:
         ("mixed_version_turns", "mixed-version share of trained turns"),
         ("staleness", "staleness of trained groups, versions"),
         ("recompute_tokens", "recompute tokens (continued requests)"),
+        ("unpublished_samples", "samples served on unpublished weights (P8)"),
     )
 
     def rows(self) -> list[tuple[str, str]]:
@@ -195,6 +197,8 @@ def cost_table(run: ReplayRun) -> CostTable:
             out = outputs.get(old, (None, {}))[1].get("meta_info", {})
             recompute += int(out.get("prompt_tokens") or 0) + int(out.get("completion_tokens") or 0)
     v["recompute_tokens"] = recompute
+    served = {call.seq for u in unpublished_weights(h)[0] for call in u.served}
+    v["unpublished_samples"] = sum(any(t.seq in served for t in e.turns) for e in eps)
     top = max(v["staleness"], default=-1)
     series = {"aborts": [len(x) for x in per_cycle], "decoding": decoding, "train_wait_s": waits, "raw": raw,
               "consumable": consumable, "groups_discarded": lost_groups,

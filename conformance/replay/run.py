@@ -16,7 +16,9 @@ from ..checks import REGISTRY, Verdict
 from ..history import BatchRecord, Breakage, History, UpdateCycle
 from ..interface import BuildEnv, Integration
 from ..prompts import PromptSource
+from ..scenarios.run import TRANSFER_FAILURES
 from ..wire import WireLog, WireRecorder
+from ..wire_control import WireControl
 from .network import REPLAY_DOMAIN, Network, TransferDelay, engine_url, in_process
 from .vtime import LoopClock, run_virtual
 from .workload import TASK_TEMPLATE, Environment, ReplayConfig, seeded_uuid4, trainer_weights
@@ -106,10 +108,12 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
                       max_staleness=config.max_staleness, pause_mode=mode if caps.pause_modes else None,
                       stamps_engines=caps.stamps_engines)
     environment = Environment(config, history.prompts)
-    network = Network({_host(url): WireRecorder(TransferDelay(e.app, lambda: transfer[0]), i, wire)
+    control = WireControl(wire.clock)
+    network = Network({_host(url): WireRecorder(TransferDelay(e.app, lambda: transfer[0]), i, wire, control)
                        for i, (url, e) in enumerate(zip(urls, engines))}, environment, environment.start)
     steps: list[TrainerStep] = []
     initial = {name: blob.to_torch() for name, blob in engines[0].weights.items()}
+    history.initial_digest = digest_of(initial)
 
     def labels() -> list[str | None]:
         return [e.weight_version for e in engines]  # what each engine's /model_info answers
@@ -133,11 +137,16 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
                 t_update = loop.time()
                 returned, error = None, None
                 weights = trainer_weights(initial, index + 1)
+                refused = bool(config.refuse_every) and (index + 1) % config.refuse_every == 0
+                if refused:
+                    path, body = TRANSFER_FAILURES[config.transport]
+                    control.refuse(config.engines - 1, path, 400, body, times=None)
                 try:
                     returned = await updater.update(weights, transport=config.transport)
                 except Exception as exc:  # the integration's failure is data
                     error = f"{type(exc).__name__}: {exc}"
                 t_done = loop.time()
+                control.clear_refusals()
                 history.cycles.append(UpdateCycle(
                     index=index, cell=0, transport=config.transport, lora=False, pause_mode=mode, t_start=t_update,
                     t_end=t_done, ok=error is None, error=error, counter_before=before[2],
@@ -148,7 +157,7 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
                 steps.append(TrainerStep(index, t_wait, t_batch, t_update, t_done, transfer[0]))
                 if progress is not None:
                     progress(index + 1, config.updates, t_done)
-                if error is not None:
+                if error is not None and not refused:
                     history.breaks.append(Breakage("error", f"update cycle {index} failed: {error}", t_done))
                     break
             else:  # the last step trains on the last update's weights; the run stops after it, outside any cycle

@@ -57,6 +57,10 @@ class ReplayConfig:
     """Each update's transfer takes ``transfer_s`` ± up to this many seconds (uniform)."""
     updates: int = 20
     """Training steps, each ending with an update."""
+    refuse_every: int = 0
+    """Every this many updates (the Nth, the 2Nth, …) the last engine refuses its transfers (SGLang's 400, at the
+    wire, as the ``one-engine-rejects`` scenario does), so the others hold weights that are never published: the cost
+    table counts the samples served on them (P8). 0: none."""
     pause_mode: str = "in_place"
     transport: str = "tensor"
     max_staleness: int | None = None
@@ -71,7 +75,7 @@ class ReplayConfig:
         for name in ("turn_s", "step_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("tool_s", "train_s", "transfer_s", "transfer_spread"):
+        for name in ("tool_s", "train_s", "transfer_s", "transfer_spread", "refuse_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("tool_spread", "sample_spread"):

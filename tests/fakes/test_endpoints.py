@@ -746,3 +746,25 @@ async def test_a_distributed_load_that_fails_part_way_keeps_what_it_loaded(conne
     assert held[last].digest() == before[last].digest()
     (*_, last) = wire.engine.events.of_kind("weights.load")
     assert last.fields["source"] == "update_weights_from_distributed (partial)"
+
+
+@pytest.mark.asyncio
+async def test_every_token_is_stamped_with_the_weights_its_engine_held(connect) -> None:
+    """The suite's per-decode-step truth (P8): each ``weights.load`` opens a tag with every parameter's digest, and
+    ``request.finish`` counts the tokens a request decoded on each tag."""
+    wire = await connect(FakeEngine(tokens_per_second=2000))
+    first = await wire.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 5}})
+    new = W.perturbed(dict(wire.engine.weights), 1)
+    wire.engine._groups["g"] = [_ReceivedGroup(new)]
+    await wire.post("/begin_weight_update", json={})
+    r = await wire.post("/update_weights_from_distributed", json={
+        "names": list(new), "dtypes": [b.dtype for b in new.values()], "shapes": [list(b.shape) for b in new.values()],
+        "group_name": "g"})
+    assert r.status_code == 200, r.text
+    await wire.post("/end_weight_update", json={})
+    second = await wire.post("/generate", json={"text": "b", "sampling_params": {"max_new_tokens": 7}})
+    startup, loaded = wire.engine.events.of_kind("weights.load")
+    assert (startup.fields["tag"], loaded.fields["tag"]) == (1, 2)
+    assert loaded.fields["digests"] == {name: blob.digest() for name, blob in new.items()}
+    counts = {e.fields["rid"]: e.fields["weights"] for e in wire.engine.events.of_kind("request.finish")}
+    assert counts == {first.json()["meta_info"]["id"]: [[1, 5]], second.json()["meta_info"]["id"]: [[2, 7]]}

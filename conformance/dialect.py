@@ -14,6 +14,10 @@ SGLang's dialect is the identity. vLLM's (0.32.0, ``fakes.facts.VLLM``; its rout
 
 * ``POST /pause?mode=abort`` (also no mode: vLLM's default) → ``/pause_generation {"mode": "abort"}``; ``keep`` →
   ``in_place``; ``wait`` → ``retract`` (see below); ``POST /resume`` → ``/continue_generation {}``;
+* ``POST /sleep?level&mode`` pauses the same way, then (level 1, 2) puts the weights and the KV cache to sleep
+  (``EngineCore.sleep``, 0.32.0) → ``/pause_generation {"mode", "release_memory": ["kv_cache", "weights"]}``;
+  ``/wake_up?tags=…`` that leaves memory asleep (the scheduler stays paused) → ``/resume_memory_occupation {"tags"}``;
+  the one after which nothing sleeps resumes scheduling → ``/continue_generation {"resume_memory": [woken]}``;
 * ``/update_weight_version`` → the same, with ``abort_all_requests: false`` (vLLM's never aborts);
 * ``/collective_rpc`` ``reload_weights`` (``kwargs.weights_path``) → ``/update_weights_from_disk {"model_path"}``,
   neither aborting nor flushing; ``/reset_prefix_cache`` → ``/flush_cache``;
@@ -124,6 +128,9 @@ class VllmDialect(Dialect):
         self.ended_by_failure = False
         """vLLM ended the engine's weight-update session when an update failed (the worker's
         ``_weight_update_active = False``); the session the vocabulary sees goes on until a finish."""
+        self.asleep: set[str] = set()
+        """The engine's memory a ``/sleep`` put to sleep and no ``/wake_up`` woke yet (its executor's
+        ``sleeping_tags``; a tag not asleep wakes nothing): while any sleeps, the scheduler stays paused."""
 
     def fresh(self) -> "VllmDialect":
         return VllmDialect()
@@ -142,6 +149,22 @@ class VllmDialect(Dialect):
         if path == "/pause":
             mode = (parse_qs(query).get("mode") or [VLLM.fact("pause_default_mode", VLLM.default_release)])[0]
             return "/pause_generation", {"mode": _PAUSE_MODES.get(mode, mode)}
+        if path == "/sleep":
+            query_of = parse_qs(query)
+            mode = (query_of.get("mode") or [VLLM.fact("pause_default_mode", VLLM.default_release)])[0]
+            paused: dict[str, Any] = {"mode": _PAUSE_MODES.get(mode, mode)}
+            if (query_of.get("level") or ["1"])[0] != "0":
+                self.asleep = {"weights", "kv_cache"}
+                paused["release_memory"] = sorted(self.asleep)
+            return "/pause_generation", paused
+        if path == "/wake_up":
+            given = parse_qs(query, keep_blank_values=True).get("tags")  # none: every tag
+            tags = None if not given else [t for t in given if t != "scheduling"]
+            woken = set(self.asleep) if tags is None else set(tags) if tags and set(tags) <= self.asleep else set()
+            self.asleep -= woken
+            if self.asleep:  # woke nothing: as sent (SGLang reads no tags as every tag)
+                return ("/resume_memory_occupation", {"tags": sorted(woken)}) if woken else (path, payload)
+            return "/continue_generation", {"resume_memory": sorted(woken)}
         if path == "/update_weight_version":
             return path, {**body, "abort_all_requests": False}
         if path == "/collective_rpc" and body.get("method") == "reload_weights":
@@ -200,11 +223,11 @@ class VllmDialect(Dialect):
 
     def drains(self, sent_as: str | None) -> bool:
         """``POST /pause?mode=wait`` (``vllm/entrypoints/rl/online/api_router.py``, 0.32.0: it waits for the requests
-        in flight to finish)."""
+        in flight to finish), and ``/sleep?mode=wait`` (it pauses the same way first)."""
         if not sent_as or " " not in sent_as:
             return False
         path, _, query = sent_as.split(" ", 1)[1].partition("?")
-        return path == "/pause" and parse_qs(query).get("mode") == ["wait"]
+        return path in ("/pause", "/sleep") and parse_qs(query).get("mode") == ["wait"]
 
     def failing_load(self, path: str) -> Callable[[Any], Any] | None:
         """The checkpoint (or adapter) the cycle brings fails to load: every reload (adapter load) naming the path the

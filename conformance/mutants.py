@@ -24,7 +24,7 @@ import httpx
 from .checks import invariants, known_invariants
 from .interface import BuildEnv, Capabilities, Integration, LoraAdapter, Sample, Turn
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater, \
-    VllmEngineClient
+    VllmEngineClient, VllmSleepingClient
 from .reference import vllm as reference_vllm
 from .reference.concurrency import gather_all
 from .reference.manager import FinishedGroup, PartialRolloutManager, numeric_label
@@ -595,6 +595,16 @@ class VllmSglangModePauseClient(VllmEngineClient):
         return super().check_response(endpoint, response)
 
 
+class VllmLoadsAsleepClient(VllmSleepingClient):
+    async def wake_weights(self) -> None:
+        pass  # the weights are loaded into sleeping memory; the continue's /wake_up wakes them afterwards
+
+
+class VllmSleepAbortClient(VllmSleepingClient):
+    async def pause(self, mode: str) -> None:
+        await self._call("/sleep?level=1")  # no mode: vLLM's default, abort, ends every request in flight
+
+
 class VllmUncheckedReloadClient(VllmEngineClient):
     def check_response(self, endpoint: str, response: httpx.Response) -> Any:
         if endpoint == "/collective_rpc" and response.status_code != 200:  # logged, not raised
@@ -649,6 +659,14 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "vllm-api.md (an invalid mode is a 400 and changes nothing); issue 41 (the suite recorded such a pause "
             "as a valid one)", ("I3",), client_cls=VllmSglangModePauseClient, shows_in=("steady-disk-in_place",)),
     on_vllm(MUTANTS["resumes_on_partial_weights"], shows_in=("one-engine-rejects",)),  # the others loaded them
+    on_vllm(MUTANTS["pause_abort"], "vllm_loads_while_asleep", "puts the engines to sleep for each update and "
+            "reloads before waking the weights (the continue's /wake_up wakes them after)", "vllm#57853 (an update "
+            "while asleep crashes the engine core on GPUs; CPU ignores the sleep); issue 42", ("P1",),
+            client_cls=VllmLoadsAsleepClient, shows_in=("steady-disk-in_place",)),
+    on_vllm(MUTANTS["pause_abort"], "vllm_sleep_default_abort", "puts the engines to sleep for each update with "
+            "/sleep?level=1 and no mode: its pause is vLLM's default, abort, which ends every request in flight",
+            "vLLM EngineCore.sleep (0.32.0: sleep pauses in mode, abort by default); issue 41 (/sleep was not "
+            "recorded as a pause)", ("I3",), client_cls=VllmSleepAbortClient, shows_in=("steady-disk-in_place",)),
     on_vllm(MUTANTS["success_false_ignored"], "vllm_reload_failure_ignored", "a reload_weights that vLLM answers "
             "500 is logged, not raised, and the cycle goes on", "miles #684 on vLLM's disk path", ("P5",),
             client_cls=VllmUncheckedReloadClient),

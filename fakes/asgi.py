@@ -48,8 +48,11 @@ class HTTPRequest:
     method: str
     path: str
     query: dict[str, str]
+    """Each query parameter's last value."""
     body: bytes
     receive: Receive
+    raw_query: str = ""
+    """The query string as sent (a parameter given several times: ``urllib.parse.parse_qs``)."""
 
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -159,7 +162,8 @@ class Router:
 def request_from_scope(scope: Scope, body: bytes, receive: Receive) -> HTTPRequest:
     raw_query = scope.get("query_string", b"")
     query = dict(parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True)) if raw_query else {}
-    return HTTPRequest(method=scope["method"], path=scope["path"], query=query, body=body, receive=receive)
+    return HTTPRequest(method=scope["method"], path=scope["path"], query=query, body=body, receive=receive,
+                       raw_query=raw_query.decode("latin-1"))
 
 
 async def lifespan(receive: Receive, send: Send, on_shutdown: Callable[[], Awaitable[None]] | None = None) -> None:

@@ -835,3 +835,34 @@ def test_p8_on_the_fake_counts_the_failed_cycles_weights_as_unpublished_though_a
     published with them yet."""
     v = check("P8", _decoded((0.0, INITIAL, "startup", 0), (1.35, NEW, "update_weights_from_disk", 6)))
     assert v.status == "fail" and "2 of 2 parameter(s) of the weights cycle 0" in v.witness[0], v.explain()
+
+
+# -- P1: no weights loaded into released memory ------------------------------------------------------------------
+
+def _loads_after(*memory: tuple[str, dict]) -> History:
+    """Engine 0 pauses, makes the ``memory`` calls, loads weights from disk and continues, in cycle 0."""
+    wire = [call(0, "/pause_generation", {"mode": "retract"}, t0=1.1, t1=1.15)]
+    wire += [call(1 + i, path, body, t0=1.2 + i / 100, t1=1.205 + i / 100) for i, (path, body) in enumerate(memory)]
+    wire += [call(9, "/update_weights_from_disk", {"model_path": "/c/1"}, t0=1.5, t1=1.6),
+             call(10, "/continue_generation", {}, t0=1.7, t1=1.8)]
+    return history(wire=wire, cycles=[cycle()])
+
+
+@pytest.mark.parametrize("memory", [
+    [("/release_memory_occupation", {})],
+    [("/release_memory_occupation", {"tags": ["weights"]}), ("/resume_memory_occupation", {"tags": ["kv_cache"]})],
+], ids=["every-tag-released", "only-the-kv-cache-resumed"])
+def test_a_load_into_released_weights_fails_p1_naming_the_release(memory):
+    """SGLang's memory saver (or vLLM's /sleep, recorded as a pause that releases memory) gave the weights' memory
+    back: a load before they are resumed meets unmapped memory on GPUs (CPU builds ignore the release)."""
+    v = check("P1", _loads_after(*memory))
+    assert v.status == "fail" and v.anomalies[0].kind == "load-into-released-memory", v.explain()
+    assert "/update_weights_from_disk at t=1.500s" in v.witness[0] and "released at t=1.200s" in v.witness[0]
+
+
+@pytest.mark.parametrize("memory", [
+    [("/release_memory_occupation", {}), ("/resume_memory_occupation", {"tags": ["weights"]})],
+    [("/release_memory_occupation", {"tags": ["kv_cache"]})],
+], ids=["weights-resumed-first", "only-the-kv-cache-released"])
+def test_a_load_into_resident_weights_passes_p1(memory):
+    assert check("P1", _loads_after(*memory)).passed

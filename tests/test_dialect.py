@@ -131,3 +131,17 @@ def test_the_vllm_dialect_knows_a_request_by_its_bodys_request_id_whatever_id_th
     """vLLM's scheduler knows a completion as ``cmpl-<request_id>-<prompt index>`` and a token-in request as
     ``generate-tokens-<request_id>``; the history knows both by the body's ``request_id`` (P8's per-token truth)."""
     assert VllmDialect().rid(engine_rid) == rid and SGLANG_DIALECT.rid(engine_rid) == engine_rid
+
+
+def test_vllm_sleep_is_a_pause_that_releases_memory_and_only_the_last_wake_continues() -> None:
+    """``EngineCore.sleep`` pauses in its mode (abort by default) before the memory sleeps; ``wake_up`` resumes
+    scheduling only once nothing sleeps (0.32.0, measured by the differential): a partial wake is a memory resume."""
+    d = VllmDialect()
+    assert d.recorded("POST", "/sleep", "level=1&mode=keep", None) == (
+        "/pause_generation", {"mode": "in_place", "release_memory": ["kv_cache", "weights"]})
+    assert d.recorded("POST", "/wake_up", "tags=weights", None) == ("/resume_memory_occupation", {"tags": ["weights"]})
+    assert d.recorded("POST", "/wake_up", "tags=weights", None) == ("/wake_up", None)  # asleep no more: nothing woken
+    assert d.recorded("POST", "/wake_up", "tags=kv_cache&tags=scheduling", None) == (
+        "/continue_generation", {"resume_memory": ["kv_cache"]})
+    assert d.recorded("POST", "/sleep", "level=0", None) == ("/pause_generation", {"mode": "abort"})
+    assert d.recorded("POST", "/wake_up", "", None) == ("/continue_generation", {"resume_memory": []})

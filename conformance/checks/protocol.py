@@ -6,7 +6,7 @@ from __future__ import annotations
 from fakes.facts import SGLANG
 
 from ..anomaly import Anomaly
-from ..history import TRANSFER_PATHS, History, WireCall
+from ..history import TRANSFER_PATHS, WEIGHT_LOAD_PATHS, History, WireCall
 from .effective import effective, pause_mode, sent_as
 from .registry import check
 from .verdict import Verdict, verdict
@@ -230,11 +230,14 @@ def flush_contract(h: History) -> Verdict:
 
 @check("P1", "cycle order",
        needs={"full-update"},
-       holds="cycle order: pause → begin → transfer → version → end → continue; a flush anywhere inside the pause",
-       reads="the control calls per engine inside each successful cycle")
+       holds="cycle order: pause → begin → transfer → version → end → continue; a flush anywhere inside the pause; "
+             "no weights loaded into memory that was released and not resumed",
+       reads="the control calls per engine inside each successful cycle; every memory release and resume "
+             "(SGLang's `/release_memory_occupation`, vLLM's `/sleep` and `/wake_up`) before a weight load")
 def cycle_order(h: History) -> Verdict:
     """P1: pause → (begin) → transfer → version → (end) → continue, per engine, inside each cycle. A flush is
-    accepted anywhere between the pause and the continue (SGLang itself flushes after loading by default)."""
+    accepted anywhere between the pause and the continue (SGLang itself flushes after loading by default). And no
+    full-weight load reaches an engine whose weights' memory is released (:func:`_loads_into_released`)."""
     rank = {"/pause_generation": 0, "/begin_weight_update": 2, **{p: 3 for p in TRANSFER_PATHS},
             "/update_weight_version": 4, "/end_weight_update": 5, "/continue_generation": 6}
     failures: list[Anomaly] = []
@@ -261,4 +264,47 @@ def cycle_order(h: History) -> Verdict:
                         f"outside the pause (paused at t={pause:.3f}s"
                         f"{f', continued at t={resume:.3f}s' if resume is not None else ''})",
                         engine=engine, cycle=c.index, times=(flush.t_start,)))
+    failures += _loads_into_released(h)
     return verdict(failures, vacuous=None if h.cycles else "no update cycle ran")
+
+
+def _releases_weights(call: WireCall) -> bool | None:
+    """Whether an accepted ``call`` releases the weights' memory (True), resumes it (False), or neither (None): SGLang's
+    ``/release_memory_occupation`` / ``/resume_memory_occupation`` of the weights (no tags: every tag), vLLM's
+    ``/sleep`` (a pause that releases memory) and ``/wake_up`` as the dialect records them."""
+    body = call.payload if isinstance(call.payload, dict) else {}
+    if not call.ok:
+        return None
+    if call.path in ("/release_memory_occupation", "/resume_memory_occupation"):
+        return call.path == "/release_memory_occupation" if "weights" in (body.get("tags") or ("weights",)) else None
+    if call.path == "/pause_generation" and "weights" in (body.get("release_memory") or ()):
+        return True
+    if call.path == "/continue_generation" and "weights" in (body.get("resume_memory") or ()):
+        return False
+    return None
+
+
+def _loads_into_released(h: History) -> list[Anomaly]:
+    """Full-weight loads sent to an engine whose weights' memory was released and not resumed: on GPUs the load meets
+    memory the engine gave back (SGLang's memory saver: the copy hits unmapped memory; vLLM: an update while asleep
+    crashes the engine core, vllm#57853; a level-2 sleep dropped the weights, TRL#5312). Wake the weights
+    (``/resume_memory_occupation`` of them, ``/wake_up?tags=weights``) before loading. On CPU both engines ignore the
+    release (measured), so only the wire shows it."""
+    failures: list[Anomaly] = []
+    released: dict[int, WireCall] = {}
+    for call in h.integration_calls():
+        change = _releases_weights(call)
+        if change is True:
+            released[call.engine] = call
+        elif change is False:
+            released.pop(call.engine, None)
+        elif call.path in WEIGHT_LOAD_PATHS and call.engine in released:
+            by, cycle = released[call.engine], h.cycle_at(call.t_start)
+            failures.append(Anomaly(
+                "load-into-released-memory",
+                f"engine {call.engine}: {call.sent_as or call.path} at t={call.t_start:.3f}s loads weights whose "
+                f"memory {by.sent_as or by.path} released at t={by.t_start:.3f}s, and nothing resumed it: on GPUs the "
+                f"load meets memory the engine gave back (vLLM's engine core crashes, vllm#57853; SGLang's memory "
+                f"saver unmapped it); wake the weights first", engine=call.engine,
+                cycle=cycle.index if cycle else None, times=(by.t_start, call.t_start)))
+    return failures

@@ -7,6 +7,8 @@ update cycle) → ``integration`` (builds the roles). Of ``fakes`` it uses only 
 safetensors encoder (checkpoints without torch); torch where the tensor and distributed transports run.
 """
 
+from dataclasses import replace
+
 from ..interface import Capabilities
 from .client import EngineError, HttpEngineClient
 from .integration import ReferenceIntegration, default_capabilities
@@ -16,7 +18,7 @@ from .transports import (DiskTransport, DistributedTransport, LoraTransport, Ten
                          encode_pickle_b64, write_checkpoint_atomic)
 from .updater import ReferenceUpdater
 from .transports import torch_installed
-from .vllm_client import NO_GLOO, NO_TENSORS, VllmEngineClient
+from .vllm_client import NO_GLOO, NO_TENSORS, VllmEngineClient, VllmSleepingClient
 
 integration = ReferenceIntegration()
 partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager_cls=PartialRolloutManager,
@@ -32,9 +34,14 @@ updates, and distributed ones through vLLM's native weight transfer (its gloo en
 ``retract`` cycles pause with ``wait``, which answers once every running request finished: such a cycle lasts as
 long as the longest request in flight)."""
 
+vllm_sleeping = replace(vllm, name="reference-vllm-sleeping", client_cls=VllmSleepingClient)
+"""The reference on vLLM with its engines asleep for each update (:class:`VllmSleepingClient`): colocated designs'
+``/sleep`` … ``/wake_up``, the weights woken before they are loaded."""
+
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport", "NegativeStaleness",
     "PartialRolloutManager", "ProtocolError", "ReferenceIntegration", "ReferenceManager", "ReferenceUpdater",
-    "TensorTransport", "VersionRegression", "VllmEngineClient", "default_capabilities", "encode_pickle_b64",
-    "integration", "numeric_label", "partial_rollout", "vllm", "write_checkpoint_atomic",
+    "TensorTransport", "VersionRegression", "VllmEngineClient", "VllmSleepingClient", "default_capabilities",
+    "encode_pickle_b64", "integration", "numeric_label", "partial_rollout", "vllm", "vllm_sleeping",
+    "write_checkpoint_atomic",
 ]

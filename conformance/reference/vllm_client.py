@@ -184,3 +184,29 @@ class VllmEngineClient(HttpEngineClient):
 
     async def unload_lora_adapter(self, lora_name: str) -> None:
         await self._call("/v1/unload_lora_adapter", {"lora_name": lora_name})
+
+
+class VllmSleepingClient(VllmEngineClient):
+    """For designs that free the engines' memory for each update (colocated trainers): every pause is a ``/sleep``
+    (level 1, in the cycle's mode), a load wakes the weights first (``/wake_up?tags=weights``: an update into
+    sleeping memory crashes vLLM's engine core on GPUs, vllm#57853), and the continue wakes the rest (``/wake_up``:
+    vLLM resumes scheduling only once nothing sleeps, ``EngineCore.wake_up``, 0.32.0)."""
+
+    async def pause(self, mode: str) -> None:
+        query = self._dialect.outgoing("/pause_generation", {"mode": mode})[0].partition("?")[2]
+        await self._call(f"/sleep?level=1&{query}")
+
+    async def resume(self) -> None:
+        await self._call("/wake_up")
+
+    async def wake_weights(self) -> None:
+        """Wake the weights (while the KV cache sleeps the engine stays paused; weights awake already: a no-op)."""
+        await self._call("/wake_up?tags=weights")
+
+    async def _reload(self, path: str) -> None:
+        await self.wake_weights()
+        await super()._reload(path)
+
+    async def begin_weight_update(self) -> bool:
+        await self.wake_weights()
+        return await super().begin_weight_update()

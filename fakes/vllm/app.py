@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from typing import Any, AsyncIterator, Awaitable, Callable
+from urllib.parse import parse_qs
 
 from ..asgi import (
     HTTPRequest,
@@ -194,7 +195,8 @@ async def _sleep(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
 
 
 async def _wake_up(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
-    return e.wake_up([req.query["tags"]] if req.query.get("tags") else None)
+    tags = parse_qs(req.raw_query, keep_blank_values=True).get("tags")  # query_params.getlist("tags"); [] → None
+    return e.wake_up(tags or None)
 
 
 async def _load_lora(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
@@ -457,7 +459,8 @@ ROUTES: dict[str, tuple[tuple[str, ...], Handler]] = {
     "/reset_prefix_cache": (("POST",), _sync(lambda e, r: e.reset_prefix_cache())),
     "/sleep": (("POST",), _sleep),
     "/wake_up": (("POST",), _wake_up),
-    "/is_sleeping": (("GET",), _sync(lambda e, r: Reply(200, {"is_sleeping": e.sleep_level > 0}))),
+    # EngineCore.is_sleeping: the scheduler paused, or the executor's memory asleep (v1/engine/core.py, 0.32.0)
+    "/is_sleeping": (("GET",), _sync(lambda e, r: Reply(200, {"is_sleeping": e.paused or bool(e.asleep)}))),
     "/v1/load_lora_adapter": (("POST",), _load_lora),
     "/v1/unload_lora_adapter": (("POST",), _unload_lora),
 }

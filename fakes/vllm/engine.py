@@ -90,7 +90,8 @@ class FakeVLLMEngine(EngineLoop):
                                    engine_id=engine_id)
         self.adapters: dict[str, str] = {}
         """Loaded LoRA adapters: name → path (``OpenAIServingModels.lora_requests``)."""
-        self.sleep_level = 0
+        self.asleep: set[str] = set()
+        """The executor's sleeping memory (``sleeping_tags``: ``weights``, ``kv_cache``; ``v1/executor/abstract.py``)."""
         self.crashed, self.closed = False, False
         self.crash_reason: str | None = None
         self.on_crash: Any = None
@@ -132,7 +133,7 @@ class FakeVLLMEngine(EngineLoop):
 
     def snapshot(self) -> dict[str, Any]:
         return {**self.scheduler.snapshot(), "engine_id": self.engine_id, "release": self.release,
-                "weight_version": self.weight_version, "paused": self.paused, "sleep_level": self.sleep_level,
+                "weight_version": self.weight_version, "paused": self.paused, "asleep": sorted(self.asleep),
                 "adapters": sorted(self.adapters), "digest": self.weights.digest()}
 
     def __repr__(self) -> str:
@@ -363,16 +364,28 @@ class FakeVLLMEngine(EngineLoop):
 
     # -- sleep -------------------------------------------------------------------------------------------------------
     async def sleep(self, level: int, mode: str) -> Reply:
-        """``sleep``: pause in ``mode`` (abort by default), then release memory (level 2 drops the weights)."""
-        await self.pause(mode)
-        self.sleep_level = level
+        """``EngineCore.sleep`` (``v1/engine/core.py``, 0.32.0): pause in ``mode`` (abort by default); level 1 and 2
+        then put the executor's memory to sleep, weights and KV cache (``SLEEP_TAGS``; already asleep: nothing
+        changes). The CPU worker's own sleep is a no-op (``v1/worker/cpu_worker.py``): the weights stay, as measured
+        (gpu/fidelity/vllm.py)."""
+        await self.pause(mode, clear_cache=level >= 1)
+        if level >= 1:
+            self.asleep = {"weights", "kv_cache"}
         self._touch()
         return Reply(200, {"status": "sleeping", "level": level})
 
     def wake_up(self, tags: list[str] | None) -> Reply:
-        self.sleep_level = 0
-        self.resume()
-        return Reply(200, {"status": "awake", "tags": tags})
+        """``EngineCore.wake_up``: ``scheduling`` is dropped from the tags; the executor wakes the tags given (all of
+        them without tags; a tag that is not asleep wakes nothing, with a warning); the scheduler resumes only once
+        nothing sleeps, so a partial wake (``?tags=weights``) leaves it paused. Answers ``awake`` or ``sleeping``."""
+        woken = [t for t in tags if t != "scheduling"] if tags is not None else None
+        if (woken is None or woken) and self.asleep and all(t in self.asleep for t in woken or ()):
+            self.asleep -= set(woken) if woken else set(self.asleep)
+        awake = not self.asleep
+        if awake:
+            self.resume()
+        self._touch()
+        return Reply(200, {"status": "awake" if awake else "sleeping", "tags": tags})
 
     # -- LoRA --------------------------------------------------------------------------------------------------------
     def load_lora(self, name: str, path: str, load_inplace: bool) -> Reply:

@@ -507,6 +507,17 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         out["weights after a level 2 sleep and a reload"] = {"as before": await checksums(client, url) == before}
         response = await call("completion after wake_up", "/v1/completions", completion())
         out["completion after wake_up answer"] = choice(response.json())
+        # a partial wake (the weights first, to load new ones) and a pause alone, as /is_sleeping and /is_paused see them
+        await call("sleep keep", "/sleep", level=1, mode="keep")
+        await call("wake_up weights", "/wake_up", tags="weights")
+        out["is_paused after waking the weights"] = (await client.get(url + "/is_paused")).json()
+        await call("wake_up weights again", "/wake_up", tags="weights")
+        await call("wake_up kv_cache and scheduling", "/wake_up", tags=["kv_cache", "scheduling"])
+        out["is_paused after waking the rest"] = (await client.get(url + "/is_paused")).json()
+        await call("pause keep before is_sleeping", "/pause", mode="keep")
+        out["is_sleeping while paused"] = (await client.get(url + "/is_sleeping")).json()
+        await call("wake_up after a pause", "/wake_up")
+        out["is_paused after that wake_up"] = (await client.get(url + "/is_paused")).json()
 
         # -- routes a release may lack --
         await call("unknown route", "/update_weights_from_disk", {"model_path": "/nope"})

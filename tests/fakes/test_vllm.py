@@ -327,6 +327,24 @@ async def test_sleep_pauses_and_wake_up_resumes(connect) -> None:
     assert (await wire.get("/is_paused")).json() == {"is_paused": False}
 
 
+@pytest.mark.asyncio
+async def test_a_partial_wake_leaves_the_scheduler_paused_until_nothing_sleeps(connect) -> None:
+    """``EngineCore.wake_up`` (0.32.0) resumes scheduling only once every tag is awake: waking the weights first (to
+    load new ones) keeps the engine paused; /is_sleeping is true while the scheduler is paused, also by /pause alone."""
+    wire = await connect(FakeVLLMEngine())
+    await wire.post("/sleep", params={"level": "1", "mode": "keep"})
+    assert (await wire.post("/wake_up", params={"tags": "weights"})).json() == {"status": "sleeping",
+                                                                                 "tags": ["weights"]}
+    assert (await wire.get("/is_paused")).json() == {"is_paused": True}
+    assert (await wire.post("/wake_up?tags=weights")).json()["status"] == "sleeping"  # not asleep: nothing woken
+    assert (await wire.post("/wake_up?tags=kv_cache&tags=scheduling")).json() == {
+        "status": "awake", "tags": ["kv_cache", "scheduling"]}
+    assert (await wire.get("/is_paused")).json() == {"is_paused": False}
+    await wire.post("/pause", params={"mode": "keep"})
+    assert (await wire.get("/is_sleeping")).json() == {"is_sleeping": True}
+    assert (await wire.post("/wake_up")).json() == {"status": "awake", "tags": None}  # level 0: scheduling only
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/inference/v1/generate"])
 def test_a_client_leaving_aborts_its_request(path: str) -> None:
     """Both generation routes are wrapped in ``with_cancellation`` (``entrypoints/utils.py``, 0.32.0): over real HTTP,

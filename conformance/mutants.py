@@ -595,6 +595,22 @@ class VllmSglangModePauseClient(VllmEngineClient):
         return super().check_response(endpoint, response)
 
 
+class VllmNativeNotReopenedClient(VllmEngineClient):
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], group_name: str,
+                                              weight_version: str | None = None, flush_cache: bool = False) -> None:
+        await self._call("/update_weights", {"update_info": {  # a failure raises as it is: no session reopened
+            "names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}})
+
+
+class VllmNativeFailureIgnoredClient(VllmEngineClient):
+    def check_response(self, endpoint: str, response: httpx.Response) -> Any:
+        if endpoint == "/update_weights" and response.status_code != 200:  # logged, not raised
+            log.warning("update_weights failed: %s %s", response.status_code, response.text)
+            return None
+        return super().check_response(endpoint, response)
+
+
 class VllmLoadsAsleepClient(VllmSleepingClient):
     async def wake_weights(self) -> None:
         pass  # the weights are loaded into sleeping memory; the continue's /wake_up wakes them afterwards
@@ -659,6 +675,16 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "vllm-api.md (an invalid mode is a 400 and changes nothing); issue 41 (the suite recorded such a pause "
             "as a valid one)", ("I3",), client_cls=VllmSglangModePauseClient, shows_in=("steady-disk-in_place",)),
     on_vllm(MUTANTS["resumes_on_partial_weights"], shows_in=("one-engine-rejects",)),  # the others loaded them
+    on_vllm(MUTANTS["resume_not_finally"], "vllm_native_session_not_reopened", "a native update that fails is raised "
+            "as it is: vLLM ended the session with the layers reset, and the cycle's finish finds no session to finish, "
+            "so the engine is left without weights", "vLLM gpu_worker.update_weights (0.32.0: a failed update ends "
+            "the session); issue 41 (native weight transfer)", ("P6",), client_cls=VllmNativeNotReopenedClient,
+            shows_in=("failing-transfer-distributed",)),
+    on_vllm(MUTANTS["success_false_ignored"], "vllm_native_failure_ignored", "a native /update_weights that vLLM "
+            "answers 500 is logged, not raised: the cycle goes on and relabels the engines, whose session vLLM ended "
+            "with the layers reset", "miles #684 on vLLM's native transfer; issue 41 (a cycle's failure judged from "
+            "the wire)", ("V2",),
+            client_cls=VllmNativeFailureIgnoredClient, shows_in=("failing-transfer-distributed",)),
     on_vllm(MUTANTS["pause_abort"], "vllm_loads_while_asleep", "puts the engines to sleep for each update and "
             "reloads before waking the weights (the continue's /wake_up wakes them after)", "vllm#57853 (an update "
             "while asleep crashes the engine core on GPUs; CPU ignores the sleep); issue 42", ("P1",),

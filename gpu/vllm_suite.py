@@ -12,8 +12,11 @@ pushes, so P6 is not judged here (``digests()`` is None; it is on the fake vLLM)
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from conformance.dialect import VOCABULARY_PROFILE
@@ -29,10 +32,13 @@ ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 runs one OpenMP thread (``OMP_NUM_THREADS``, :func:`gpu.local.threads_env`)."""
 
 
-NO_GLOO_ENGINE = ("the reference reaches vLLM's native weight transfer through a gloo engine, which real vLLM does not "
-                  "ship (the fake vLLM serves it, and the simulated cluster's drop-in): the distributed scenarios run "
-                  "there until the suite installs one into vLLM's environment")
-"""Why a real vLLM backend skips the scenarios whose only transport is the distributed one."""
+NO_GLOO_ENGINE = ("the reference reaches vLLM's native weight transfer through a gloo engine (gpu.vllm_gloo), which "
+                  "the suite installs into vLLM's CPU environment only: on GPUs vLLM's engine is NCCL's")
+"""Why real vLLM on GPUs skips the scenarios whose only transport is the distributed one."""
+GLOO_TRANSFER = ("--weight-transfer-config", json.dumps({"backend": "gloo"}))
+"""vLLM's native weight transfer through the gloo engine the installer registers (:mod:`gpu.vllm_gloo`)."""
+REPO = Path(__file__).resolve().parent.parent
+"""This repository: on the engines' ``PYTHONPATH``, where the gloo plugin's entry point finds ``gpu.vllm_gloo``."""
 
 
 def native_transfer_only(scenario: str) -> bool:
@@ -72,18 +78,20 @@ class VllmSuite(SglangSuite):
         return VOCABULARY_PROFILE
 
     def why_not(self, scenario: str) -> str | None:
-        """Every scenario can run (LoRA included: real vLLM serves runtime LoRA on CPU) but those whose only transport
-        is vLLM's native weight transfer (:data:`NO_GLOO_ENGINE`)."""
-        return NO_GLOO_ENGINE if native_transfer_only(scenario) else None
+        """Every scenario can run: LoRA (real vLLM serves runtime LoRA on CPU) and the distributed transport (vLLM's
+        native weight transfer through the gloo engine, :data:`GLOO_TRANSFER`) included."""
+        return None
 
     def flags(self) -> tuple[str, ...]:
-        """vLLM's CPU flags and the token-in/token-out route."""
+        """vLLM's CPU flags, the token-in/token-out route and the gloo weight-transfer engine."""
         from .vllm_cpu import CPU_FLAGS
 
-        return CPU_FLAGS + SCALE_OUT
+        return CPU_FLAGS + SCALE_OUT + GLOO_TRANSFER
 
     def env(self) -> dict[str, str]:
-        """:data:`gpu.vllm_cpu.CPU_ENV`, each engine unbound (:data:`ENGINE_ENV`)."""
+        """:data:`gpu.vllm_cpu.CPU_ENV`, each engine unbound (:data:`ENGINE_ENV`), this repository on the path (the
+        gloo plugin)."""
         from .vllm_cpu import CPU_ENV
 
-        return {**CPU_ENV, **ENGINE_ENV}
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        return {**CPU_ENV, **ENGINE_ENV, "PYTHONPATH": path}

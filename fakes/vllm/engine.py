@@ -304,12 +304,18 @@ class FakeVLLMEngine(EngineLoop):
 
     def _transfer_load(self, blobs: dict[str, Any]) -> None:
         """The gloo engine's ``model.load_weights`` of the received tensors (a name the model lacks: vLLM's
-        ``AutoWeightsLoader`` error; a shape that does not fit: the weight loader's)."""
+        ``AutoWeightsLoader`` error; a shape that does not fit: the weight loader's, the parameters before it loaded:
+        the fake's layers are its parameters)."""
         unknown = self._unknown_prefix(blobs)
         if unknown is not None:
             architecture = (self.model.config.get("architectures") or ["LlamaForCausalLM"])[0]
             raise ValueError(f"There is no module or parameter named {unknown!r} in {architecture}.")
-        self.weights = self.weights.updated(blobs, cast=True)
+        try:
+            self.weights = self.weights.updated(blobs, cast=True)
+        except W.WeightError as err:
+            if err.partial is not None:  # layerwise reload processes each layer once loaded: the ones before the
+                self.weights = err.partial  # failing one keep the new values (measured on 0.32.0, gpu/fidelity/vllm.py)
+            raise
         self._weights_event("weights.load", source="update_weights")
 
     def _transfer_lost(self, error: str) -> None:

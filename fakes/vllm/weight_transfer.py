@@ -122,6 +122,10 @@ class WeightTransfer:
     timeout_s: float = JOIN_TIMEOUT_S
     group: DistributedGroup | None = None
     active: bool = False
+    failed: str | None = None
+    """A failed update's error while no finish ran since: the layer it failed in keeps the tensors it buffered
+    (``reload/layerwise.py``, 0.32.0: ``initialize_layerwise_reload`` skips a layer that can still load), so every
+    later update fails with it again, once its tensors arrived, until a session is finished."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def call(self, path: str, body: Any) -> Reply:
@@ -198,9 +202,12 @@ class WeightTransfer:
             if self.group is None:
                 raise RuntimeError("Gloo weight transfer not initialized. Call init_transfer_engine() first.")
             received = self.group.receive(info.names, info.dtype_names, info.shapes, self.timeout_s)
+            if self.failed is not None:
+                raise RuntimeError(self.failed)
             self.load(received)
         except BaseException as e:
             self.active = False  # the worker ends the session; the layers stay reset
+            self.failed = self.failed or str(e)
             self.lose_weights(f"update_weights: {e}")
             raise
 
@@ -208,7 +215,7 @@ class WeightTransfer:
         self._check()
         if not self.active:
             raise RuntimeError("finish_weight_update called without a matching start_weight_update.")
-        self.active = False
+        self.active, self.failed = False, None
         self.restore_weights()
 
     def close(self) -> None:

@@ -604,6 +604,7 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
         await call("reload_weights after the failed reload", "/collective_rpc", reload(None))
         await call("reload_weights from the new path again", "/collective_rpc", reload(step1))
         out["weights after a reload from the new path again"] = {"the new path's": await checksums(client, url) == loaded}
+        await native_transfer(call, client, url, out, trainer, loaded, lambda step: complete(step, model))
         # last: what a completion meets on the weights a failed reload left (it ends the server: run_engine records
         # whether the process exited, ENDED; asking /health once here raced the shutdown, 503 or no answer)
         await call("reload_weights from a missing path once more", "/collective_rpc", reload(work / "gone"))
@@ -614,6 +615,65 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
     return {f"{step} (lora)": seen for step, seen in out.items()}
 
 
+async def native_transfer(call: Call, client: httpx.AsyncClient, url: str, out: dict[str, Observation],
+                          trainer: Any, served: Any, complete: Callable[[str], Awaitable[None]]) -> None:
+    """vLLM's native weight transfer through the gloo engine (``--weight-transfer-config '{"backend": "gloo"}'``;
+    on real vLLM :mod:`gpu.vllm_gloo`): this script joins as the trainer (rank 0 of a gloo group of 2), then one
+    session that loads new weights and publishes a version, one whose last tensor has the wrong shape (the update
+    fails; vLLM ends the session with the layers reset), a new session whose good update fails again (the failed
+    layer kept what it buffered), a session reopened and finished, one more update, and the weights and answers
+    after each (``served``: the checksums before)."""
+    from fakes.distributed import distributed_metadata, trainer_group
+    from gpu.engine import free_port
+
+    port = free_port("127.0.0.1")
+    init = {"init_info": {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+                          "group_name": "fidelity"}}
+    joined = asyncio.create_task(asyncio.to_thread(trainer_group, "127.0.0.1", port, 2, "fidelity", 60.0))
+    await call("native init", "/init_weight_transfer_engine", init)
+    group = await joined
+    try:
+        async def update(step: str, named: dict[str, Any]) -> None:
+            meta = distributed_metadata(named)
+            info = {"names": meta["names"], "dtype_names": meta["dtypes"], "shapes": meta["shapes"]}
+            sent = asyncio.create_task(asyncio.to_thread(group.send, named, 60.0))
+            await call(step, "/update_weights", {"update_info": info})
+            try:
+                await sent
+            except Exception as err:  # noqa: BLE001 - what the broadcast met is an observation too
+                out[step + " broadcast"] = {"error": type(err).__name__}
+
+        new = trainer.weights(2)
+        await call("native start", "/start_weight_update")
+        await update("native update", new)
+        await call("native finish with a version", "/finish_weight_update", {"weight_version": "v-native"})
+        out["weight_info after the native update"] = (await client.get(url + "/weight_info")).json()
+        loaded = await checksums(client, url)
+        out["weights after the native update"] = {"changed": loaded != served}
+        await complete("completion after the native update")
+        await call("native start again", "/start_weight_update")
+        wrong = dict(trainer.weights(3))
+        last = list(wrong)[-1]
+        wrong[last] = wrong[last].reshape(-1)[:1].clone()  # a shape the model's parameter does not have
+        await update("native update with a wrong shape", wrong)
+        out["weight_info after the failed native update"] = (await client.get(url + "/weight_info")).json()
+        await call("native finish after the failed update", "/finish_weight_update")
+        await call("native start after the failed update", "/start_weight_update")
+        await update("native update after the failed one", trainer.weights(4))
+        await call("native start after the second failure", "/start_weight_update")
+        await call("native finish of the reopened session", "/finish_weight_update")
+        after = await checksums(client, url)
+        out["weights after the failed native update"] = {"as after the good one": after == loaded,
+                                                           "as served before": after == served}
+        await call("native start once finished", "/start_weight_update")
+        await update("native update once finished", trainer.weights(4))
+        await call("native finish once finished", "/finish_weight_update")
+        out["weights after the update once finished"] = {"changed": await checksums(client, url) != after}
+    finally:
+        await asyncio.to_thread(group.destroy)
+    await call("native shutdown", "/shutdown_weight_transfer_engine")
+
+
 # -- the differential: the script on the fake vLLM and on real vLLM, diffed --------------------------------------------
 
 FAKE_PROGRAM = ("-m", "fakes.vllm.launch_server")
@@ -621,7 +681,8 @@ FAKE_PROGRAM = ("-m", "fakes.vllm.launch_server")
 LAUNCH_FLAGS = ("--enable-scale-out",)
 """Beyond the CPU flags: the token-in/token-out route, the one that answers version spans."""
 LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "8", "--max-loras", "2")
-"""The LoRA lifetime's server: a second one, started with runtime LoRA on (rank 8 at most)."""
+"""The LoRA lifetime's server: a second one, started with runtime LoRA on (rank 8 at most) and the gloo weight-transfer
+engine (:data:`gpu.vllm_suite.GLOO_TRANSFER`: its native transfer runs there, :func:`native_transfer`)."""
 FAKE_SPEED = ("--fake-tokens-per-second", "8000")
 """The fake decodes the held requests in seconds (its pace changes no answer the script compares)."""
 
@@ -649,9 +710,10 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lor
     the script (or the LoRA script), stop it; the observations and the start time."""
     from gpu.engine import EXIT_WAIT_S, EngineProcess
     from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, PROGRAM, python_of
+    from gpu.vllm_suite import GLOO_TRANSFER, REPO
 
-    extra = (*(LORA_FLAGS if lora else ()), *(("--fake-release", release, *FAKE_SPEED) if fake else ()))
-    engine = EngineProcess(None, FAKE_PROGRAM if fake else PROGRAM, env=CPU_ENV,
+    extra = (*(LORA_FLAGS + GLOO_TRANSFER if lora else ()), *(("--fake-release", release, *FAKE_SPEED) if fake else ()))
+    engine = EngineProcess(None, FAKE_PROGRAM if fake else PROGRAM, env={**CPU_ENV, "PYTHONPATH": str(REPO)},
                            name=f"fidelity-vllm-{'fake' if fake else 'real'}-{release}{'-lora' if lora else ''}",
                            python=None if fake or venv is None else str(python_of(venv)),
                            args=lambda host, port: ["--model", str(model_dir), "--host", host, "--port", str(port),

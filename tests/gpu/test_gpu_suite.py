@@ -187,3 +187,18 @@ def test_after_engines_failed_to_start_later_scenarios_fail_at_once(monkeypatch:
     finally:
         suite.close()
     assert len(starts) == 1
+
+
+def test_the_gloo_plugin_installed_into_vllms_environment_names_this_repositorys_register() -> None:
+    """``gpu.vllm_cpu``'s installer writes an entry point (``vllm.general_plugins``) that vLLM loads in every process:
+    it must name a function of this repository (where the engines' ``PYTHONPATH`` finds it: ``gpu.vllm_suite``)."""
+    import importlib
+
+    from gpu.vllm_cpu import GLOO_PLUGIN
+    from gpu.vllm_gloo import PLUGIN
+
+    section, entry = GLOO_PLUGIN["entry_points.txt"].splitlines()[:2]
+    name, target = (part.strip() for part in entry.split("="))
+    module, attr = target.split(":")
+    assert section == "[vllm.general_plugins]" and name == PLUGIN
+    assert callable(getattr(importlib.import_module(module), attr))

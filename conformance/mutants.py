@@ -603,14 +603,6 @@ class VllmNativeNotReopenedClient(VllmEngineClient):
             "names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}})
 
 
-class VllmNativeFailureIgnoredClient(VllmEngineClient):
-    def check_response(self, endpoint: str, response: httpx.Response) -> Any:
-        if endpoint == "/update_weights" and response.status_code != 200:  # logged, not raised
-            log.warning("update_weights failed: %s %s", response.status_code, response.text)
-            return None
-        return super().check_response(endpoint, response)
-
-
 class VllmLoadsAsleepClient(VllmSleepingClient):
     async def wake_weights(self) -> None:
         pass  # the weights are loaded into sleeping memory; the continue's /wake_up wakes them afterwards
@@ -622,11 +614,17 @@ class VllmSleepAbortClient(VllmSleepingClient):
 
 
 class VllmUncheckedReloadClient(VllmEngineClient):
+    UNCHECKED = "/collective_rpc"  # reload_weights
+
     def check_response(self, endpoint: str, response: httpx.Response) -> Any:
-        if endpoint == "/collective_rpc" and response.status_code != 200:  # logged, not raised
-            log.warning("reload_weights failed: %s %s", response.status_code, response.text)
+        if endpoint == self.UNCHECKED and response.status_code != 200:  # logged, not raised
+            log.warning("%s failed: %s %s", endpoint, response.status_code, response.text)
             return None
         return super().check_response(endpoint, response)
+
+
+class VllmNativeFailureIgnoredClient(VllmUncheckedReloadClient):
+    UNCHECKED = "/update_weights"
 
 
 class VllmNoRestoreClient(VllmEngineClient):

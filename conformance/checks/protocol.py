@@ -288,8 +288,9 @@ def _loads_into_released(h: History) -> list[Anomaly]:
     """Full-weight loads sent to an engine whose weights' memory was released and not resumed: on GPUs the load meets
     memory the engine gave back (SGLang's memory saver: the copy hits unmapped memory; vLLM: an update while asleep
     crashes the engine core, vllm#57853; a level-2 sleep dropped the weights, TRL#5312). Wake the weights
-    (``/resume_memory_occupation`` of them, ``/wake_up?tags=weights``) before loading. On CPU both engines ignore the
-    release (measured), so only the wire shows it."""
+    (``/resume_memory_occupation`` of them, ``/wake_up?tags=weights``) before loading. On CPU vLLM's worker ignores the
+    sleep (measured, ``gpu/fidelity/vllm.py``) and SGLang frees nothing without its memory saver, so the wire shows it
+    where the weights cannot."""
     failures: list[Anomaly] = []
     released: dict[int, WireCall] = {}
     for call in h.integration_calls():

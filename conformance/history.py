@@ -440,7 +440,8 @@ class History:
 _NESTED: dict[tuple[type, str], type] = {
     (History, "wire"): WireCall, (History, "cycles"): UpdateCycle, (History, "batches"): BatchRecord,
     (History, "fs"): FsEvent, (History, "injected"): Injected, (History, "breaks"): Breakage,
-    (History, "unmet"): Unmet, (History, "held_weights"): HeldWeights, (Breakage, "open_calls"): OpenCall, (BatchRecord, "batch"): Batch,
+    (History, "unmet"): Unmet, (History, "held_weights"): HeldWeights, (Breakage, "open_calls"): OpenCall,
+    (BatchRecord, "batch"): Batch,
     (Batch, "groups"): Group, (History, "prompts"): PromptBook, (Group, "samples"): Sample, (Sample, "turns"): Turn,
 }
 """Which field of which record holds records of which class (a list of them, or one)."""

@@ -674,8 +674,8 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "as a valid one)", ("I3",), client_cls=VllmSglangModePauseClient, shows_in=("steady-disk-in_place",)),
     on_vllm(MUTANTS["resumes_on_partial_weights"], shows_in=("one-engine-rejects",)),  # the others loaded them
     on_vllm(MUTANTS["resume_not_finally"], "vllm_native_session_not_reopened", "a native update that fails is raised "
-            "as it is: vLLM ended the session with the layers reset, and the cycle's finish finds no session to finish, "
-            "so the engine is left without weights", "vLLM gpu_worker.update_weights (0.32.0: a failed update ends "
+            "as it is: vLLM ended the session with the layers reset, and the cycle's finish finds no session to "
+            "finish, so the engine is left without weights", "vLLM gpu_worker.update_weights (0.32.0: a failed update ends "
             "the session); issue 41 (native weight transfer)", ("P6",), client_cls=VllmNativeNotReopenedClient,
             shows_in=("failing-transfer-distributed",)),
     on_vllm(MUTANTS["success_false_ignored"], "vllm_native_failure_ignored", "a native /update_weights that vLLM "

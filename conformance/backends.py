@@ -25,6 +25,7 @@ from fakes.profiles import DEFAULT_PROFILE
 
 from .dialect import DIALECTS, SGLANG_DIALECT, VOCABULARY_PROFILE, Dialect
 from .interface import KEEPALIVE_EXPIRY_S
+from .situations.timing import SENTINEL_SECONDS
 from .wire import PROBE_HEADER, WireLog, WireRecorder
 from .wire_control import WireControl
 
@@ -42,7 +43,7 @@ class Backend(Protocol):
     control: WireControl
     """The refusals and holds its recorders apply (:mod:`conformance.wire_control`)."""
     sentinel_tokens: int
-    """Decode budget of the suite's long-lived requests (:mod:`conformance.sentinels`): seconds of decoding on
+    """Decode budget of the suite's long-lived requests (:mod:`conformance.situations.sentinels`): seconds of decoding on
     this backend, so they outlive an update cycle yet end on their own if nobody aborts them."""
     decode_tokens_per_s: float
     """How fast one request decodes on this backend (configured on the fake, measured on real engines): the
@@ -111,10 +112,6 @@ async def probe_post(url: str, path: str, body: Any, timeout_s: float = 5.0,
         r.raise_for_status()
 
 
-SENTINEL_SECONDS = 3.0
-"""How long the suite's long-lived requests decode on the fake backend when nobody aborts them."""
-
-
 @dataclass
 class FakeBackendConfig:
     """Knobs of the fake backend."""
@@ -147,7 +144,8 @@ class FakeBackend:
         self.profile = self.config.profile if sglang else VOCABULARY_PROFILE
         self.sentinel_tokens = int(SENTINEL_SECONDS * self.config.tokens_per_second)
         self.decode_tokens_per_s = self.config.tokens_per_second
-        self.wire, self.control = WireLog(), WireControl()
+        self.wire = WireLog()
+        self.control = self.wire.control()
         self.control.freeze = self._freeze
         self.urls: list[str] = []
         self._engines: list[Any] = []

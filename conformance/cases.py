@@ -23,7 +23,7 @@ from . import DEFAULT_INTEGRATION
 from .anomaly import Anomaly, note
 from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, REGISTRY, Verdict
-from .checks.situations import missing
+from .situations.registry import missing
 from .history import Breakage, History
 from .interface import Integration
 from .loop import run_abandonable
@@ -247,7 +247,7 @@ def evaluate(check: str, history: History) -> Verdict:
         v = CHECKS[check](history)
     except Exception as exc:
         v = Verdict(check, "unknown", [f"checker raised {type(exc).__name__}: {exc}"])
-    unmet = [u.reason for u in history.unmet if check in u.checks] + missing(REGISTRY[check].needs, history)
+    unmet = [u.reason for u in history.unmet if u.concerns(check)] + missing(REGISTRY[check].needs, history)
     if unmet and v.status == "pass":  # a failure found stands; a pass on a situation never built does not
         v = Verdict(v.check, "unknown", metrics=v.metrics,
                     anomalies=[note("the scenario could not build the situation this check needs:"),

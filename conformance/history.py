@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .anomaly import Anomaly
 from .interface import Batch, Group, Sample, Turn
@@ -130,8 +130,16 @@ class Unmet:
     checks that needed it answer ``unknown`` with the reason instead of passing; the others judge the run."""
 
     checks: tuple[str, ...]
+    """The checks that needed it (:data:`EVERY_CHECK`: all of them)."""
     reason: str
     t: float
+
+    def concerns(self, check: str) -> bool:
+        return check in self.checks or EVERY_CHECK[0] in self.checks
+
+
+EVERY_CHECK = ("*",)
+"""An unmet situation every check needed."""
 
 
 @dataclass
@@ -237,6 +245,19 @@ def held_weights(truth: dict[str, Any], rid: Callable[[str], str]) -> list[HeldW
                         tokens, known = by_tag[tag].tokens, rid(f["rid"])
                         tokens[known] = tokens.get(known, 0) + count
     return held
+
+
+def finish_type(output: dict) -> str | None:
+    """How an engine says an output ended (``meta_info.finish_reason.type``: ``stop``, ``length``, ``abort``)."""
+    reason = output.get("meta_info", {}).get("finish_reason")
+    return reason.get("type") if isinstance(reason, dict) else reason
+
+
+def resident_at(calls: Iterable[WireCall], engine: int, t: float) -> list[WireCall]:
+    """``/generate`` calls of ``calls`` (the integration's and the suite's) open on ``engine`` at time ``t``: what
+    "resident" means to the judge and to the builder that aims at it (:mod:`conformance.situations.resident`)."""
+    return [w for w in calls if w.engine == engine and w.path == "/generate" and w.t_start < t
+            and (w.t_end is None or w.t_end > t)]
 
 
 @dataclass
@@ -351,8 +372,7 @@ class History:
 
     def resident_at(self, engine: int, t: float) -> list[WireCall]:
         """``/generate`` calls (the integration's and the sentinels') open on ``engine`` at time ``t``."""
-        return [w for w in self.wire if w.engine == engine and w.path == "/generate" and w.t_start < t
-                and (w.t_end is None or w.t_end > t)]
+        return resident_at(self.wire, engine, t)
 
     def outputs_by_rid(self) -> dict[str, tuple[WireCall, dict]]:
         """``meta_info.id`` → (wire call, output object) for every generate output seen."""

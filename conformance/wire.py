@@ -4,7 +4,7 @@
 real backend it wraps a forwarding proxy. Either way the integration talks real HTTP to its URL and every
 exchange becomes a :class:`~conformance.history.WireCall`. Requests carrying the ``x-conformance-probe``
 header (the suite's own probes and the aborts it injects) are not recorded; requests carrying
-``x-conformance-sentinel`` (the suite's own long-lived requests, :mod:`conformance.sentinels`) are recorded with
+``x-conformance-sentinel`` (the suite's own long-lived requests, :mod:`conformance.situations.sentinels`) are recorded with
 ``origin="sentinel"``, so checkers can tell them from the integration's.
 
 The recorder only records. What the suite does at the wire besides (a refusal, a held call, a held answer) is
@@ -66,6 +66,10 @@ class WireLog:
             syncs = list(self._syncs)
         for sync in syncs:
             sync()
+
+    def control(self) -> WireControl:
+        """A new :class:`WireControl` for this log's recorders: on its clock, its holds woken by its calls."""
+        return WireControl(self.clock, self.listen)
 
     def listen(self, listener: Callable[[WireCall, bool], None]) -> Callable[[], None]:
         """Call ``listener(call, answered)`` (from the recorder's thread) when a call is sent (``answered`` False)
@@ -157,7 +161,7 @@ class WireRecorder:
     def __init__(self, app: ASGIApp, engine: int, log: WireLog, control: WireControl | None = None,
                  dialect: Dialect = SGLANG_DIALECT) -> None:
         self.app, self.engine, self.log = app, engine, log
-        self.control = WireControl(log.clock) if control is None else control
+        self.control = log.control() if control is None else control
         self.dialect = dialect.fresh()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .history import WireCall
-from .polling import poll
+from .situations.waiting import Listen, wait_until
 
 
 Rewrite = Callable[[Any], Any]
@@ -101,8 +101,10 @@ class AnswerHold:
 class WireControl:
     """Refusals and holds for every engine's recorder of one backend (thread-safe); ``clock`` as the wire log's."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, listen: Listen | None = None) -> None:
         self.clock = clock
+        self.listen = listen
+        """The wire log's ``listen``: a held call or answer is looked at again whenever the wire records one."""
         self._lock = threading.Lock()
         self._refusals: dict[tuple[int, str], Refusal] = {}
         self._hold: _Hold | None = None
@@ -160,9 +162,10 @@ class WireControl:
                      engine: int | None = None, first_only: bool = False,
                      waiting: Callable[[], bool] | None = None) -> AnswerHold:
         """Hold back every answer to the integration's calls on ``paths`` (from ``engine``, or every engine; only the
-        first with ``first_only``), once the engine produced it, until ``release()`` is true (polled; at most
-        ``timeout_s`` after ``waiting()``, if given, was last true), until :meth:`release_holds`. The call's end is
-        stamped when its answer goes on (when the integration could read it)."""
+        first with ``first_only``), once the engine produced it, until ``release()`` is true (looked at as the wire
+        records calls; at most ``timeout_s`` after ``waiting()``, if given, was last true), until
+        :meth:`release_holds`. The call's end is stamped when its answer goes on (when the integration could read
+        it)."""
         hold = AnswerHold(release, timeout_s, frozenset(paths), engine, first_only, waiting)
         with self._lock:
             self._answers = hold
@@ -187,7 +190,8 @@ class WireControl:
             hold.held += 1
             if hold.held_at is None:
                 hold.held_at = self.clock()
-        ready = await poll(hold.release, hold.timeout_s, self.clock, lambda: hold.released_at is None, hold.waiting)
+        ready = await wait_until(hold.release, hold.timeout_s, wake=self.listen, clock=self.clock,
+                                 standing=lambda: hold.released_at is None, restart=hold.waiting)
         hold.go("ready" if ready else "timeout", self.clock())  # no-op where another answer's wait released it
 
     async def held(self, call: WireCall) -> bool:
@@ -202,12 +206,13 @@ class WireControl:
         self._held_one(+1)
         try:
             arrived = self.clock()
-            ready = await poll(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})), hold.timeout_s,
-                               self.clock, lambda: self._hold is hold)
+            standing = lambda: self._hold is hold  # noqa: E731
+            ready = await wait_until(lambda: hold.ready(call.engine, bool(hold.went - {call.engine})),
+                                     hold.timeout_s, wake=self.listen, clock=self.clock, standing=standing)
             then = None
             if not ready and hold.then is not None:
-                then = await poll(lambda: hold.then(call.engine), hold.then_timeout_s, self.clock,
-                                  lambda: self._hold is hold)
+                then = await wait_until(lambda: hold.then(call.engine), hold.then_timeout_s, wake=self.listen,
+                                        clock=self.clock, standing=standing)
             with self._lock:
                 hold.went.add(call.engine)
                 if not ready and self._hold is hold:

@@ -26,7 +26,6 @@ from typing import Any, Mapping
 from conformance.backends import digest_of
 from conformance.dialect import DIALECTS, Dialect
 from conformance.wire import WireLog
-from conformance.wire_control import WireControl
 from fakes.profiles import DEFAULT_PROFILE
 
 from .engine import EngineActor, SupervisedEngine
@@ -107,7 +106,8 @@ class RayBackend:
         self.config = config
         self.profile = config.profile
         self.sentinel_tokens = config.sentinel_tokens
-        self.wire, self.control = WireLog(), WireControl()
+        self.wire = WireLog()
+        self.control = self.wire.control()
         self.urls: list[str] = []
         self.placement: Any = None
         self.engines: list[SupervisedEngine] = []
@@ -160,7 +160,8 @@ class RayBackend:
         from .proxy import RecordingProxy
 
         with self._lock:
-            self.wire, self.control = WireLog(), WireControl()
+            self.wire = WireLog()
+            self.control = self.wire.control()
         for e in self.engines:
             if e.proxy is not None:
                 e.proxy.stop()

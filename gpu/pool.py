@@ -31,9 +31,8 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from conformance.backends import probe_client, probe_labels
 from conformance.dialect import DIALECTS, SGLANG_DIALECT, Dialect
-from conformance.sentinels import SENTINEL_INPUT_IDS
+from conformance.situations.sentinels import SENTINEL_INPUT_IDS
 from conformance.wire import WireLog
-from conformance.wire_control import WireControl
 
 from .backend import EngineFailure, RayBackend, RayBackendConfig, checkpoint
 from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState, reset_engine
@@ -242,7 +241,8 @@ class PooledBackend:
     def __init__(self, pool: EnginePool) -> None:
         self.pool = pool
         self.dialect: Dialect = DIALECTS[pool.family]
-        self.wire, self.control = WireLog(), WireControl()
+        self.wire = WireLog()
+        self.control = self.wire.control()
         self.urls: list[str] = []
         self.sentinel_tokens = 0
         self.decode_tokens_per_s = 0.0

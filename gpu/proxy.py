@@ -163,7 +163,7 @@ class RecordingProxy:
         from fakes.server import LoopbackServer
 
         self.proxy = ForwardingProxy(target, on_unreachable=on_unreachable)
-        self.control = WireControl(wire.clock) if control is None else control
+        self.control = wire.control() if control is None else control
         self.server = LoopbackServer(factory=lambda: WireRecorder(self.proxy, engine, wire, self.control, dialect),
                                      keep_alive_s=KEEP_ALIVE_S)
 

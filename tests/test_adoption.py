@@ -176,7 +176,7 @@ def test_an_own_update_cycle_with_the_reference_manager_conforms(monkeypatch: py
     assert {"steady-disk-retract", "failover", "failing-transfer-disk", "one-engine-rejects", "staleness"} <= set(ran)
     bad = [v.explain() for r in ran.values() for v in r.verdicts.values() if not v.passed]
     assert not bad, "\n".join(bad)
-    from conformance.checks.situations import missing
+    from conformance.situations.registry import missing
 
     unbuilt = {name: missing(SCENARIOS[name].situations, r.history) for name, r in ran.items()}
     assert not any(unbuilt.values()), unbuilt  # what each scenario says it builds, its history holds

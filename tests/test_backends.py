@@ -19,7 +19,8 @@ from conformance.backend_table import BACKENDS, BackendRow
 from conformance.backends import FakeBackend, FakeBackendConfig
 from conformance.cases import CASES
 from conformance.expectations import load_expectations
-from conformance.scenarios.errors import ScenarioTimeout, wait_for_condition
+from conformance.breaks import ScenarioTimeout
+from conformance.situations.waiting import wait_for
 
 pytestmark = pytest.mark.cpu
 
@@ -32,11 +33,11 @@ def test_a_stepped_backend_decodes_only_the_steps_asked_for_while_held() -> None
         async with httpx.AsyncClient(timeout=10.0) as client:
             answer = asyncio.create_task(client.post(backend.urls[0] + "/generate", json={
                 "rid": "r0", "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 40}}))
-            await wait_for_condition(lambda: 0 < backend.tokens_left().get("r0", 0) < 35, 5.0, "r0 decoding")
+            await wait_for(lambda: 0 < backend.tokens_left().get("r0", 0) < 35, 5.0, "r0 decoding")
             async with backend.held():
                 left = backend.tokens_left()["r0"]
                 with pytest.raises(ScenarioTimeout):  # ten ticks' time: the clock stands still
-                    await wait_for_condition(lambda: backend.tokens_left()["r0"] != left, 0.05, "a token")
+                    await wait_for(lambda: backend.tokens_left()["r0"] != left, 0.05, "a token")
                 await backend.step(left - 2)
                 assert backend.tokens_left() == {"r0": 2}
             body = (await asyncio.wait_for(answer, 5.0)).json()

@@ -108,7 +108,7 @@ def test_no_aborts_is_unknown_when_nothing_was_resident_at_the_pause():
 def test_the_resident_situation_is_read_at_each_engines_first_disturbing_call_not_at_the_cycles_start():
     """A turn open when the cycle began but ended before the pause shows nothing (real vLLM in CI: 0.15 s turns on a
     starved machine); one sent after the start and open at the pause does, on its own engine only."""
-    from conformance.checks.situations import missing
+    from conformance.situations.registry import missing
     ended = history(wire=[gen("r1", 0.9, 1.2), pause(1, 1.3), gen("r2", 1.1, 1.9, engine=1, seq=101)],
                     cycles=[cycle()])
     assert missing({"resident"}, ended) == ["the history holds no update cycle whose first pause, bump or transfer "

@@ -22,7 +22,10 @@ from conformance.reference import (EngineError, LoraTransport, ReferenceIntegrat
                                    ReferenceUpdater, write_checkpoint_atomic)
 from conformance.reference.integration import default_capabilities
 from conformance.scenarios import DEFAULT_ROLLOUT, SCENARIOS, Deadlines, Run, Scenario
-from conformance.scenarios.errors import wait_for_condition
+from conformance.situations.aborted import abort_in_flight
+from conformance.situations.producer import until_in_flight
+from conformance.situations.scene import generates
+from conformance.situations.waiting import wait_for
 
 pytestmark = pytest.mark.cpu
 FAST = Deadlines(update_s=5.0, drain_s=5.0, wait_s=5.0, script_s=30.0)
@@ -135,18 +138,18 @@ async def _abort_with_left(run: Run, left: int) -> WireCall:
     def running() -> dict[str, int]:
         return {rid: n for rid, n in backend.tokens_left().items() if n >= left}
     while True:
-        await run.until_in_flight(1)
-        await wait_for_condition(lambda: bool(running()), run.deadlines.wait_s, f"a request with {left} token(s) to go")
+        await until_in_flight(run, 1)
+        await wait_for(lambda: bool(running()), run.deadlines.wait_s, f"a request with {left} token(s) to go")
         async with backend.held():
             if not (candidates := running()):
                 continue  # it finished while the clock was being stopped
             rid, n = max(candidates.items(), key=lambda item: item[1])
             await backend.step(n - left)
             assert backend.tokens_left().get(rid) == left, (rid, left, backend.tokens_left())
-            await run.abort_in_flight()
+            await abort_in_flight(run)
         break
-    call = next(c for c in run.generates() if isinstance(c.payload, dict) and c.payload.get("rid") == rid)
-    await wait_for_condition(lambda: call.t_end is not None, run.deadlines.wait_s, f"the answer to {rid}")
+    call = next(c for c in generates(run) if isinstance(c.payload, dict) and c.payload.get("rid") == rid)
+    await wait_for(lambda: call.t_end is not None, run.deadlines.wait_s, f"the answer to {rid}")
     return call
 
 
@@ -349,7 +352,7 @@ async def _gate_once_the_buffer_is_full(run: Run) -> None:
     engine fills it before the cycle starts): nothing is in flight, so no answer comes until a batch is taken."""
     await run.start()
     manager, wire = run.roles.manager, run.backend.wire
-    await wait_for_condition(lambda: manager.buffered_groups == run.rollout.buffer_capacity and not wire.in_flight(),
+    await wait_for(lambda: manager.buffered_groups == run.rollout.buffer_capacity and not wire.in_flight(),
                              run.deadlines.wait_s, "the producer blocked on its full buffer")
     await run.update(gate=True)
     await run.drain(1)

@@ -150,7 +150,7 @@ def test_an_integration_that_blocks_its_event_loop_costs_one_bound_and_each_case
 
     from conformance.cases import scenario_bound_s
     from conformance.preflight import probe_bound_s
-    from conformance.scenarios.run import Deadlines
+    from conformance.situations.timing import Deadlines
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("WEIGHTSYNC_DEADLINE_SCALE", "0.25")

@@ -11,6 +11,8 @@ import pytest
 from conformance import DEFAULT_INTEGRATION
 from conformance.cases import fake_backend_factory, load_integration
 from conformance.scenarios import SCENARIOS, Run, run_scenario
+from conformance.situations.producer import until_next_call, until_producer_blocked
+from conformance.situations.resident import holds_any
 
 pytestmark = pytest.mark.cpu
 
@@ -37,10 +39,10 @@ def test_update_waits_for_every_engine_even_from_a_full_buffer() -> None:
 
     async def script(run: Run) -> None:
         await run.start()
-        await run.until_producer_blocked()
+        await until_producer_blocked(run)
         for _ in range(3):
             await run.update(resident=True)
-            await run.until_producer_blocked()
+            await until_producer_blocked(run)
 
     assert _run(script) == []
 
@@ -53,8 +55,8 @@ def test_waiting_for_the_next_call_consumes_batches_when_the_producer_blocked() 
 
     async def script(run: Run) -> None:
         await run.start()
-        await run.until_producer_blocked()
-        await run.until_next_call()
+        await until_producer_blocked(run)
+        await until_next_call(run)
         consumed.append(len(run.history.batches))
 
     assert _run(script) == [] and consumed and consumed[0] >= 1
@@ -65,7 +67,7 @@ def test_a_cycle_s_first_pause_waits_for_a_request_resident_on_its_engine(monkey
     own and the pause reached the engine before the request was sent again, so nothing was resident. The first
     pause of every cycle waits at the wire until a request is open on its engine: here engine 0's long-lived
     request is sent only once the pause is waiting for it, and the pause still finds it resident."""
-    from conformance import sentinels as sentinel_module
+    from conformance.situations import sentinels as sentinel_module
     from conformance.checks import CHECKS
 
     keep = sentinel_module.Sentinels._keep
@@ -110,16 +112,16 @@ def test_a_held_call_waits_out_a_resident_request_near_its_end() -> None:
         call.t_start -= age_s  # 100 tokens at 100 tokens/s: one second of decoding
         return call
     old = resident(0.8)
-    assert not run.holds_any(0), "a request with a fifth of its decode time left let the held call go on"
+    assert not holds_any(run, 0), "a request with a fifth of its decode time left let the held call go on"
     resident(0.5, engine=1)
-    assert not run.holds_any(0), "a request on another engine counted"
+    assert not holds_any(run, 0), "a request on another engine counted"
     fresh = resident(0.01)
-    assert run.holds_any(0)
+    assert holds_any(run, 0)
     wire.close(fresh, 200, {})
-    assert not run.holds_any(0)
-    assert old.t_end is None and not run.holds_any(0)
+    assert not holds_any(run, 0)
+    assert old.t_end is None and not holds_any(run, 0)
     resident(0.001)
-    assert not run.holds_any(0), "a request not yet settled at its recorder counted"
+    assert not holds_any(run, 0), "a request not yet settled at its recorder counted"
 
 
 async def wait_until(condition, timeout_s: float) -> bool:
@@ -187,10 +189,11 @@ def test_a_window_that_never_opens_leaves_every_check_unknown(monkeypatch: pytes
     """When the other engines never finish in time (here: the slow engine must wait longer than its hold), the
     scenario did not show what it is for: every check answers unknown with the reason, never pass."""
     from conformance.cases import run_one
-    from conformance.scenarios import run as run_module
+    from conformance.situations import slow
+    from conformance.situations.timing import DEADLINES
 
-    monkeypatch.setattr(run_module, "LINGER_S", 60.0)
-    quick = replace(run_module.DEADLINES, update_s=2.0)  # each slow call is held for a quarter of it
+    monkeypatch.setattr(slow, "LINGER_S", 60.0)
+    quick = replace(DEADLINES, update_s=2.0)  # each slow call is held for a quarter of it
     result = run_one("slow-engine-tensor", load_integration(DEFAULT_INTEGRATION), fake_backend_factory(),
                      deadlines=quick)
     assert result.verdicts and all(v.status == "unknown" for v in result.verdicts.values())
@@ -199,7 +202,7 @@ def test_a_window_that_never_opens_leaves_every_check_unknown(monkeypatch: pytes
 
 
 def test_a_check_judged_where_its_situation_never_came_answers_unknown() -> None:
-    """Each check names the situations it reads (``checks.situations``); a history without one of them gives
+    """Each check names the situations it reads (``conformance.situations.registry``); a history without one of them gives
     ``unknown`` with the reason, never a pass on nothing."""
     from conformance.cases import evaluate, run_one
     from conformance.checks import CHECKS
@@ -212,7 +215,7 @@ def test_a_check_judged_where_its_situation_never_came_answers_unknown() -> None
 
 def test_every_check_judges_a_scenario_and_every_situation_is_built_and_read() -> None:
     from conformance.checks import REGISTRY
-    from conformance.checks.situations import SITUATIONS
+    from conformance.situations.registry import SITUATIONS
 
     judged = {c for s in SCENARIOS.values() for c in s.checks}
     assert judged == set(REGISTRY)
@@ -258,7 +261,9 @@ def test_a_batch_taken_during_a_failed_cycle_comes_once_its_engines_are_back(mon
         while not any(c.path == "/pause_generation" and c.t_end is not None for c in run.backend.wire.snapshot()):
             await asyncio.sleep(0.005)
 
-    monkeypatch.setattr(Run, "_feed_held", feed_until_blocked)
+    from conformance.scenarios import run as run_module
+
+    monkeypatch.setattr(run_module, "feed_held", feed_until_blocked)
 
     async def script(run: Run) -> None:
         await run.start()

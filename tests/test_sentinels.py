@@ -1,4 +1,4 @@
-"""The suite's long-lived requests (``conformance.sentinels``): one stays resident on every engine until the cycle
+"""The suite's long-lived requests (``conformance.situations.sentinels``): one stays resident on every engine until the cycle
 reaches that engine, sent again when it ended on its own first; never again once the engine was paused."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from conformance.backends import FakeBackend, FakeBackendConfig
-from conformance.sentinels import Sentinels
+from conformance.situations.sentinels import Sentinels
 
 pytestmark = pytest.mark.cpu
 TOKENS_PER_S = 2000.0
@@ -53,7 +53,7 @@ def test_time_in_which_the_loop_did_not_run_does_not_use_the_wait_for_sentinels_
     three times the bound before the sentinels were even sent; they arrive once it runs again, and the wait sees it."""
     import time
 
-    import conformance.sentinels as sentinel_module
+    import conformance.situations.sentinels as sentinel_module
 
     monkeypatch.setattr(sentinel_module, "START_TIMEOUT_S", 0.4)
     missing = sentinel_module.Sentinels._missing

@@ -236,12 +236,12 @@ def test_time_in_which_the_recorder_loop_did_not_run_does_not_use_a_hold_s_bound
         polls.append(log.clock())
         if len(polls) == 1:
             time.sleep(0.3)  # sleep-ok: freezes the loop as a starved machine does (it is the fault, not a wait)
-        return len(polls) > 20
+        return len(polls) > 5
     control.hold_first(frozenset({"/pause_generation"}), lambda engine, _: False, timeout_s=0.01, then=then,
                        then_timeout_s=0.1)
     assert _post(app, "/pause_generation", {}).status_code == 200
     expired = control.release_holds()
-    assert expired[0].then is True and len(polls) == 21, (
+    assert expired[0].then is True and len(polls) == 6, (
         f"went on after {len(polls)} polls with then {expired[0].then}: the frozen time used the bound up")
     assert 0.3 < expired[0].held_s < 0.3 + 0.1 + 0.05 + 1.0
 
@@ -262,7 +262,7 @@ def test_time_in_which_the_recorder_loop_did_not_run_does_not_use_an_answer_hold
             time.sleep(0.3)  # sleep-ok: freezes the loop as a starved machine does (it is the fault, not a wait)
             return True
         return False
-    hold = control.hold_answers(lambda: len(polls) > 20, timeout_s=0.1, waiting=waiting)
+    hold = control.hold_answers(lambda: len(polls) > 5, timeout_s=0.1, waiting=waiting)
     assert _post(app, "/generate", {"text": "x"}).status_code == 200
     assert hold.released_by == "ready", f"released by {hold.released_by} after {len(polls)} polls"
     control.release_holds()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..history import finish_type  # noqa: F401  (read with the other labels)
+
 
 def numeric(label: Any) -> int | None:
     """An integer version from a label; None for ``"default"`` and other non-numeric labels (V5)."""
@@ -24,11 +26,6 @@ def output_versions(output: dict) -> list[int]:
     labels = [s.get("version") for s in spans if isinstance(s, dict)] if isinstance(spans, list) and spans \
         else [meta.get("weight_version")]
     return [v for v in (numeric(label) for label in labels) if v is not None]
-
-
-def finish_type(output: dict) -> str | None:
-    reason = output.get("meta_info", {}).get("finish_reason")
-    return reason.get("type") if isinstance(reason, dict) else reason
 
 
 def cut_short(payload: Any, output: dict) -> bool:

@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from .situations import SITUATIONS, unknown_situations
+from ..situations.registry import SITUATIONS, unknown_situations
 from .verdict import Verdict
 
 if TYPE_CHECKING:

@@ -16,9 +16,8 @@ from ..checks import REGISTRY, Verdict
 from ..history import BatchRecord, Breakage, History, UpdateCycle
 from ..interface import BuildEnv, Integration
 from ..prompts import PromptSource
-from ..scenarios.run import TRANSFER_FAILURES
+from ..situations.refused import TRANSFER_FAILURES
 from ..wire import WireLog, WireRecorder
-from ..wire_control import WireControl
 from .network import REPLAY_DOMAIN, Network, TransferDelay, engine_url, in_process
 from .vtime import LoopClock, run_virtual
 from .workload import TASK_TEMPLATE, Environment, ReplayConfig, seeded_uuid4, trainer_weights
@@ -108,7 +107,7 @@ async def _replay(integration: Integration, config: ReplayConfig, progress: Prog
                       max_staleness=config.max_staleness, pause_mode=mode if caps.pause_modes else None,
                       stamps_engines=caps.stamps_engines)
     environment = Environment(config, history.prompts)
-    control = WireControl(wire.clock)
+    control = wire.control()
     network = Network({_host(url): WireRecorder(TransferDelay(e.app, lambda: transfer[0]), i, wire, control)
                        for i, (url, e) in enumerate(zip(urls, engines))}, environment, environment.start)
     steps: list[TrainerStep] = []

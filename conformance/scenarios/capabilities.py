@@ -10,7 +10,7 @@ from ..checks import REGISTRY
 from ..checks.effective import pause_modes_shown, pause_takes_mode
 from ..history import LORA_LOAD_PATHS, History
 from ..interface import Capabilities
-from .errors import Unsupported
+from ..breaks import Unsupported
 
 
 @dataclass(frozen=True)

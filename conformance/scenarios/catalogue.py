@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-from ..checks.staleness import call_versions
-from ..history import History
+from ..situations import gate
+from ..situations.aborted import abort_in_flight
+from ..situations.producer import until_in_flight, until_next_call, until_producer_blocked
+from ..situations.versions import from_cell, mixed_group, resumed_across_an_update
 from .capabilities import Needs
 from .definition import DEFAULT_ROLLOUT, Scenario
 from .run import Run
@@ -27,19 +29,6 @@ async def _first_drain(run: Run) -> None:
     await run.drain(2)
 
 
-def _consumed_mixed_group(history: History) -> bool:
-    """Whether a consumed group was generated under more than one version (per turn and span, or with
-    client-side versions per the version each call was sent under), as S2 reads it."""
-    outputs = history.outputs_by_rid()
-    for rec in history.batches:
-        for group in rec.batch.groups:
-            versions = {v for s in group.samples for t in s.turns if t.rid in outputs
-                        for v in call_versions(history, *outputs[t.rid])}
-            if len(versions) > 1:
-                return True
-    return False
-
-
 async def _mixed_versions(run: Run) -> None:
     """Update while multi-turn samples decode, until a consumed group was generated under two versions (when none ever
     is, S2 answers unknown with the reason and the other checks judge the run). Each update
@@ -48,25 +37,14 @@ async def _mixed_versions(run: Run) -> None:
     rollout = run.rollout
     await run.start()
     for _ in range(8):
-        await run.until_next_call()
+        await until_next_call(run)
         await run.update(resident=True)
         for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 1):
             await run.drain(1)
-            if run.shows(_consumed_mixed_group):
+            if run.shows(mixed_group):
                 return
     run.unmet(("S2",), "no group generated under more than one version was consumed in 8 updates (every group "
               "that spanned an update was dropped or recycled before training?): S2 is not shown on mixed groups")
-
-
-def _consumed_from_cell(history: History, cell: int) -> bool:
-    """Whether a consumed group was generated entirely after trainer cell ``cell`` first published a version (every
-    call of it sent later), so its oldest version is one the new cell published."""
-    published = [c.t_end for c in history.cycles if c.cell == cell and c.ok]
-    if not published:
-        return False
-    outputs = history.outputs_by_rid()
-    return any(all(t.rid in outputs and outputs[t.rid][0].t_start > published[0] for s in g.samples for t in s.turns)
-               for rec in history.batches for g in rec.batch.groups)
 
 
 async def _failover(run: Run) -> None:
@@ -82,7 +60,7 @@ async def _failover(run: Run) -> None:
         await run.update(resident=True)
         await run.drain(1)
     for _ in range(6):
-        if run.shows(lambda h: _consumed_from_cell(h, run.cell)):
+        if run.shows(lambda h: from_cell(h, run.cell)):
             return
         await run.drain(1)
     run.unmet(("S2",), "no group generated after the failover cell's first update was consumed in 6 more batches: "
@@ -93,7 +71,7 @@ async def _failing_transfer(run: Run) -> None:
     """Distributed: weights every engine rejects (the last parameter has the wrong shape: SGLang answers 400).
     Tensor and disk: SGLang answers a load that raises by killing the server (``SGLANG.load_failure_kills``), so
     every engine's transfer is refused at the wire with the 400 SGLang's handler gives a load that reports failure
-    (``run.TRANSFER_FAILURES``)."""
+    (``conformance.situations.refused``)."""
     await run.start()
     await run.drain(1)
     if run.transport in ("tensor", "disk"):
@@ -148,22 +126,6 @@ async def _lora_refused_by_one(run: Run) -> None:
     await _lora_refused(run, [len(run.backend.urls) - 1])
 
 
-def _resumed_across_an_update(history: History) -> bool:
-    """Whether a consumed group's oldest version comes only from the aborted parts of turns resumed under a newer
-    one (partial rollout across an update: the group is as old as the tokens generated before the abort)."""
-    outputs = history.outputs_by_rid()
-
-    def oldest(rids: list[str]) -> int:
-        return min((v for rid in rids if rid in outputs for v in call_versions(history, *outputs[rid])),
-                   default=10 ** 9)
-    for rec in history.batches:
-        for g in rec.batch.groups:
-            turns = [t for s in g.samples for t in s.turns]
-            if oldest([old for t in turns for old in t.continues]) < oldest([t.rid for t in turns]):
-                return True
-    return False
-
-
 async def _partial_rollout(run: Run) -> None:
     """The engines hold requests under the current version when the suite freezes them and aborts everything they
     hold; an update cycle runs while they are frozen, so the integration resumes the aborted calls under the next
@@ -172,10 +134,10 @@ async def _partial_rollout(run: Run) -> None:
     await run.start()
     await run.update(resident=True)
     for _ in range(3):
-        await run.abort_in_flight(then_update=True)
+        await abort_in_flight(run, then=run.update)
         for _ in range(run.rollout.buffer_capacity // run.rollout.batch_size + 2):
             await run.drain(1)
-            if run.shows(_resumed_across_an_update):
+            if run.shows(resumed_across_an_update):
                 return
     run.unmet(("S2", "S3"), "no consumed group was as old as the aborted part of a turn resumed under a newer "
               "version in three rounds")
@@ -187,10 +149,10 @@ async def _staleness(run: Run) -> None:
     await run.start()
     await run.update()  # version 1
     await run.drain(rollout.buffer_capacity // rollout.batch_size + 1)  # what was buffered before version 1
-    await run.until_producer_blocked()  # the buffer is full of groups generated under version 1
+    await until_producer_blocked(run)  # the buffer is full of groups generated under version 1
     await run.update()  # version 2: the buffered groups are exactly at the bound
     await run.drain(1)  # ... and must be admitted
-    await run.until_producer_blocked()  # the room it made went to version-1 groups that were waiting to be put
+    await until_producer_blocked(run)  # the room it made went to version-1 groups that were waiting to be put
     await run.update()  # version 3: the buffer holds version-1 groups at bound + 1, which must be rejected
     await run.drain(3)
 
@@ -198,26 +160,8 @@ async def _staleness(run: Run) -> None:
 async def _aborted_groups(run: Run) -> None:
     await run.start()
     await run.update()
-    await run.abort_in_flight()
+    await abort_in_flight(run)
     await run.drain(run.rollout.buffer_capacity // run.rollout.batch_size + 2)
-
-
-def _gate_shown(history: History) -> bool:
-    """Whether every call the integration sent into SGLang's pause gate was consumed, and a group all of whose calls
-    were sent after the last cycle's first answered pause (whether held at the gate or sent once the cycle was
-    over) was consumed too."""
-    consumed = {t.rid for rec in history.batches for g in rec.batch.groups for s in g.samples for t in s.turns}
-    calls = [(rid, call) for rid, (call, _) in history.outputs_by_rid().items()]
-    if any(history.gate_cycle(call) is not None and rid not in consumed for rid, call in calls):
-        return False
-    last = history.cycles[-1]
-    pauses = [w.t_end for w in history.cycle_calls(last) if w.path == "/pause_generation" and w.ok
-              and w.t_end is not None]
-    if not pauses:
-        return False
-    sent = {rid: call.t_start for rid, call in calls}
-    return any(all(sent.get(t.rid, -1.0) >= min(pauses) for s in g.samples for t in s.turns)
-               for rec in history.batches for g in rec.batch.groups)
 
 
 async def _answers_while_paused(run: Run) -> None:
@@ -227,11 +171,11 @@ async def _answers_while_paused(run: Run) -> None:
     rollout = run.rollout
     await run.start()
     for _ in range(2):
-        await run.until_in_flight(1)
+        await until_in_flight(run, 1)
         await run.update(gate=True)
         await run.drain(1)
     for _ in range((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 2):
-        if run.shows(_gate_shown):
+        if run.shows(gate.consumed):
             return
         await run.drain(1)
     run.unmet(("S2",), "the groups the integration started while its engines were paused were not all consumed")

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
+from ..breaks import Unsupported
 from ..checks import REGISTRY
-from ..checks.situations import SITUATIONS, unknown_situations
 from ..interface import ALL_PAUSE_MODES, ALL_TRANSPORTS, Integration, RolloutConfig
+from ..situations.registry import SITUATIONS, unknown_situations
 from .capabilities import Needs, pause_mode_for, skip_reasons, transport_for
-from .errors import Unsupported
 from .run import Run
 
 Script = Callable[[Run], Awaitable[None]]
@@ -28,7 +28,7 @@ class Scenario:
     doc: str
     script: Script
     builds: tuple[str, ...]
-    """The situations its script builds besides an update cycle and consumed batches (``checks.situations``); those
+    """The situations its script builds besides an update cycle and consumed batches (``conformance.situations.registry``); those
     its fields say (a full update, an adapter load, a pause in place, a disk load) are added."""
     transport: tuple[str, ...] = ("tensor", "disk", "distributed")
     """Transports the scenario's full updates may use, preferred first; the first the integration has is used."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,14 +15,15 @@ from ..history import Breakage, History, held_weights
 from ..interface import BuildEnv, Integration, Roles
 from ..prompts import PromptSource
 from .definition import Scenario
-from .errors import RunBroken, ScenarioTimeout, bounded, open_calls
-from .run import DEADLINES, TURN_S, Deadlines, Run, decode_rate
+from ..breaks import RunBroken, ScenarioTimeout, bounded, open_calls
+from ..situations.timing import DEADLINES, TURN_S, Deadlines, decode_rate
+from .run import Run
 from .trainer import Trainer
 
 
 def for_backend(scenario: Scenario, backend: Backend) -> Scenario:
     """``scenario`` with turns long enough on ``backend`` that a request of the integration seen in flight when a
-    cycle starts is still decoding when the cycle reaches its engine (:data:`~conformance.scenarios.run.TURN_S`
+    cycle starts is still decoding when the cycle reaches its engine (:data:`~conformance.situations.timing.TURN_S`
     of decoding at the backend's measured speed, at least the scenario's own ``max_new_tokens``)."""
     tokens = math.ceil(TURN_S * decode_rate(backend))
     if tokens <= scenario.rollout.max_new_tokens:
@@ -65,7 +65,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
     """Run ``scenario`` against ``integration`` on a started ``backend``; never raises for integration bugs."""
     scenario = for_backend(scenario.resolve(integration), backend)
     history = new_history(scenario, integration, backend, seed)
-    t0 = time.monotonic()
+    t0 = backend.wire.clock()
     with tempfile.TemporaryDirectory(prefix=f"conformance-{scenario.name}-") as tmp:
         env = build_env(scenario, backend, Path(tmp), history)
         watch = DirectoryWatch(env.checkpoint_dir).start()
@@ -79,10 +79,10 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
         except RunBroken as exc:
             history.breaks.append(exc.breakage(backend.wire))
         except Exception as exc:
-            history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}", time.monotonic(),
+            history.breaks.append(Breakage("error", f"{type(exc).__name__}: {exc}", backend.wire.clock(),
                                            open_calls(backend.wire)))
         finally:
-            history.t_teardown = time.monotonic()
+            history.t_teardown = backend.wire.clock()
             if roles is not None:
                 for name, closer in (("Manager.stop()", roles.manager.stop), ("Roles.close()", roles.close)):
                     if closer is None:
@@ -93,7 +93,7 @@ async def run_scenario(scenario: Scenario, integration: Integration, backend: Ba
                         history.breaks.append(exc.breakage(backend.wire))
                     except Exception as exc:
                         history.breaks.append(Breakage("error", f"{name} failed: {type(exc).__name__}: {exc}",
-                                                       time.monotonic(), open_calls(backend.wire)))
+                                                       backend.wire.clock(), open_calls(backend.wire)))
             unsync()
             history.fs = watch.stop()
     history.wire = backend.wire.frozen()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conformance.scenarios.errors import wait_for_condition
+from conformance.situations.waiting import wait_for
 from fakes.checkpoints import save_checkpoint, save_lora_adapter
 from fakes.facts import VLLM
 from fakes.tiny_model import perturbed, tiny_lora, tiny_model
@@ -356,12 +356,12 @@ def test_a_client_leaving_aborts_its_request(path: str) -> None:
     async def leave(url: str) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             task = asyncio.ensure_future(client.post(path, json=body))
-            await wait_for_condition(lambda: bool(engine.scheduler.live()), 5, "the request submitted")
+            await wait_for(lambda: bool(engine.scheduler.live()), 5, "the request submitted")
             await asyncio.to_thread(engine.step_threadsafe, 2)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-        await wait_for_condition(lambda: not engine.scheduler.live(), 5, "the request aborted")
+        await wait_for(lambda: not engine.scheduler.live(), 5, "the request aborted")
 
     with LoopbackServer(engine.app) as server:
         asyncio.run(leave(server.url))

@@ -1,18 +1,23 @@
 """How a run breaks: the integration lacks a capability (skip), a call hangs, a situation never comes, an update
-fails unexpectedly; and the bounded waits that raise them. Every wait has a deadline."""
+fails unexpectedly; and the bounded call into the integration that raises a hang. Every wait has a deadline (the
+waits for situations: :mod:`conformance.situations.waiting`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, TypeVar
+from typing import Awaitable, Protocol, TypeVar
 
-from ..history import Breakage, OpenCall
-from ..wire import WireLog
+from .history import Breakage, OpenCall, WireCall
+from .situations.timing import CANCEL_GRACE_S
 
-CANCEL_GRACE_S = 2.0
-"""How long a cancelled call into the integration may take to stop before the run goes on without it."""
 T = TypeVar("T")
+
+
+class WireLog(Protocol):
+    """What a run's break reads of the wire (:class:`conformance.wire.WireLog`)."""
+
+    def open_calls(self) -> list[WireCall]: ...
 
 
 class Unsupported(Exception):
@@ -68,16 +73,3 @@ async def bounded(coro: Awaitable[T], timeout_s: float, what: str, wire: WireLog
         await asyncio.wait({task}, timeout=CANCEL_GRACE_S)  # an integration may swallow the cancellation
         raise (broken or Hang)(f"{what} did not return within {timeout_s:g}s", stuck)
     return task.result()
-
-
-async def wait_for_condition(predicate: Callable[[], bool], timeout_s: float, what: str,
-                             between: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Poll ``predicate`` until true (awaiting ``between`` after each false poll); raise ScenarioTimeout naming
-    ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise ScenarioTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        if between is not None:
-            await between()
-        await asyncio.sleep(0.005)

@@ -4,7 +4,8 @@ A checker of "no request is aborted by an update" proves nothing about a cycle i
 engine when it was paused. So before each cycle a scenario sends one ``/generate`` per engine that cannot finish
 during the cycle (``ignore_eos``, a budget of seconds of decoding) through the engine's wire recorder, marked
 with the sentinel header (recorded with ``origin="sentinel"``), naming the LoRA adapter the integration's own
-requests on that engine use, and waits until every one has been open for :data:`SETTLE_S`. One that ends on its own
+requests on that engine use, and waits until every one has been open for
+:data:`~conformance.situations.timing.SETTLE_S`. One that ends on its own
 before the cycle's first pause, bump or transfer reached its engine (the integration took longer to get there than
 the budget lasts: a checkpoint written first on a busy machine, or an engine slowed so much that the cycle reaches
 it only after the other's pause drained) is sent again, under a new rid, for as long as the cycle runs. Each is released
@@ -24,33 +25,18 @@ cumulative streaming), which costs the engine quadratic work for a request that 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import httpx
 
-from .backends import probe_client
-from .dialect import SGLANG_DIALECT, Dialect
-from .history import DISTURBING_PATHS, TRANSFER_PATHS, History, Injected, WireCall
-from .polling import poll
-from .wire import SENTINEL_HEADER, WireLog
-
-SETTLE_S = 0.005
-"""How long a sentinel must have been open at its recorder before the cycle starts: the recorder forwards at
-once, so this covers the hop to an engine behind a proxy."""
-START_TIMEOUT_S = 5.0
-"""How long :meth:`Sentinels.start` polls for every sentinel to be open at its recorder (time in which the loop did
-not run is not counted: :mod:`conformance.polling`)."""
-MIN_LIFE_S = 0.01
-"""A sentinel that ended on its own sooner than this was not held by its engine (it answers at once): it is not sent
-again (a cycle is bounded, so renewals are not counted: on a starved machine one engine's sentinel ended three times
-before the cycle reached that engine, measured on real vLLM)."""
-END_TIMEOUT_S = 2.0
-"""How long the suite waits for aborted sentinels to answer. An engine left paused in place answers only once
-it continues (SGLang finishes an aborted running request at its next decode step): the pause-pairing checker says
-why, and the sentinel is then given up (its connection dropped), not waited for."""
+from ..backends import probe_client
+from ..dialect import SGLANG_DIALECT, Dialect
+from ..history import DISTURBING_PATHS, TRANSFER_PATHS, History, Injected, WireCall
+from ..wire import SENTINEL_HEADER, WireLog
+from .timing import END_TIMEOUT_S, MIN_LIFE_S, SETTLE_S, START_TIMEOUT_S
+from .waiting import wait_until
 
 def adapters_in_use(wire: WireLog, engines: int) -> list[str | None]:
     """Per engine, the LoRA adapter (``lora_path``) of the integration's newest ``/generate`` there."""
@@ -103,20 +89,21 @@ class Sentinels:
         loop = asyncio.get_running_loop()
         self._unlisten = self.wire.listen(
             lambda call, answered: loop.call_soon_threadsafe(self._on_call, call, answered))
-        began = time.monotonic()
+        began = self.wire.clock()
         # an engine that answered at once (refused it, or is gone) ends the wait too: the wire shows it
-        if not await poll(lambda: not self._missing() or any(t.done() for t in self._tasks), START_TIMEOUT_S):
-            now = time.monotonic()
+        if not await wait_until(lambda: not self._missing() or any(t.done() for t in self._tasks), START_TIMEOUT_S,
+                                wake=self.wire.listen, clock=self.wire.clock):
+            now = self.wire.clock()
             missing = ", ".join(f"engine {e} (sent {now - self._sent_at[e]:.1f}s before)" if e in self._sent_at
                                 else f"engine {e} (not sent yet)" for e in self._missing())
             await self.close()
             raise TimeoutError(f"the suite's long-lived requests {self.rids} did not reach every engine's recorder "
-                               f"within {START_TIMEOUT_S:g}s of polling ({now - began:.1f}s on the clock); not open "
+                               f"within {START_TIMEOUT_S:g}s of waiting ({now - began:.1f}s on the clock); not open "
                                f"there: {missing}")
 
     def _missing(self) -> list[int]:
         """The engines whose current sentinel has not been open at its recorder for :data:`SETTLE_S` yet."""
-        newest = time.monotonic() - SETTLE_S
+        newest = self.wire.clock() - SETTLE_S
         opened = {c.payload.get("rid") for c in self.wire.snapshot() if c.origin == "sentinel"
                   and isinstance(c.payload, dict) and c.t_start <= newest}
         return [engine for engine, rid in enumerate(self.rids) if rid not in opened]
@@ -125,9 +112,9 @@ class Sentinels:
         """Engine ``engine``'s sentinel, sent again (a new rid) each time it ends before its engine was disturbed."""
         first, again = self.rids[engine], 0
         while True:
-            sent = self._sent_at[engine] = time.monotonic()
+            sent = self._sent_at[engine] = self.wire.clock()
             served = await self._send(self.urls[engine], self.rids[engine], adapter)
-            if not served or time.monotonic() - sent < MIN_LIFE_S or engine in self._disturbed \
+            if not served or self.wire.clock() - sent < MIN_LIFE_S or engine in self._disturbed \
                     or engine in self._released or self._client is None:
                 return
             again += 1
@@ -167,7 +154,7 @@ class Sentinels:
         if engine in self._released or self._tasks[engine].done():
             return
         self._released.add(engine)
-        injected = Injected(time.monotonic(), "abort", engine, "the suite's sentinel", rid=self.rids[engine])
+        injected = Injected(self.wire.clock(), "abort", engine, "the suite's sentinel", rid=self.rids[engine])
         if self.history is not None:
             self.history.injected.append(injected)
         try:
@@ -176,7 +163,7 @@ class Sentinels:
                 await probe.post(self.urls[engine] + path, json=body)
         except httpx.HTTPError:
             pass  # the engine is gone: its sentinel's call shows how it ended
-        injected.t_end = time.monotonic()
+        injected.t_end = self.wire.clock()
 
     async def release(self) -> None:
         """Abort every sentinel still open and wait (boundedly) for their answers."""

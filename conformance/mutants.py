@@ -584,6 +584,19 @@ class VllmDefaultPauseClient(VllmEngineClient):
         await self._call("/pause")  # no mode: vLLM's default, abort, ends every request in flight
 
 
+class VllmDrainGivesUpClient(VllmEngineClient):
+    GIVE_UP_S = 1.0
+
+    async def pause(self, mode: str) -> None:
+        if mode != "retract":
+            return await super().pause(mode)
+        try:  # a wait pause with a deadline shorter than the turns in flight, then abort the stragglers
+            await asyncio.wait_for(self._call("/pause?mode=wait"), self.GIVE_UP_S)
+        except TimeoutError:
+            log.warning("drain did not finish within %.1fs: aborting the requests in flight", self.GIVE_UP_S)
+            await self._call("/pause?mode=abort")
+
+
 class VllmSglangModePauseClient(VllmEngineClient):
     async def pause(self, mode: str) -> None:
         await self._call(f"/pause?mode={mode}")  # SGLang's mode name: vLLM knows abort, wait, keep; 400
@@ -672,6 +685,10 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "(/pause?mode=in_place), which vLLM refuses with 400, and goes on: the engines load while they generate",
             "vllm-api.md (an invalid mode is a 400 and changes nothing); issue 41 (the suite recorded such a pause "
             "as a valid one)", ("I3",), client_cls=VllmSglangModePauseClient, shows_in=("steady-disk-in_place",)),
+    on_vllm(MUTANTS["pause_abort"], "vllm_drain_gives_up", "pauses with /pause?mode=wait but gives the "
+            "drain 1 s, then pauses with abort: every turn still decoding is aborted by the update", "issue 41 (a "
+            "wait drain with a short deadline that then aborts the stragglers survived: no drain outlasted one)",
+            ("I1", "I2"), client_cls=VllmDrainGivesUpClient, shows_in=("long-drain",)),
     on_vllm(MUTANTS["resumes_on_partial_weights"], shows_in=("one-engine-rejects",)),  # the others loaded them
     on_vllm(MUTANTS["resume_not_finally"], "vllm_native_session_not_reopened", "a native update that fails is raised "
             "as it is: vLLM ended the session with the layers reset, and the cycle's finish finds no session to "

@@ -112,10 +112,12 @@ class WireControl:
         self._holding = 0
         self._frozen: list[tuple[float, float]] = []
         self._frozen_since: float | None = None
+        self._stall: threading.Timer | None = None
         self.freeze: Callable[[bool], None] | None = None
-        """Called with True when :meth:`hold_first` starts holding a call and with False once none is held: a fake
-        backend stops its engines' decoding meanwhile, so the requests resident when a disturbing call arrived are
-        resident when it goes on, however long the hold and however loaded the machine (real engines cannot)."""
+        """Called with True when :meth:`hold_first` starts holding a call (or :meth:`stall` starts) and with False
+        once none is held: a fake backend stops its engines' decoding meanwhile, so the requests resident when a
+        disturbing call arrived are resident when it goes on, however long the hold and however loaded the machine
+        (real engines cannot)."""
 
     def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1,
                rewrite: Rewrite | None = None) -> None:
@@ -171,6 +173,29 @@ class WireControl:
             self._answers = hold
         return hold
 
+    def stall(self, seconds: float) -> bool:
+        """Stop every engine's decoding for ``seconds``, as a slow engine would: a pause that waits for the requests
+        in flight drains that much longer, and a request the cycle retracted or froze ends that much later. Whether
+        the backend can (a fake one: :attr:`freeze`; real engines cannot be slowed)."""
+        if self.freeze is None:
+            return False
+        timer = threading.Timer(seconds, self._end_stall)
+        timer.daemon = True
+        with self._lock:
+            if self._stall is not None:
+                return True
+            self._stall = timer
+        self._held_one(+1)
+        timer.start()
+        return True
+
+    def _end_stall(self) -> None:
+        with self._lock:
+            timer, self._stall = self._stall, None
+        if timer is not None:
+            timer.cancel()
+            self._held_one(-1)
+
     def release_holds(self) -> dict[int, Expired]:
         """End every hold; the engines whose first call :meth:`hold_first` held went on at its bound, not ready (and
         when and how)."""
@@ -223,7 +248,7 @@ class WireControl:
         return True
 
     def _held_one(self, change: int) -> None:
-        """Count the calls :meth:`held` holds now; :attr:`freeze` as the count leaves or reaches 0."""
+        """Count the calls :meth:`held` holds now (and a stall); :attr:`freeze` as the count leaves or reaches 0."""
         with self._lock:
             before = self._holding
             self._holding += change

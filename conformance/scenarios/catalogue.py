@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-from ..situations import gate
+from ..situations import drain, gate
 from ..situations.aborted import abort_in_flight
 from ..situations.producer import until_in_flight, until_next_call, until_producer_blocked
 from ..situations.versions import from_cell, mixed_group, resumed_across_an_update
@@ -100,6 +100,19 @@ def _slow_engine(lora: bool) -> Callable[[Run], Awaitable[None]]:
             await run.update(lora=lora, resident=True, slow=step)
             await run.drain(1)
     return script
+
+
+async def _long_drain(run: Run) -> None:
+    """One update whose first pause, bump or transfer meets one of the integration's requests that goes on decoding
+    for seconds (:mod:`conformance.situations.drain`): a pause that waits for the requests in flight drains that
+    long, and one that gives up and aborts them is seen."""
+    await run.start()
+    await run.drain(1)
+    await run.update(resident=True, stall=True)
+    await run.drain(1)
+    if not run.shows(drain.SITUATION.shown):
+        run.unmet(("I1-I2",), f"no request of the integration's resident at the cycle's first pause, bump or transfer "
+                  f"went on decoding {drain.DRAIN_S:g}s after it: what a drain that gives up early does is not shown")
 
 
 async def _lora(run: Run) -> None:
@@ -218,6 +231,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("slow-engine-lora", "three LoRA updates, the last engine slow at one step of each (the answer to its "
              "pause, its adapter load, its continue held until the others answered theirs)", _slow_engine(True),
              _SLOW, needs=Needs(lora=True), full_updates=False),
+    Scenario("long-drain", "one disk update whose first pause meets requests of the integration's that go on "
+             "decoding for seconds (the engines stalled; on real engines, turns that long), so a pause that waits for "
+             "them drains that long", _long_drain, ("resident", "consumed-before-update", "long-drain"),
+             transport=("disk",), turn_s=drain.turn_s),
     Scenario("lora", "two LoRA updates while rollouts run",
              _lora, ("resident", "consumed-before-update"), needs=Needs(lora=True), full_updates=False),
     Scenario("lora-refused", "a LoRA update every engine refuses to load (SGLang's 400, injected at the wire), then a "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
+from ..backends import Backend
 from ..breaks import Unsupported
 from ..checks import REGISTRY
 from ..interface import ALL_PAUSE_MODES, ALL_TRANSPORTS, Integration, RolloutConfig
@@ -28,8 +29,8 @@ class Scenario:
     doc: str
     script: Script
     builds: tuple[str, ...]
-    """The situations its script builds besides an update cycle and consumed batches (``conformance.situations.registry``); those
-    its fields say (a full update, an adapter load, a pause in place, a disk load) are added."""
+    """The situations its script builds besides an update cycle and consumed batches
+    (``conformance.situations.registry``); those its fields say (a full update, an adapter load, a pause in place, a disk load) are added."""
     transport: tuple[str, ...] = ("tensor", "disk", "distributed")
     """Transports the scenario's full updates may use, preferred first; the first the integration has is used."""
     pause_mode: str = "retract"
@@ -43,6 +44,9 @@ class Scenario:
     needs_pause: bool = False
     """Its situation exists only for an integration that pauses (answers reaching it while its engines are paused):
     one that never pauses skips it, saying so."""
+    turn_s: Callable[[Backend], float] | None = None
+    """How long the integration's turns decode at least on a backend (None:
+    :data:`~conformance.situations.timing.TURN_S`)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.builds, str):

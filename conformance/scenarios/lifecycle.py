@@ -25,7 +25,7 @@ def for_backend(scenario: Scenario, backend: Backend) -> Scenario:
     """``scenario`` with turns long enough on ``backend`` that a request of the integration seen in flight when a
     cycle starts is still decoding when the cycle reaches its engine (:data:`~conformance.situations.timing.TURN_S`
     of decoding at the backend's measured speed, at least the scenario's own ``max_new_tokens``)."""
-    tokens = math.ceil(TURN_S * decode_rate(backend))
+    tokens = math.ceil((scenario.turn_s(backend) if scenario.turn_s else TURN_S) * decode_rate(backend))
     if tokens <= scenario.rollout.max_new_tokens:
         return scenario
     return replace(scenario, rollout=replace(scenario.rollout, max_new_tokens=tokens))

@@ -12,6 +12,7 @@ from ..backends import Backend, probe_labels, trainer_digests
 from ..breaks import Hang, ScenarioTimeout, UnexpectedUpdateFailure, bounded
 from ..history import BatchRecord, History, Unmet, UpdateCycle
 from ..interface import RolloutConfig, Roles, Updater
+from ..situations.drain import stall as stall_drain
 from ..situations.gate import hold as hold_answers, record as record_gate
 from ..situations.producer import feed_held
 from ..situations.refused import check_used, refuse as refuse_transfer
@@ -59,7 +60,7 @@ class Run:
 
     async def update(self, transport: str | None = None, *, lora: bool = False, poison: bool = False,
                      refuse: Sequence[int] = (), resident: bool = False, gate: bool = False,
-                     slow: str | None = None) -> int | None:
+                     slow: str | None = None, stall: bool = False) -> int | None:
         """One update cycle, recorded with the labels, versions and digests around it.
 
         Every engine holds a request from the cycle's pause to its continue: the suite's own long-lived request
@@ -73,7 +74,8 @@ class Run:
         (those engines answer every transfer call of the cycle as a failed load:
         :mod:`conformance.situations.refused`). With ``gate`` the integration gets answers while its engines are
         paused (:mod:`conformance.situations.gate`); with ``slow`` (``pause``, ``transfer`` or ``continue``) the last
-        engine is slow at that step (:mod:`conformance.situations.slow`). A cycle that fails unexpectedly, or does not
+        engine is slow at that step (:mod:`conformance.situations.slow`); with ``stall`` the engines stop decoding for a
+        while as the cycle's first disturbing call goes on (:mod:`conformance.situations.drain`). A cycle that fails unexpectedly, or does not
         return within ``deadlines.update_s`` (a hang, even when a failure was expected), breaks the run."""
         if resident and gate or gate and slow:
             raise ValueError("update(): gate holds the cycle's calls and answers at the wire; not with resident or "
@@ -103,6 +105,7 @@ class Run:
         if not gate:
             hold_disturbing(self, resident)
         window, unfollow_window = hold_slow(self, slow, transport, lora) if slow else (None, lambda: None)
+        unstall = stall_drain(self) if stall else (lambda: None)
         feeder = asyncio.create_task(feed_held(self)) if resident else None
         t0 = self.now()
         returned, error, hang = None, None, None
@@ -123,6 +126,7 @@ class Run:
             expired = control.release_holds()
             unfollow()
             unfollow_window()
+            unstall()
             fed: list[BaseException | None] = [None]
             if feeder is not None and error is not None and not feeder.done():
                 self._feeding = feeder  # do not wait here for engines a failed load may keep out of service

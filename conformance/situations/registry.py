@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..history import LORA_LOAD_PATHS, History
-from . import aborted, refused, resident, slow
+from . import aborted, drain, refused, resident, slow
 from .scene import Situation
 
 
@@ -35,6 +35,7 @@ SITUATIONS: dict[str, Situation] = {s.name: s for s in [
               "says whether groups at exactly the bound came)", lambda h: h.max_staleness is not None),
     aborted.SITUATION,
     slow.SITUATION,
+    drain.SITUATION,
 ]}
 """Situation name → situation."""
 

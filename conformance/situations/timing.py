@@ -73,6 +73,11 @@ TURN_S = 0.15
 backend's decode speed): a request sent at most half of it before a cycle starts is still decoding when the cycle
 reaches its engine, whatever the cycle does first."""
 
+# a drain that a long request outlasts (conformance.situations.drain)
+DRAIN_S = 2.0
+"""How long a request resident at a cycle's first pause, bump or transfer goes on decoding after it: longer than a
+drain that gives up early waits."""
+
 # one engine held behind (conformance.situations.slow)
 LINGER_S = 0.2
 """How long a slow engine's call stays in progress after every other engine answered its own."""

@@ -22,8 +22,8 @@ from collections import Counter
 
 from _bench import emit, machine, parser, table
 
-from conformance import DEFAULT_INTEGRATIONS, ENGINES
 from conformance.cases import fake_backend_factory, load_integration, run_cases
+from conformance.families import DEFAULT_FAMILY, FAMILIES, family
 from conformance.mutants import MUTANTS, VLLM_MUTANTS
 from conformance.scenarios import Deadlines
 
@@ -38,7 +38,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=10, help="runs per mutant and of the reference (default 10)")
     p.add_argument("--mutants", nargs="+", choices=sorted([*MUTANTS, *VLLM_MUTANTS]), metavar="NAME",
                    help="only these mutants (default: every one of the engine's)")
-    p.add_argument("--engine", choices=ENGINES, default="sglang", help="the fake engines' family (default sglang)")
+    p.add_argument("--engine", choices=list(FAMILIES), default=DEFAULT_FAMILY, help="the fake engines' family")
     p.add_argument("--shown", action="store_true", help="each mutant through its shows_in scenarios only")
     p.add_argument("--integrations", nargs="+", metavar="SPEC",
                    help="correct integrations (module:attr) judged instead of the reference, every case of every run")
@@ -46,7 +46,7 @@ def main() -> int:
     args = p.parse_args()
     runs = 1 if args.quick else args.runs
     logging.disable(logging.WARNING)  # the mutants log the bugs they commit; the table says what happened
-    table_of = VLLM_MUTANTS if args.engine == "vllm" else MUTANTS
+    table_of = family(args.engine).load_mutants()
     quick_mutants, quick_scenarios = QUICK[args.engine]
     names = [] if args.no_mutants else list(quick_mutants) if args.quick else sorted(args.mutants or table_of)
     emit(f"# verdict determinism ({runs} run(s) each; engine {args.engine}; {machine()})")
@@ -67,7 +67,7 @@ def main() -> int:
                      f"{max(kills.values())}/{runs}", (time.perf_counter() - t0) / runs])
     if names:
         emit(table("mutants: kill rate per invariant it breaks", ["mutant", "per invariant", "killed", "s/run"], rows))
-    specs = args.integrations or [DEFAULT_INTEGRATIONS[args.engine]]
+    specs = args.integrations or [family(args.engine).reference]
     rows, passed = [], 0
     for spec in specs:
         integration, ok, t0 = load_integration(spec), 0, time.perf_counter()

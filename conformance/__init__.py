@@ -4,7 +4,4 @@ __version__ = "0.1.0"
 
 DEFAULT_INTEGRATION = "conformance.reference:integration"
 """The integration the suite runs when none is chosen: the reference integration that ships here."""
-ENGINES = ("sglang", "vllm")
-"""The engine families the fake backend fakes (``--engine``)."""
-DEFAULT_INTEGRATIONS = {"sglang": DEFAULT_INTEGRATION, "vllm": "conformance.reference:vllm"}
-"""Engine family → the integration the suite runs there when none is chosen (the reference, in its client)."""
+# the engine families and each one's default integration: conformance.families

@@ -23,7 +23,8 @@ import httpx
 
 from fakes.profiles import DEFAULT_PROFILE
 
-from .dialect import DIALECTS, SGLANG_DIALECT, VOCABULARY_PROFILE, Dialect
+from .dialect import SGLANG_DIALECT, Dialect
+from .families import DEFAULT_FAMILY, FakeOptions, family
 from .interface import KEEPALIVE_EXPIRY_S
 from .situations.timing import SENTINEL_SECONDS
 from .wire import PROBE_HEADER, WireLog, WireRecorder
@@ -122,9 +123,9 @@ class FakeBackendConfig:
     max_running_requests: int = 64
     enable_lora: bool = True
     seed: int = 0
-    engine: str = "sglang"
-    """The engine family faked: ``sglang`` (as ``profile``) or ``vllm`` (its newest release, token-in/token-out on,
-    recorded through :class:`conformance.dialect.VllmDialect`)."""
+    engine: str = DEFAULT_FAMILY
+    """The engine family faked (:mod:`conformance.families`): ``sglang`` (as ``profile``), ``vllm`` (its newest
+    release, token-in/token-out on, recorded through :class:`conformance.dialect.VllmDialect`), or one registered."""
     stepped: bool = False
     """Engines on manual clocks, stepped together by one backend thread at ``tokens_per_second``, which
     :meth:`FakeBackend.held` stops so that a scenario can place a call on an exact token (:meth:`FakeBackend.step`,
@@ -132,16 +133,14 @@ class FakeBackendConfig:
 
 
 class FakeBackend:
-    """Fake SGLang engines served on 127.0.0.1 (uvicorn in a thread each), wrapped by wire recorders."""
+    """Fake engines of one family served on 127.0.0.1 (uvicorn in a thread each), wrapped by wire recorders."""
 
     def __init__(self, config: FakeBackendConfig | None = None) -> None:
         self.config = config or FakeBackendConfig()
-        if self.config.engine not in DIALECTS:
-            raise ValueError(f"unknown engine family {self.config.engine!r}; known: {', '.join(DIALECTS)}")
-        self.dialect = DIALECTS[self.config.engine]
-        sglang = self.config.engine == "sglang"
-        self.name = "fake" if sglang else f"fake-{self.config.engine}"
-        self.profile = self.config.profile if sglang else VOCABULARY_PROFILE
+        self.family = family(self.config.engine)
+        self.dialect = self.family.dialect
+        self.name = "fake" if self.family.name == DEFAULT_FAMILY else f"fake-{self.family.name}"
+        self.profile = self.family.recorded_profile(self.config.profile)
         self.sentinel_tokens = int(SENTINEL_SECONDS * self.config.tokens_per_second)
         self.decode_tokens_per_s = self.config.tokens_per_second
         self.wire = WireLog()
@@ -171,19 +170,10 @@ class FakeBackend:
             self._ticker.start()
 
     def _engine(self, engine_id: str) -> Any:
-        """One fake engine of the configured family."""
+        """One fake engine of the configured family (its row's ``fake``)."""
         c = self.config
-        speed = None if c.stepped else c.tokens_per_second
-        if c.engine == "vllm":
-            from fakes.vllm import FakeVLLMEngine
-
-            return FakeVLLMEngine(tokens_per_second=speed, max_num_seqs=c.max_running_requests,
-                                  enable_lora=c.enable_lora, enable_scale_out=True, seed=c.seed, engine_id=engine_id,
-                                  weight_transfer_config='{"backend": "gloo"}')
-        from fakes.engine import FakeEngine
-
-        return FakeEngine(profile=c.profile, tokens_per_second=speed, max_running_requests=c.max_running_requests,
-                          enable_lora=c.enable_lora, seed=c.seed, engine_id=engine_id)
+        return self.family.fake(FakeOptions(engine_id, None if c.stepped else c.tokens_per_second,
+                                            c.max_running_requests, c.enable_lora, c.seed, c.profile))
 
     def _tick(self) -> None:
         while not self._closing.wait(1.0 / self.config.tokens_per_second):

@@ -23,6 +23,7 @@ from . import DEFAULT_INTEGRATION
 from .anomaly import Anomaly, note
 from .backends import Backend, FakeBackend, FakeBackendConfig
 from .checks import CHECKS, REGISTRY, Verdict
+from .families import DEFAULT_FAMILY
 from .situations.registry import missing
 from .history import Breakage, History
 from .interface import Integration
@@ -116,7 +117,7 @@ BackendFactory = Callable[[], Backend]
 
 
 def fake_backend_factory(profile: str = DEFAULT_PROFILE, seed: int = 0, engines: int = 2,
-                         engine: str = "sglang") -> BackendFactory:
+                         engine: str = DEFAULT_FAMILY) -> BackendFactory:
     return lambda: FakeBackend(FakeBackendConfig(engines=engines, profile=profile, seed=seed, engine=engine))
 
 
@@ -197,7 +198,7 @@ def _hung(scenario: str, integration: Integration, backend: Backend, seed: int, 
 
 
 def run_isolated(scenario: str, spec: str, options: Mapping[str, Any], profile: str = DEFAULT_PROFILE,
-                 seed: int = 0, deadlines: Deadlines = DEADLINES, engine: str = "sglang") -> ScenarioResult:
+                 seed: int = 0, deadlines: Deadlines = DEADLINES, engine: str = DEFAULT_FAMILY) -> ScenarioResult:
     """:func:`run_one` on the fake backend in a fresh (spawned) process that loads the integration from its spec:
     for adapters with process-global state that must not meet another scenario's."""
     context = multiprocessing.get_context("spawn")
@@ -213,7 +214,7 @@ def _run_in_child(scenario: str, spec: str, options: dict[str, Any], profile: st
 
 def batch_in_child(scenarios: list[str], spec: str, options: dict[str, Any], profile: str, seed: int,
                    deadlines: Deadlines, parallel: int,
-                   engine: str = "sglang") -> Iterator[tuple[int, ScenarioResult | Exception]]:
+                   engine: str = DEFAULT_FAMILY) -> Iterator[tuple[int, ScenarioResult | Exception]]:
     """Each of ``scenarios`` on the fake backend for the integration ``spec`` names, ``parallel`` at once, as each
     ends: (its index, its result or the exception its run raised). What the helper process of :class:`RunAhead`
     runs."""

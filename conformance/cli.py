@@ -49,12 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     from fakes.profiles import DEFAULT_PROFILE, PROFILES
 
     parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from conformance import ENGINES
+    from conformance.families import DEFAULT_FAMILY, FAMILIES
 
     parser.add_argument("--integration", default=None, help="MODULE:ATTR of the integration under test "
                                                              "(default: the reference integration, for --engine)")
-    parser.add_argument("--engine", default="sglang", choices=ENGINES,
-                        help="engine family of the fake backend (default: sglang)")
+    parser.add_argument("--engine", default=DEFAULT_FAMILY, choices=list(FAMILIES),
+                        help=f"engine family of the fake backend (default: {DEFAULT_FAMILY})")
     parser.add_argument("--integration-option", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for an integration factory (repeatable)")
     parser.add_argument("--isolate-scenarios", action="store_true", help="each scenario in its own process")
@@ -146,10 +146,11 @@ def _profiles(value: str | None, default: str) -> list[str]:
 
 
 def _check_integration(args: argparse.Namespace) -> str:
-    from conformance import DEFAULT_INTEGRATIONS
     from conformance.cases import IntegrationError, load_integration, parse_options
 
-    spec = args.integration or DEFAULT_INTEGRATIONS[args.engine]
+    from conformance.families import family
+
+    spec = args.integration or family(args.engine).reference
     try:
         load_integration(spec, parse_options(args.integration_option))
     except IntegrationError as exc:
@@ -248,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             print(_list_cases())
             return 0
         extra = _pytest_args(extra)
-        if args.engine != "sglang" and args.profiles:
+        from conformance.families import family
+
+        if args.profiles and not family(args.engine).profiles:
             raise UsageError(f"--profiles runs the fake SGLang's releases; --engine {args.engine} fakes one release")
         profiles = _profiles(args.profiles, args.sglang_profile)
         spec = _check_integration(args)

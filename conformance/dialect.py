@@ -341,5 +341,5 @@ def _output(choice: Any, response: dict[str, Any], rid: str | None) -> dict[str,
     return {"text": text if isinstance(text, str) else decode_ids(ids), "output_ids": list(ids), "meta_info": meta}
 
 
-DIALECTS: dict[str, Dialect] = {"sglang": SGLANG_DIALECT, "vllm": VllmDialect()}
-"""Engine family → its dialect (``fresh()`` one per engine)."""
+VLLM_DIALECT = VllmDialect()
+"""vLLM's dialect (``fresh()`` one per engine); each family's row names its own (:mod:`conformance.families`)."""

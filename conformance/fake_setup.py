@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fakes.profiles import DEFAULT_PROFILE
 
 from .cases import BackendFactory, fake_backend_factory
+from .families import DEFAULT_FAMILY
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class FakeSetup:
 
     profile: str = DEFAULT_PROFILE
     seed: int = 0
-    engine: str = "sglang"
+    engine: str = DEFAULT_FAMILY
 
     def skip_reason(self) -> str | None:
         """None: the fake runs on any machine."""

@@ -20,6 +20,7 @@ from .backend_table import BACKENDS, BackendRow, row
 from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, batch_in_child, load_integration,
                     longest_first, run_isolated, run_one)
 from .expectations import Expectations, load_expectations
+from .families import DEFAULT_FAMILY
 from .interface import Integration
 from .preflight import Finding, release_check
 from .scenarios import DEADLINES, Deadlines
@@ -55,8 +56,8 @@ class SessionOptions:
     expectations: Path | None = None
     profile: str = ""
     """The SGLang release the fake engines behave as."""
-    engine: str = "sglang"
-    """The engine family the fake backend fakes and the GPU backend runs (``sglang`` or ``vllm``)."""
+    engine: str = DEFAULT_FAMILY
+    """The engine family the fake backend fakes and the GPU backend runs (:mod:`conformance.families`)."""
     seed: int = 0
     isolate: bool = False
     nodes: int = 1

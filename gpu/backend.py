@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from conformance.backends import digest_of
-from conformance.dialect import DIALECTS, Dialect
+from conformance.dialect import Dialect
+from conformance.families import FAMILIES
 from conformance.wire import WireLog
 from fakes.profiles import DEFAULT_PROFILE
 
 from .engine import EngineActor, SupervisedEngine
-from .launch import FAKE, SGLANG, EngineSpec, family_of
-from .weights import (checkpoint_view, in_thread, parameter_specs, raw_digests, read_all_checksums, read_all_digests,
-                      served_weights)
+from .families import RealFamily, family_of, real_family
+from .launch import FAKE, SGLANG, EngineSpec
+from .weights import parameter_specs, raw_digests, served_weights
 
 MONITOR_INTERVAL_S = 0.25
 STATUS_TIMEOUT_S = 5.0
@@ -129,7 +130,12 @@ class RayBackend:
     @property
     def dialect(self) -> Dialect:
         """How the engines' wire maps to the suite's vocabulary (:mod:`conformance.dialect`)."""
-        return DIALECTS[self.family]
+        return FAMILIES[self.family].dialect
+
+    @property
+    def real(self) -> RealFamily:
+        """The real-engines row of the family the program starts (:mod:`gpu.families`)."""
+        return real_family(self.config.program)
 
     @property
     def served_model(self) -> str:
@@ -146,7 +152,7 @@ class RayBackend:
                 e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control, self.dialect,
                                          on_unreachable=functools.partial(self._unreachable, e)).start()
             self.urls = [e.proxy.url for e in self.engines]
-            if self.family == "vllm":
+            if not self.real.shows_all_weights:
                 self.readable = frozenset(self.digests()[0])
         except BaseException:
             self._teardown()
@@ -251,17 +257,12 @@ class RayBackend:
         weight checker, of the parameters it shows as the checkpoint names them (:func:`gpu.weights.checkpoint_view`;
         {} for an engine left without weights)."""
         params = checkpoint(self.config.spec.model_path)[1]
-        urls = [e.info["url"] for e in self.engines]
-        if self.family == "vllm":
-            checksums = in_thread(read_all_checksums(urls, self.config.digest_timeout_s),
-                                  self.config.digest_timeout_s + 5.0)
-            return [checkpoint_view(c, params) for c in checksums]
-        return read_all_digests(urls, params, self.config.digest_timeout_s)
+        return self.real.read_digests([e.info["url"] for e in self.engines], params, self.config.digest_timeout_s)
 
     def digest_of(self, weights: Mapping[str, Any]) -> dict[str, str]:
         """The trainer's ``weights`` digested as :meth:`digests` shows an engine's (on vLLM, only the parameters it
         shows: read from engine 0 at start)."""
-        if self.family != "vllm":
+        if self.real.shows_all_weights:
             return digest_of(weights)
         return raw_digests(weights, self.readable, checkpoint(self.config.spec.model_path)[1])
 

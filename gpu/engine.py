@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .launch import SGLANG, EngineSpec, launch_command
+from .families import launch_command
+from .launch import SGLANG, EngineSpec
 
 LOG_TAIL_BYTES = 4000
 STOP_TIMEOUT_S = 10.0

@@ -1,7 +1,7 @@
 """One launch line for both engines: ``python -m sglang.launch_server ARGS`` on a GPU node, the fake with the same ARGS.
 
 :func:`launch_args` builds ARGS from what a run needs (the served model, LoRA on or off, the address) and nothing
-else; :func:`launch_command` puts a program in front of them. The only difference between the real and the simulated
+else; :func:`gpu.families.launch_command` puts a program in front of them. The only difference between the real and the simulated
 path is the program (:data:`SGLANG` or :data:`FAKE`) and, for the fake, its own namespaced ``--fake-*`` flags
 (decode speed, release profile), which SGLang would reject and so are never part of ARGS.
 
@@ -11,9 +11,7 @@ Every flag used here exists in every SGLang release the suite knows (checked aga
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from typing import Sequence
 
 SGLANG = ("-m", "sglang.launch_server")
 """Real SGLang (``python/sglang/launch_server.py``)."""
@@ -27,10 +25,6 @@ FAKES = (FAKE, FAKE_VLLM)
 VLLM_MAX_LORAS = 2
 """``--max-loras``: adapters a vLLM batch may use at once (its LoRA slots)."""
 
-
-def family_of(program: Sequence[str]) -> str:
-    """The engine family ``program`` starts: ``vllm`` (real or fake) or ``sglang``."""
-    return "vllm" if tuple(program) in (VLLM, FAKE_VLLM) else "sglang"
 
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 """Modules a dynamically loaded adapter may target. SGLang sizes its LoRA memory pool at start from
@@ -96,12 +90,3 @@ def vllm_launch_args(spec: EngineSpec, host: str, port: int) -> list[str]:
     if spec.random_seed is not None:
         args += ["--seed", str(spec.random_seed)]
     return args + list(spec.extra_args)
-
-
-def launch_command(spec: EngineSpec, host: str, port: int, program: Sequence[str] = SGLANG,
-                   python: str = sys.executable) -> list[str]:
-    """The full command line: ``python PROGRAM ARGS`` in the program's family's flags (+ the fake's own flags when
-    ``program`` is a fake)."""
-    args = vllm_launch_args if family_of(program) == "vllm" else launch_args
-    command = [python, *program, *args(spec, host, port)]
-    return command + list(spec.fake_args) if tuple(program) in FAKES else command

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 from conformance.backends import probe_client, probe_labels
-from conformance.dialect import DIALECTS, SGLANG_DIALECT, Dialect
+from conformance.dialect import SGLANG_DIALECT, Dialect
+from conformance.families import FAMILIES
 from conformance.situations.sentinels import SENTINEL_INPUT_IDS
 from conformance.wire import WireLog
 
 from .backend import EngineFailure, RayBackend, RayBackendConfig, checkpoint
-from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState, reset_engine
-from .vllm_reset import reset_vllm_engine
+from .reset import STEP_TIMEOUT_S, EngineResetError, InitialState
 from .weights import in_thread
 
 SPEED_PROBE_TOKENS = 256
@@ -159,7 +159,7 @@ class EnginePool:
 
     async def _reset_all(self, backend: RayBackend, wire: list[Any]) -> None:
         assert self.initial is not None
-        reset = reset_vllm_engine if backend.family == "vllm" else reset_engine
+        reset = backend.real.reset
         await asyncio.gather(*(reset(e.index, e.url, self.initial, [c for c in wire if c.engine == e.index])
                                for e in backend.engines))
 
@@ -240,7 +240,7 @@ class PooledBackend:
 
     def __init__(self, pool: EnginePool) -> None:
         self.pool = pool
-        self.dialect: Dialect = DIALECTS[pool.family]
+        self.dialect: Dialect = FAMILIES[pool.family].dialect
         self.wire = WireLog()
         self.control = self.wire.control()
         self.urls: list[str] = []

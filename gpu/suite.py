@@ -22,55 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from fakes.facts import VLLM as VLLM_FACTS
+from conformance.families import DEFAULT_FAMILY, FAMILIES
 from fakes.profiles import DEFAULT_PROFILE
 
-from .launch import FAKE, FAKE_VLLM, SGLANG, VLLM, EngineSpec
+from .families import RealFamily
+from .launch import EngineSpec
 from .pool import PooledSetup
 
 INSTALL_HINT = "pip install 'weightsync-conformance[gpu]' on the GPU nodes and here"
-SIMULATED_TOKENS_PER_S = 2000.0
-"""The drop-in fakes' decode speed on a simulated cluster (the speed the suite's deadlines are sized for)."""
-
-
-@dataclass(frozen=True)
-class GpuLaunch:
-    """How one engine family runs on GPU nodes: the package it needs, its program and its drop-in fake (the same
-    launch line), the flags and environment beyond :func:`gpu.launch.launch_args`'s."""
-
-    title: str
-    package: str
-    program: tuple[str, ...]
-    drop_in: tuple[str, ...]
-    flags: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    weight_transfer: tuple[str, str] | None = None
-    """The native weight-transfer backend on GPUs and in the drop-in fake (``--weight-transfer-config``)."""
-    memory_flag: str | None = None
-    """The flag that takes the share of a GPU's memory an engine may use, where engines share a GPU (SGLang's is
-    :attr:`gpu.launch.EngineSpec.mem_fraction_static`)."""
-
-    def fake_args(self, profile: str) -> tuple[str, ...]:
-        """The drop-in fake's own flags: the release it behaves as and its decode speed."""
-        release = ("--fake-release", VLLM_FACTS.default_release) if self.drop_in == FAKE_VLLM else \
-            ("--fake-profile", profile)
-        return (*release, "--fake-tokens-per-second", str(SIMULATED_TOKENS_PER_S))
-
-
-GPU_LAUNCH: dict[str, GpuLaunch] = {
-    "sglang": GpuLaunch("SGLang", "sglang", SGLANG, FAKE),
-    "vllm": GpuLaunch(
-        "vLLM", "vllm", VLLM, FAKE_VLLM,
-        # the tiny model's context; no CUDA graphs (seconds of capture for nothing); the token-in/token-out route
-        # whose answers carry version spans
-        flags=("--max-model-len", "4096", "--enforce-eager", "--enable-scale-out"),
-        # the native weight-transfer engine: NCCL on GPUs; the drop-in fake serves gloo (no CUDA)
-        weight_transfer=("nccl", "gloo"),
-        # the RL routes (/pause, /resume, /update_weight_version, /weight_info, ...) and runtime LoRA
-        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
-        memory_flag="--gpu-memory-utilization"),
-}
-"""Per engine family (``--conformance-engine``), how it is launched on the cluster."""
 
 
 def missing_software(*packages: str) -> list[str]:
@@ -97,8 +56,9 @@ class GpuSuite(PooledSetup):
     model_path: str | None = None
     profile: str = DEFAULT_PROFILE
     seed: int = 0
-    engine: str = "sglang"
-    """The engine family (``--conformance-engine``): a key of :data:`GPU_LAUNCH`."""
+    engine: str = DEFAULT_FAMILY
+    """The engine family (``--conformance-engine``): one of :data:`conformance.families.FAMILIES` with real
+    engines."""
     simulate: bool = False
     """A simulated cluster here, the drop-in fakes as the engines (``--conformance-simulated-cluster``)."""
     health_timeout_s: float = 600.0
@@ -108,16 +68,18 @@ class GpuSuite(PooledSetup):
     _error: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        if self.engine not in GPU_LAUNCH:
-            raise ValueError(f"-m gpu runs {' or '.join(GPU_LAUNCH)} engines, not {self.engine!r}")
+        real = [f.name for f in FAMILIES.values() if f.real is not None]
+        if self.engine not in real:
+            raise ValueError(f"-m gpu runs {' or '.join(real)} engines, not {self.engine!r}")
 
     @property  # type: ignore[override]
     def family(self) -> str:
         return self.engine
 
     @property
-    def launch(self) -> GpuLaunch:
-        return GPU_LAUNCH[self.engine]
+    def launch(self) -> RealFamily:
+        """How the family runs on the cluster (:mod:`gpu.families`)."""
+        return FAMILIES[self.engine].load_real()
 
     def skip_reason(self) -> str | None:
         """Why ``-m gpu`` cannot run here (one line), or None; checked once. Raises RuntimeError (every time) when
@@ -154,12 +116,10 @@ class GpuSuite(PooledSetup):
         return None
 
     def why_not(self, scenario: str) -> str | None:
-        """Real vLLM skips the scenarios only its native weight transfer runs (:data:`gpu.vllm_suite.NO_GLOO_ENGINE`:
-        the reference speaks the gloo engine, vLLM's GPUs NCCL's); the simulated cluster's drop-in runs them."""
-        from .vllm_suite import NO_GLOO_ENGINE, native_transfer_only
-
-        return NO_GLOO_ENGINE if self.engine == "vllm" and not self.simulate and native_transfer_only(scenario) \
-            else None
+        """What the family's GPUs cannot run (``RealFamily.on_gpus``; vLLM: the scenarios only its native weight
+        transfer runs, :data:`gpu.families.NO_GLOO_ENGINE`); the simulated cluster's drop-in runs everything."""
+        on_gpus = self.launch.on_gpus
+        return None if self.simulate or on_gpus is None else on_gpus(scenario)
 
     def model(self) -> tuple[str, dict[str, bytes] | None]:
         """The served model's path and, for the built tiny model, its files to write on every engine's node."""
@@ -194,10 +154,8 @@ class GpuSuite(PooledSetup):
 
     @property
     def recorded_profile(self) -> str:
-        """The SGLang release the wire is recorded as: SGLang's profile, or the suite's vocabulary for vLLM."""
-        from conformance.dialect import VOCABULARY_PROFILE
-
-        return self.profile if self.engine == "sglang" else VOCABULARY_PROFILE
+        """The SGLang release the wire is recorded as: SGLang's profile, or the suite's vocabulary for the others."""
+        return FAMILIES[self.engine].recorded_profile(self.profile)
 
     def make(self, config: Any) -> Any:
         """Engines in Ray actors on the cluster (a simulated one is started at the first)."""

@@ -32,22 +32,10 @@ ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 runs one OpenMP thread (``OMP_NUM_THREADS``, :func:`gpu.local.threads_env`)."""
 
 
-NO_GLOO_ENGINE = ("the reference reaches vLLM's native weight transfer through a gloo engine (gpu.vllm_gloo), which "
-                  "the suite installs into vLLM's CPU environment only: on GPUs vLLM's engine is NCCL's")
-"""Why real vLLM on GPUs skips the scenarios whose only transport is the distributed one."""
 GLOO_TRANSFER = ("--weight-transfer-config", json.dumps({"backend": "gloo"}))
 """vLLM's native weight transfer through the gloo engine the installer registers (:mod:`gpu.vllm_gloo`)."""
 REPO = Path(__file__).resolve().parent.parent
 """This repository: on the engines' ``PYTHONPATH``, where the gloo plugin's entry point finds ``gpu.vllm_gloo``."""
-
-
-def native_transfer_only(scenario: str) -> bool:
-    """Whether ``scenario``'s full updates go only through the distributed transport (on vLLM: its native weight
-    transfer)."""
-    from conformance.scenarios import SCENARIOS
-
-    found = SCENARIOS.get(scenario)
-    return found is not None and found.full_updates and tuple(found.transport) == ("distributed",)
 
 
 @dataclass

@@ -25,7 +25,8 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
-from conformance import DEFAULT_INTEGRATION, DEFAULT_INTEGRATIONS, ENGINES, __version__
+from conformance import DEFAULT_INTEGRATION, __version__
+from conformance.families import DEFAULT_FAMILY, FAMILIES, family
 
 _STATE = pytest.StashKey["_PluginState"]()
 _COLLECTOR = "weightsync-conformance-result"
@@ -45,7 +46,8 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
     return [
         ("--conformance-integration", dict(default=None, metavar="MODULE:ATTR", help=(
             "integration under test (default: ini conformance_integration, env WEIGHTSYNC_INTEGRATION, "
-            f"else {DEFAULT_INTEGRATION}; with --conformance-engine vllm, {DEFAULT_INTEGRATIONS['vllm']})"))),
+            f"else {DEFAULT_INTEGRATION}; with another --conformance-engine, that family's reference: "
+            f"{', '.join(f'{f.name}: {f.reference}' for f in FAMILIES.values())})"))),
         ("--conformance-integration-option", dict(action="append", default=[], metavar="KEY=VALUE", help=(
             "keyword argument for an integration factory (repeatable; VALUE is read as JSON when it parses, else "
             "as a string)"))),
@@ -54,9 +56,10 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
             "expected failure"))),
         ("--conformance-isolate-scenarios", dict(action="store_true", default=False, help=(
             "run each scenario in its own fresh process (fake backend), for adapters with process-global state"))),
-        ("--conformance-engine", dict(default="sglang", choices=ENGINES, help=(
-            "engine family the fake backend fakes and the GPU backend runs: sglang (as --conformance-sglang-profile) "
-            "or vllm (0.32.0, through its dialect; default integration then conformance.reference:vllm)"))),
+        ("--conformance-engine", dict(default=DEFAULT_FAMILY, choices=list(FAMILIES), help=(
+            f"engine family the fake backend fakes and the GPU backend runs: {', '.join(FAMILIES)} (default "
+            f"{DEFAULT_FAMILY}; sglang as --conformance-sglang-profile, the others as their newest release, "
+            f"through their dialect)"))),
         ("--conformance-sglang-profile", dict(default=None, metavar="VERSION", help=(
             f"SGLang release the fake engines behave as: {', '.join(PROFILES)} (default {DEFAULT_PROFILE})"))),
         ("--conformance-seed", dict(type=int, default=None, metavar="N", help=(
@@ -109,7 +112,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE] = _PluginState()
     config.pluginmanager.register(config.stash[_STATE], "weightsync-conformance-state")
     if getattr(config.option, "numprocesses", None) and getattr(config, "workerinput", None) is None and (
-            expectations_path(config) or integration_spec(config) != DEFAULT_INTEGRATIONS[engine(config)]):
+            expectations_path(config) or integration_spec(config) != family(engine(config)).reference):
         activate(config)  # the xdist controller collects nothing: what was asked for, checked once
     report, dump = config.getoption("conformance_report"), config.getoption("conformance_dump_history")
     if report or dump:
@@ -125,19 +128,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def integration_spec(config: pytest.Config) -> str:
     return (config.getoption("conformance_integration") or config.getini("conformance_integration")
-            or os.environ.get("WEIGHTSYNC_INTEGRATION") or DEFAULT_INTEGRATIONS[engine(config)])
+            or os.environ.get("WEIGHTSYNC_INTEGRATION") or family(engine(config)).reference)
 
 
 def engine(config: pytest.Config) -> str:
     """``--conformance-engine``: the engine family the fake backend fakes."""
-    return config.getoption("conformance_engine") or "sglang"
+    return config.getoption("conformance_engine") or DEFAULT_FAMILY
 
 
 def engine_label(config: pytest.Config) -> str:
     """The engines the fake backend behaves as: ``SGLang 0.5.23``, ``vLLM 0.32.0``."""
-    from fakes.facts import VLLM
-
-    return f"vLLM {VLLM.default_release}" if engine(config) == "vllm" else f"SGLang {sglang_profile(config)}"
+    return family(engine(config)).engine_label(sglang_profile(config))
 
 
 def conformance_seed(config: pytest.Config) -> int:
@@ -333,7 +334,8 @@ def _budget_timeouts(session: Any, config: pytest.Config, cases: list[pytest.Ite
 
 
 def header_line(config: pytest.Config, integrations: Sequence[str] | None = None) -> str:
-    engines = f"engine={engine(config)}" if engine(config) != "sglang" else f"sglang-profile={sglang_profile(config)}"
+    engines = f"sglang-profile={sglang_profile(config)}" if family(engine(config)).profiles else \
+        f"engine={engine(config)}"
     return (f"weightsync-conformance: integration={','.join(integrations or [integration_spec(config)])} "
             f"{engines} seed={conformance_seed(config)} (rerun with --conformance-seed N)")
 

@@ -175,17 +175,18 @@ def cut_short(seen: dict[str, Any]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--engine" in argv:  # another family's differential: gpu.fidelity.vllm
+    if "--engine" in argv:  # another family's differential (its row's ``fidelity``: gpu.fidelity.vllm)
+        from conformance.families import FAMILIES, load
+
         at = argv.index("--engine")
         engine = argv[at + 1] if at + 1 < len(argv) else ""
         rest = argv[:at] + argv[at + 2:]
-        if engine == "vllm":
-            from .vllm import main as vllm_main
-
-            return vllm_main(rest)
-        if engine != "sglang":
-            print(f"gpu.fidelity: --engine {engine!r}: choose sglang or vllm", file=sys.stderr)
+        compared = {f.name: f.load_real().fidelity for f in FAMILIES.values() if f.real is not None}
+        if engine not in compared:
+            print(f"gpu.fidelity: --engine {engine!r}: choose {' or '.join(compared)}", file=sys.stderr)
             return 2
+        if compared[engine] is not None:
+            return load(compared[engine])(rest)
         argv = rest
     parser = argparse.ArgumentParser(prog="python -m gpu.fidelity", description=__doc__.split("\n\n")[0])
     parsed = command_line(parser, argv, RELEASES, "SGLang", coverage_main, status, UNCOVERED)

@@ -242,7 +242,7 @@ def check_vllm_checksums() -> dict[str, Any]:
 
 
 def check_vllm(out: Path) -> dict[str, Any]:
-    """``python -m vllm.entrypoints.openai.api_server`` with the GPU backend's launch line (:data:`gpu.suite.GPU_LAUNCH`:
+    """``python -m vllm.entrypoints.openai.api_server`` with the GPU backend's launch line (:data:`gpu.families.VLLM_REAL`:
     RL routes, runtime LoRA, the NCCL weight-transfer engine configured) under the supervisor: health, a completion,
     the label, and the weight checker's digests equal to the checkpoint's."""
     import importlib.util
@@ -253,10 +253,10 @@ def check_vllm(out: Path) -> dict[str, Any]:
 
     from gpu.engine import EngineProcess
     from gpu.launch import VLLM, EngineSpec
-    from gpu.suite import GPU_LAUNCH
+    from gpu.families import VLLM_REAL
     from gpu.weights import checkpoint_view, in_thread, parameter_specs, raw_digests, read_checksums, served_weights
 
-    launch, model_dir = GPU_LAUNCH["vllm"], out / "tiny-model"
+    launch, model_dir = VLLM_REAL, out / "tiny-model"
     spec = EngineSpec(model_path=str(model_dir), enable_lora=True,
                       extra_args=(*launch.flags, "--gpu-memory-utilization", "0.3"))
     engine = EngineProcess(spec, VLLM, env=launch.env, name="vllm")

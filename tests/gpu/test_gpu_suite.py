@@ -11,8 +11,9 @@ import pytest
 
 from gpu import suite as gpu_suite
 from conformance.dialect import VOCABULARY_PROFILE
-from gpu.launch import FAKE, FAKE_VLLM, launch_command
-from gpu.suite import GPU_LAUNCH, GpuSuite
+from gpu.families import launch_command
+from gpu.launch import FAKE, FAKE_VLLM
+from gpu.suite import GpuSuite
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +26,9 @@ from conformance.checks import CHECKS
 from conformance.checks.verdict import Verdict
 from conformance.scenarios import DEADLINES
 from conformance.dialect import VOCABULARY_PROFILE
-from gpu.launch import FAKE, FAKE_VLLM, launch_command
-from gpu.suite import GPU_LAUNCH, GpuSuite
+from gpu.families import launch_command
+from gpu.launch import FAKE, FAKE_VLLM
+from gpu.suite import GpuSuite
 
 GpuSuite.skip_reason = lambda self: None          # as on a GPU machine
 GpuSuite.backend_factory = lambda self: fake_backend_factory()
@@ -111,10 +113,10 @@ def test_engines_take_a_gpu_each_or_share_one_on_a_node(nodes: int, gpu: float, 
             suite.close()
         assert (config.engines, config.nodes) == (max(2, nodes), nodes)
         assert config.resources_per_engine == {"CPU": 1, "GPU": gpu}
-        assert config.spec.enable_lora and config.program == GPU_LAUNCH[engine].program
+        assert config.spec.enable_lora and config.program == suite.launch.program
         assert config.spec.mem_fraction_static == (memory if engine == "sglang" else None)
         transfer = ("--weight-transfer-config", '{"backend": "nccl"}') if engine == "vllm" else ()
-        assert config.spec.extra_args == (*GPU_LAUNCH[engine].flags, *transfer, *memory_args)
+        assert config.spec.extra_args == (*suite.launch.flags, *transfer, *memory_args)
         assert set(config.model_files) >= {"config.json", "model.safetensors", "tokenizer.json"}
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu.launch import FAKE, LORA_TARGET_MODULES, SGLANG, EngineSpec, launch_args, launch_command
+from gpu.families import launch_command
+from gpu.launch import FAKE, LORA_TARGET_MODULES, SGLANG, EngineSpec, launch_args
 
 pytestmark = pytest.mark.cpu
 SNAPSHOTS = sorted((Path(__file__).resolve().parents[2] / "fakes" / "snapshots").glob("server_args-*.json"))

@@ -14,7 +14,8 @@ from conformance.mutants import VLLM_MUTANTS
 from conformance.reference import vllm as reference
 from fakes.vllm import FakeVLLMEngine
 from fakes.vllm.engine import CHECKSUM_PREFIX
-from gpu.launch import FAKE_VLLM, VLLM, EngineSpec, family_of, launch_command
+from gpu.families import family_of, launch_command
+from gpu.launch import FAKE_VLLM, VLLM, EngineSpec
 from gpu.mutation import mutant_share, run_mutant
 from gpu.vllm_suite import VllmSuite
 from gpu.weights import EMPTY_DIGEST, checkpoint_view, raw_digests

@@ -14,6 +14,26 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Option:
+    """A command-line option a backend declares for itself (``--conformance-*``): given, its value goes to the
+    backend's set-up factory as ``key``; not given, the set-up's own default applies."""
+
+    flag: str
+    key: str
+    help: str
+    kind: str = "value"
+    """``value`` (a string), ``int`` or ``flag`` (on when given)."""
+    metavar: str | None = None
+    default: object = None
+    """Its value when not given (None: the set-up's own default applies)."""
+    check: str | None = None
+    """``module:function`` the value is checked by as it is parsed (raises ``ValueError`` with what to fix); loaded
+    only when the option is given."""
+    excludes: tuple[str, str] | None = None
+    """Another option it cannot be given with, and why (a usage error: "<flag> <why>")."""
+
+
+@dataclass(frozen=True)
 class BackendRow:
     """One backend."""
 
@@ -43,17 +63,40 @@ class BackendRow:
     run_ahead: int = 0
     """Scenarios of one integration run at once here, started ahead of the cases that read them (each scenario has
     engines of its own); 0: one at a time, when its first case asks (engines shared between scenarios)."""
+    own: tuple[Option, ...] = ()
+    """The options only this backend reads (the plugin adds them from here)."""
 
 
 BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
     BackendRow("fake", "cpu", "runs on CPU only (fake engines); every CI", "conformance.fake_setup:FakeSetup",
                options=("profile", "seed", "engine"), preflight=True, isolates=True, run_ahead=4, family=None),
     BackendRow("gpu", "gpu", "needs real SGLang or vLLM engines on GPUs (Ray cluster)", "gpu.suite:GpuSuite",
-               options=("nodes", "ray_address", "model_path", "profile", "seed", "engine", "simulate"),
-               bounds_aborted_rate=True, family=None),
+               options=("profile", "seed", "engine"), bounds_aborted_rate=True, family=None, own=(
+                   Option("--conformance-nodes", "nodes", "nodes for the GPU backend (-m gpu; default 1)", "int",
+                          "N", default=1, check="conformance.backend_table:at_least_one"),
+                   Option("--conformance-ray-address", "ray_address", "Ray cluster of the GPU backend (default: env "
+                          "RAY_ADDRESS, else Ray on this machine)", metavar="ADDR"),
+                   Option("--conformance-model-path", "model_path", "model the GPU backend's engines serve, at this "
+                          "path on every node (default: a tiny random Llama built here and copied to the nodes)",
+                          metavar="DIR"),
+                   Option("--conformance-simulated-cluster", "simulate", "GPU backend (-m gpu) on a simulated "
+                          "--conformance-nodes-node Ray cluster on this machine, the engines' drop-in fakes in place "
+                          "of real engines: rehearses the cluster path without GPUs", "flag",
+                          excludes=("--conformance-ray-address", "starts its own Ray cluster on this machine: drop "
+                                    "--conformance-ray-address, or drop --conformance-simulated-cluster to use that "
+                                    "cluster")))),
     BackendRow("sglang", "sglang",
                "real SGLang on CPU from a release's environment (python -m gpu.sglang_cpu install)",
-               "gpu.sglang_suite:SglangSuite", options=("release", "venv", "ray", "seed"), bounds_aborted_rate=True),
+               "gpu.sglang_suite:from_options", options=("seed",), bounds_aborted_rate=True, own=(
+                   Option("--conformance-sglang-release", "release", "real SGLang on CPU (-m sglang): the release "
+                          "whose environment the engines run from (default: the --conformance-sglang-venv's, else "
+                          "the newest; install: python -m gpu.sglang_cpu install --release V)", metavar="VERSION",
+                          check="gpu.sglang_cpu:check_release"),
+                   Option("--conformance-sglang-venv", "venv", "real SGLang on CPU (-m sglang): the release's "
+                          "environment (default: env WEIGHTSYNC_SGLANG_VENV, else where gpu.sglang_cpu install puts "
+                          "it)", metavar="DIR"),
+                   Option("--conformance-sglang-ray", "ray", "real SGLang on CPU (-m sglang): engines in Ray actors "
+                          "on a simulated 2-node cluster (default: local processes)", "flag"))),
     BackendRow("vllm", "vllm", "real vLLM on CPU from a release's environment (python -m gpu.vllm_cpu install)",
                "gpu.vllm_suite:VllmSuite", options=("seed",), bounds_aborted_rate=True, family="vllm"),
 )}
@@ -73,3 +116,10 @@ def row(name: str) -> BackendRow:
         return BACKENDS[name]
     except KeyError:
         raise KeyError(f"unknown backend {name!r}; the backend table has {backend_names()}") from None
+
+
+def at_least_one(value: int) -> int:
+    """A count that must be at least 1."""
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value

@@ -60,15 +60,8 @@ class SessionOptions:
     """The engine family the fake backend fakes and the GPU backend runs (:mod:`conformance.families`)."""
     seed: int = 0
     isolate: bool = False
-    nodes: int = 1
-    ray_address: str | None = None
-    model_path: str | None = None
-    simulate: bool = False
-    """The GPU backend on a simulated cluster here, with the engines' drop-in fakes."""
-    release: str = ""
-    """Real SGLang on CPU: the release whose environment the engines run from."""
-    venv: str | None = None
-    ray: bool = False
+    backend: Mapping[str, Any] = field(default_factory=dict)
+    """The backends' own options that were given (``BackendRow.own``), by their set-up's keyword."""
     stops_session: bool = True
     """A failed preflight ends the pytest session (False in an xdist worker: it fails each case instead)."""
 
@@ -141,7 +134,8 @@ class ConformanceSession:
         entry = self._row(backend)
         if backend not in self._setups:
             factory: Callable[..., Any] = import_object(entry.setup)
-            self._setups[backend] = factory(**{name: getattr(self.options, name) for name in entry.options})
+            own = {o.key: self.options.backend[o.key] for o in entry.own if o.key in self.options.backend}
+            self._setups[backend] = factory(**{name: getattr(self.options, name) for name in entry.options}, **own)
         reason = self._setups[backend].skip_reason()
         if reason:
             pytest.skip(reason)

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from conformance.families import FAMILIES
+from conformance.families import DEFAULT_FAMILY, FAMILIES
 from fakes.facts import VLLM as VLLM_FACTS
 
 from .launch import FAKE, FAKE_VLLM, FAKES, SGLANG, VLLM, EngineSpec, launch_args, vllm_launch_args
@@ -107,12 +107,12 @@ VLLM_REAL = RealFamily(
 
 
 def family_of(program: Sequence[str]) -> str:
-    """The engine family ``program`` starts (real or drop-in fake)."""
+    """The engine family ``program`` starts (real or drop-in fake); a program no row names (a stand-in server) is
+    taken for the default family's drop-in (SGLang's launch line)."""
     for family in FAMILIES.values():
         if family.real is not None and tuple(program) in family.load_real().programs:
             return family.name
-    raise ValueError(f"no engine family starts {' '.join(program)!r}; known: "
-                     f"{', '.join(' '.join(p) for f in FAMILIES.values() if f.real for p in f.load_real().programs)}")
+    return DEFAULT_FAMILY
 
 
 def real_family(program: Sequence[str]) -> RealFamily:

@@ -14,6 +14,7 @@ lifecycle (stamp, up to date, interrupted builds, the log) is :mod:`gpu.engine_e
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -84,6 +85,19 @@ read_stamp = FAMILY.read_stamp
 """The stamp of a finished environment, or None."""
 status = FAMILY.status
 """Is the environment for ``release`` installed by this recipe (and, with ``import_check``, does it import)?"""
+VENV_ENV = "WEIGHTSYNC_SGLANG_VENV"
+"""The environment ``-m sglang`` runs from when ``--conformance-sglang-venv`` does not say."""
+
+
+def chosen(release: str | None = None, venv: str | None = None) -> tuple[str, str | None]:
+    """The release and environment ``-m sglang`` runs: ``release``, else the one the environment holds (its stamp),
+    else the default profile's; ``venv``, else :data:`VENV_ENV`'s (None: where ``install`` puts the release's)."""
+    from fakes.profiles import DEFAULT_PROFILE
+
+    venv = venv or os.environ.get(VENV_ENV) or None
+    if release is None and venv:
+        release = (read_stamp(Path(venv)) or {}).get("release")
+    return release or DEFAULT_PROFILE, venv
 
 
 class Installer(engine_env.Installer):

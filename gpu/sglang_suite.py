@@ -152,3 +152,11 @@ class SglangSuite(PooledSetup):
         where = "Ray actors on a simulated 2-node cluster" if self.ray else "local processes"
         name = "the fake's drop-in" if self.fake_args else self.title
         return f"{name} {self.release} on CPU ({where})"
+
+
+def from_options(release: str | None = None, venv: str | None = None, ray: bool = False, seed: int = 0) -> SglangSuite:
+    """The ``sglang`` row's set-up from its options (:func:`gpu.sglang_cpu.chosen` fills what was not given)."""
+    from .sglang_cpu import chosen
+
+    release, venv = chosen(release, venv)
+    return SglangSuite(release=release, venv=venv, ray=ray, seed=seed)

@@ -14,6 +14,7 @@ everything else is scheduled exactly as xdist's ``load`` does.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib.metadata
 import json
@@ -68,29 +69,44 @@ def _options() -> list[tuple[str, dict[str, Any]]]:
             "write the conformance result (JSON; Markdown, HTML and the scenarios' histories beside it) to PATH"))),
         ("--conformance-dump-history", dict(default=None, metavar="DIR", help=(
             "write each scenario's history (wire log, cycles, batches) as JSON into DIR"))),
-        ("--conformance-nodes", dict(type=int, default=1, metavar="N", help="nodes for the GPU backend (-m gpu)")),
-        ("--conformance-ray-address", dict(default=None, metavar="ADDR", help=(
-            "Ray cluster of the GPU backend (default: env RAY_ADDRESS, else Ray on this machine)"))),
-        ("--conformance-model-path", dict(default=None, metavar="DIR", help=(
-            "model the GPU backend's engines serve, at this path on every node (default: a tiny random Llama built "
-            "here and copied to the nodes)"))),
-        ("--conformance-simulated-cluster", dict(action="store_true", default=False, help=(
-            "GPU backend (-m gpu) on a simulated --conformance-nodes-node Ray cluster on this machine, the engines' "
-            "drop-in fakes in place of real engines: rehearses the cluster path without GPUs"))),
         ("--conformance-max-aborted-rate", dict(type=float, default=0.01, metavar="R", help=(
-            "GPU backend: fail a scenario whose aborted-sample rate exceeds R (default 0.01)"))),
-        # real SGLang on CPU (-m sglang; gpu.sglang_suite)
-        ("--conformance-sglang-release", dict(default=None, metavar="VERSION", help=(
-            "real SGLang on CPU (-m sglang): the release whose environment the engines run from (default: the "
-            f"--conformance-sglang-venv's, else {SGLANG.default_release}; install: python -m gpu.sglang_cpu "
-            "install --release V)"))),
-        ("--conformance-sglang-venv", dict(default=None, metavar="DIR", help=(
-            "real SGLang on CPU (-m sglang): the release's environment (default: env WEIGHTSYNC_SGLANG_VENV, else "
-            "where gpu.sglang_cpu install puts it)"))),
-        ("--conformance-sglang-ray", dict(action="store_true", default=False, help=(
-            "real SGLang on CPU (-m sglang): engines in Ray actors on a simulated 2-node cluster (default: local "
-            "processes)"))),
+            "real engines: fail a scenario whose aborted-sample rate exceeds R (default 0.01)"))),
+        *backend_options(),
     ]
+
+
+def backend_options() -> list[tuple[str, dict[str, Any]]]:
+    """The options each backend declares for itself (``BackendRow.own``), as ``addoption`` arguments: a value not
+    given is the option's default (None: the backend's set-up applies its own); a check runs as the value is
+    parsed."""
+    from conformance.backend_table import BACKENDS  # light: plain data
+
+    found: dict[str, dict[str, Any]] = {}
+    for row in BACKENDS.values():
+        for option in row.own:
+            if option.kind == "flag":
+                found[option.flag] = dict(action="store_true", default=False, help=option.help)
+                continue
+            kind = int if option.kind == "int" else str
+            found[option.flag] = dict(type=_checked(kind, option.flag, option.check), default=option.default,
+                                      metavar=option.metavar, help=option.help)
+    return list(found.items())
+
+
+def _checked(kind: type, flag: str, check: str | None) -> Callable[[str], Any]:
+    """``kind``, then ``check`` (``module:function``, imported only when the option is given), as an argparse type:
+    a bad value is a usage error naming the option."""
+    def parse(raw: str) -> Any:
+        try:
+            value = kind(raw)
+            if check is not None:
+                from conformance.families import load
+
+                value = load(check)(value)
+        except Exception as exc:
+            raise argparse.ArgumentTypeError(f"{flag} {raw}: {exc}") from None
+        return value
+    return parse
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -166,42 +182,33 @@ def expectations_path(config: pytest.Config) -> Path | None:
 
 
 def _validate(config: pytest.Config) -> None:
-    """The options' values; only once a conformance case was collected (a run without one pays nothing)."""
+    """The options' values; only once a conformance case was collected (a run without one pays nothing). Each
+    backend's own options were checked as they were parsed."""
+    from conformance.backend_table import BACKENDS
     from fakes.profiles import PROFILES
 
     profile = sglang_profile(config)
     if profile not in PROFILES:
         raise pytest.UsageError(f"--conformance-sglang-profile {profile!r} is not known; choose one of "
                                 f"{sorted(PROFILES)}")
-    if config.getoption("conformance_nodes") < 1:
-        raise pytest.UsageError("--conformance-nodes must be >= 1")
-    if config.getoption("conformance_simulated_cluster") and config.getoption("conformance_ray_address"):
-        raise pytest.UsageError("--conformance-simulated-cluster starts its own Ray cluster on this machine: drop "
-                                "--conformance-ray-address, or drop --conformance-simulated-cluster to use that cluster")
     if not 0.0 <= config.getoption("conformance_max_aborted_rate") <= 1.0:
         raise pytest.UsageError("--conformance-max-aborted-rate must be between 0 and 1")
-    from gpu.sglang_cpu import RELEASES  # light: stdlib only
-
-    if sglang_release(config) not in RELEASES:
-        raise pytest.UsageError(f"--conformance-sglang-release {sglang_release(config)!r} is not one of "
-                                f"{', '.join(RELEASES)}")
-
-
-def sglang_venv(config: pytest.Config) -> str | None:
-    return config.getoption("conformance_sglang_venv") or os.environ.get("WEIGHTSYNC_SGLANG_VENV") or None
+    for option in (o for row in BACKENDS.values() for o in row.own if o.excludes is not None):
+        other, why = option.excludes  # type: ignore[misc]
+        if _given(config, option.flag) and _given(config, other):
+            raise pytest.UsageError(f"{option.flag} {why}")
 
 
-def sglang_release(config: pytest.Config) -> str:
-    """``--conformance-sglang-release``, else the release the ``--conformance-sglang-venv`` holds, else the default
-    release (``DEFAULT_PROFILE``)."""
-    release, venv = config.getoption("conformance_sglang_release"), sglang_venv(config)
-    if release is None and venv:
-        from gpu.sglang_cpu import read_stamp
+def _given(config: pytest.Config, flag: str) -> bool:
+    return config.getoption(flag.lstrip("-").replace("-", "_")) not in (None, False)
 
-        release = (read_stamp(Path(venv)) or {}).get("release")
-    from fakes.profiles import DEFAULT_PROFILE
 
-    return release or DEFAULT_PROFILE
+def backend_values(config: pytest.Config) -> dict[str, Any]:
+    """Each backend's own options that were given, by their set-up's keyword."""
+    from conformance.backend_table import BACKENDS
+
+    return {o.key: config.getoption(o.flag.lstrip("-").replace("-", "_"))
+            for row in BACKENDS.values() for o in row.own if _given(config, o.flag)}
 
 
 def session_options(config: pytest.Config) -> Any:
@@ -213,10 +220,7 @@ def session_options(config: pytest.Config) -> Any:
         integration=integration_spec(config), integration_options=integration_options(config),
         expectations=expectations_path(config), profile=sglang_profile(config), seed=conformance_seed(config),
         engine=engine(config),
-        isolate=cfg("conformance_isolate_scenarios"), nodes=cfg("conformance_nodes"),
-        ray_address=cfg("conformance_ray_address"), model_path=cfg("conformance_model_path"),
-        simulate=cfg("conformance_simulated_cluster"),
-        release=sglang_release(config), venv=sglang_venv(config), ray=cfg("conformance_sglang_ray"),
+        isolate=cfg("conformance_isolate_scenarios"), backend=backend_values(config),
         stops_session=getattr(config, "workerinput", None) is None)
 
 

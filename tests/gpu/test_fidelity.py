@@ -121,9 +121,10 @@ def test_without_the_environment_the_command_says_what_to_install(tmp_path: Path
 @pytest.mark.sglang
 @pytest.mark.timeout(900)
 def test_the_fake_diverges_from_real_sglang_only_where_listed(pytestconfig: pytest.Config) -> None:
-    from weightsync_conformance.plugin import sglang_release, sglang_venv
+    from gpu.sglang_cpu import chosen
 
-    release, venv = sglang_release(pytestconfig), sglang_venv(pytestconfig)
+    release, venv = chosen(pytestconfig.getoption("conformance_sglang_release"),
+                           pytestconfig.getoption("conformance_sglang_venv"))
     env = status(release, Path(venv) if venv else None, import_check=False)
     if not env.usable:
         pytest.skip(f"-m sglang needs a real-SGLang environment: {env.reason}")

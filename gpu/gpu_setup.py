@@ -1,7 +1,7 @@
 """``-m gpu``: the conformance cases on real engines spread by Ray over ``--conformance-nodes`` nodes, SGLang or vLLM
 (``--conformance-engine``).
 
-:class:`GpuSuite` is what the plugin's ``gpu`` backend uses, once per pytest session: it says in one line why the
+:class:`GpuSetup` is what the plugin's ``gpu`` backend uses, once per pytest session: it says in one line why the
 cases cannot run here (no ``ray``, no engine package, no GPU), else connects to the cluster
 (``--conformance-ray-address``, else ``RAY_ADDRESS``, else a Ray started on this machine), picks the served model
 (``--conformance-model-path``, else the tiny model built here and shipped to every engine's node) and lends one
@@ -48,7 +48,7 @@ def visible_gpus() -> int:
 
 
 @dataclass
-class GpuSuite(PooledSetup):
+class GpuSetup(PooledSetup):
     """The ``gpu`` backend of one pytest session."""
 
     nodes: int = 1

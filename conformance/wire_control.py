@@ -112,7 +112,6 @@ class WireControl:
         self._holding = 0
         self._frozen: list[tuple[float, float]] = []
         self._frozen_since: float | None = None
-        self._stall: threading.Timer | None = None
         self.freeze: Callable[[bool], None] | None = None
         """Called with True when :meth:`hold_first` starts holding a call (or :meth:`stall` starts) and with False
         once none is held: a fake backend stops its engines' decoding meanwhile, so the requests resident when a
@@ -173,28 +172,27 @@ class WireControl:
             self._answers = hold
         return hold
 
-    def stall(self, seconds: float) -> bool:
+    def stall(self, seconds: float) -> Callable[[], None] | None:
         """Stop every engine's decoding for ``seconds``, as a slow engine would: a pause that waits for the requests
-        in flight drains that much longer, and a request the cycle retracted or froze ends that much later. Whether
-        the backend can (a fake one: :attr:`freeze`; real engines cannot be slowed)."""
+        in flight drains that much longer, and a request the cycle retracted or froze ends that much later. Returns
+        the function that ends the stall sooner (stalls overlap: decoding goes on once none is left), or None where
+        the backend cannot stall (a fake one can: :attr:`freeze`; real engines cannot be slowed)."""
         if self.freeze is None:
-            return False
-        timer = threading.Timer(seconds, self._end_stall)
+            return None
+        ended = threading.Event()
+
+        def end() -> None:
+            with self._lock:
+                first = not ended.is_set()
+                ended.set()
+            if first:
+                timer.cancel()
+                self._held_one(-1)
+        timer = threading.Timer(seconds, end)
         timer.daemon = True
-        with self._lock:
-            if self._stall is not None:
-                return True
-            self._stall = timer
         self._held_one(+1)
         timer.start()
-        return True
-
-    def _end_stall(self) -> None:
-        with self._lock:
-            timer, self._stall = self._stall, None
-        if timer is not None:
-            timer.cancel()
-            self._held_one(-1)
+        return end
 
     def release_holds(self) -> dict[int, Expired]:
         """End every hold; the engines whose first call :meth:`hold_first` held went on at its bound, not ready (and

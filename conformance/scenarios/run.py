@@ -16,7 +16,7 @@ from ..situations.drain import stall as stall_drain
 from ..situations.gate import hold as hold_answers, record as record_gate
 from ..situations.producer import feed_held
 from ..situations.refused import check_used, refuse as refuse_transfer
-from ..situations.resident import hold as hold_disturbing, record_expired, until_resident
+from ..situations.resident import hold as hold_disturbing, keep_resident, record_expired, until_resident
 from ..situations.slow import hold as hold_slow, record as record_window
 from ..situations.sentinels import Sentinels, adapters_in_use
 from ..situations.timing import DEADLINES, Deadlines
@@ -107,6 +107,7 @@ class Run:
         window, unfollow_window = hold_slow(self, slow, transport, lora) if slow else (None, lambda: None)
         unstall = stall_drain(self) if stall else (lambda: None)
         feeder = asyncio.create_task(feed_held(self)) if resident else None
+        unkeep = keep_resident(self) if resident else (lambda: None)
         t0 = self.now()
         returned, error, hang = None, None, None
         try:
@@ -127,6 +128,7 @@ class Run:
             unfollow()
             unfollow_window()
             unstall()
+            unkeep()
             fed: list[BaseException | None] = [None]
             if feeder is not None and error is not None and not feeder.done():
                 self._feeding = feeder  # do not wait here for engines a failed load may keep out of service

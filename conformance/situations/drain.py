@@ -46,7 +46,7 @@ def stall(scene: Scene) -> Callable[[], None]:
         if started[0] or answered or call.origin != "integration" or call.path not in DISTURBING_PATHS:
             return
         started[0] = True
-        if backend.control.stall(DRAIN_S):
+        if backend.control.stall(DRAIN_S) is not None:
             scene.history.injected.append(Injected(backend.wire.clock(), "stall", call.engine, (
                 f"every engine's decoding stopped for {DRAIN_S:g}s as the cycle's first {call.path} went on to engine "
                 f"{call.engine} (a slow engine: a drain waits that much longer)")))

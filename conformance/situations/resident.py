@@ -7,6 +7,7 @@ still decoding when a cycle that goes from engine to engine reaches the others."
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from ..history import DISTURBING_PATHS, History, Injected, WireCall, resident_at
 from ..wire_control import Expired
@@ -113,6 +114,29 @@ def hold(scene: Scene, resident: bool) -> None:
                            then=lambda engine: holds_any(scene, engine), then_timeout_s=START_TIMEOUT_S)
     else:
         control.hold_first(DISTURBING_PATHS, lambda engine, _: holds_any(scene, engine), START_TIMEOUT_S)
+
+
+def keep_resident(scene: Scene) -> Callable[[], None]:
+    """From the cycle's start until its first pause, bump or transfer goes on to an engine (at most a quarter of the
+    update deadline), the fake's engines decode nothing (``WireControl.stall``): the requests :func:`until_resident`
+    found young are still young when that call arrives, however long the cycle works before it (a checkpoint written
+    on a loaded machine) and whether or not the integration sends more meanwhile (one that stops sending during a
+    sync). Real engines cannot be stalled: there the builder's aim does what it can. Returns the function that ends
+    it (and stops following the wire)."""
+    backend = scene.backend
+    end = backend.control.stall(scene.deadlines.update_s / 4)
+    if end is None:
+        return lambda: None
+
+    def follow(call: WireCall, answered: bool) -> None:
+        if not answered and call.origin == "integration" and call.path in DISTURBING_PATHS:
+            end()  # type: ignore[misc]  (not None here)
+    stop = backend.wire.listen(follow)
+
+    def done() -> None:
+        stop()
+        end()  # type: ignore[misc]
+    return done
 
 
 def record_expired(scene: Scene, expired: dict[int, Expired], cycle: int, held_until: str) -> None:

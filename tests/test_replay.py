@@ -53,7 +53,7 @@ def test_virtual_time_runs_hours_in_milliseconds() -> None:
 
 
 def test_virtual_deadlock_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vtime, "STALL_S", 0.05)
+    monkeypatch.setattr(vtime, "DEADLOCK_S", 0.05)
     with pytest.raises(vtime.VirtualDeadlock, match="deadlock in virtual time"):
         vtime.run_virtual(asyncio.Event().wait())
 

@@ -16,7 +16,7 @@ from typing import Any, Coroutine, TypeVar
 
 T = TypeVar("T")
 
-STALL_S = 30.0
+DEADLOCK_S = 30.0
 """Real seconds the loop waits for a thread's wake-up when no timer is set before calling it a deadlock."""
 
 
@@ -53,10 +53,10 @@ class _VirtualSelector(selectors.BaseSelector):
         if ready or timeout == 0:
             return ready
         if timeout is None or self.busy:  # only another thread can wake the loop (its self-pipe)
-            ready = self._real.select(STALL_S)
+            ready = self._real.select(DEADLOCK_S)
             if not ready:
                 why = f"{self.busy} executor job(s) still running" if self.busy else "every task waits, no timer set"
-                raise VirtualDeadlock(f"nothing woke the loop for {STALL_S:g} real seconds ({why}): a deadlock in "
+                raise VirtualDeadlock(f"nothing woke the loop for {DEADLOCK_S:g} real seconds ({why}): a deadlock in "
                                       f"virtual time")
             return ready
         self.now += timeout

@@ -116,9 +116,15 @@ def hold(scene: Scene, resident: bool) -> None:
         control.hold_first(DISTURBING_PATHS, lambda engine, _: holds_any(scene, engine), START_TIMEOUT_S)
 
 
+REACHES = DISTURBING_PATHS | {"/begin_weight_update"}
+"""The calls by which a cycle reaches an engine's requests in flight: a pause, bump or transfer, or the begin of
+SGLang's weight-update session (it waits for the requests in flight unless the engine is paused: 0.5.23
+``tokenizer_control_mixin.py`` ``_weight_update_session_call``)."""
+
+
 def keep_resident(scene: Scene) -> Callable[[], None]:
-    """From the cycle's start until its first pause, bump or transfer goes on to an engine (at most a quarter of the
-    update deadline), the fake's engines decode nothing (``WireControl.stall``): the requests :func:`until_resident`
+    """From the cycle's start until its first call that reaches an engine's requests goes on (:data:`REACHES`; at
+    most a quarter of the update deadline), the fake's engines decode nothing (``WireControl.stall``): the requests :func:`until_resident`
     found young are still young when that call arrives, however long the cycle works before it (a checkpoint written
     on a loaded machine) and whether or not the integration sends more meanwhile (one that stops sending during a
     sync). Real engines cannot be stalled: there the builder's aim does what it can. Returns the function that ends
@@ -129,7 +135,7 @@ def keep_resident(scene: Scene) -> Callable[[], None]:
         return lambda: None
 
     def follow(call: WireCall, answered: bool) -> None:
-        if not answered and call.origin == "integration" and call.path in DISTURBING_PATHS:
+        if not answered and call.origin == "integration" and call.path in REACHES:
             end()  # type: ignore[misc]  (not None here)
     stop = backend.wire.listen(follow)
 

@@ -5,6 +5,7 @@ scenarios and mutants naming an unknown check or invariant fail where they are d
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -21,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("conformance", "fakes", "gpu", "reports", "weightsync_conformance")
 
 
+@functools.lru_cache(maxsize=1)
 def _sources() -> dict[Path, ast.AST]:
+    """Every module of the packages, parsed once per process."""
     return {p: ast.parse(p.read_text(), str(p)) for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     _bench.emit("")
     _bench.emit(f"token-steps/s with {requests} in flight: {many['tokens_per_s']:,.0f}; "
                 f"vs 1 in flight: x{many['tokens_per_s'] / one['tokens_per_s']:.1f}; "
-                f"vs bare loop: {many['tokens_per_s'] / bare['tokens_per_s']:.3f} "
+                f"vs bare loop: {many['tokens_per_s'] / bare['tokens_per_s']:.6f} "
                 f"(per token: {1e6 / many['tokens_per_s']:.2f} us fake vs {1e6 / bare['tokens_per_s']:.3f} us bare)")
     _bench.emit(f"total time: {time.perf_counter() - t_start:.1f} s")
     return 0

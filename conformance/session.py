@@ -9,7 +9,6 @@ reads pytest's configuration. A backend that cannot run here skips its cases (``
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -20,7 +19,7 @@ from .backend_table import BACKENDS, BackendRow, row
 from .cases import (CASES, BackendFactory, IntegrationError, RunAhead, ScenarioResult, batch_in_child, load_integration,
                     longest_first, run_isolated, run_one)
 from .expectations import Expectations, load_expectations
-from .families import DEFAULT_FAMILY
+from .families import DEFAULT_FAMILY, load
 from .interface import Integration
 from .preflight import Finding, release_check
 from .scenarios import DEADLINES, Deadlines
@@ -64,12 +63,6 @@ class SessionOptions:
     """The backends' own options that were given (``BackendRow.own``), by their set-up's keyword."""
     stops_session: bool = True
     """A failed preflight ends the pytest session (False in an xdist worker: it fails each case instead)."""
-
-
-def import_object(spec: str) -> Any:
-    """The object ``module:attribute`` names."""
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def _ask(setup: Any, method: str, default: Any, *args: Any) -> Any:
@@ -133,7 +126,7 @@ class ConformanceSession:
         run here."""
         entry = self._row(backend)
         if backend not in self._setups:
-            factory: Callable[..., Any] = import_object(entry.setup)
+            factory: Callable[..., Any] = load(entry.setup)
             own = {o.key: self.options.backend[o.key] for o in entry.own if o.key in self.options.backend}
             self._setups[backend] = factory(**{name: getattr(self.options, name) for name in entry.options}, **own)
         reason = self._setups[backend].skip_reason()
@@ -222,7 +215,7 @@ class ConformanceSession:
         why = _ask(setup, "why_not", None, scenario)
         if why:
             return ScenarioResult(skipped=why)
-        adapted = import_object(entry.adapt)(integration) if entry.adapt else integration
+        adapted = load(entry.adapt)(integration) if entry.adapt else integration
         factory = setup.backend_factory()
         deadlines: Deadlines = _ask(setup, "deadlines", DEADLINES)
         return run_one(scenario, adapted, factory, o.seed, deadlines)

@@ -43,31 +43,47 @@ class MutantOutcome:
 def run_mutant(mutant: Mutant, factory: BackendFactory, *,
                why_not: Callable[[str], str | None] = lambda s: None, seed: int = 0,
                deadlines: Deadlines = DEADLINES) -> MutantOutcome:
-    """Run ``mutant`` on its ``shows_in`` scenarios, one after another,
-    on ``factory``'s backends."""
+    """Run ``mutant`` on its ``shows_in`` scenarios, one after another, on ``factory``'s backends (a scenario again,
+    up to :data:`UNKNOWN_TRIES` seeds, while its killing checks all answer ``unknown``)."""
     results: dict[str, ScenarioResult] = {}
     skipped: list[str] = []
+    unshown: list[str] = []  # runs whose killing checks all answered unknown: the situation did not happen
     for scenario in mutant.shows_in:
         reason = why_not(scenario)
         if reason:
             skipped.append(f"{scenario}: {reason}")
             continue
-        try:
-            results[scenario] = run_one(scenario, mutant.integration, factory, seed, deadlines)
-        except Exception as exc:  # the backend broke: say so, never a kill
-            return MutantOutcome(mutant.name, "broke", reason=f"{scenario}: {type(exc).__name__}: {exc}")
+        for attempt in range(UNKNOWN_TRIES):
+            try:
+                results[scenario] = run_one(scenario, mutant.integration, factory, seed + attempt, deadlines)
+            except Exception as exc:  # the backend broke: say so, never a kill
+                return MutantOutcome(mutant.name, "broke", reason=f"{scenario}: {type(exc).__name__}: {exc}")
+            expected = [v.checker_status for c, v in results[scenario].verdicts.items()
+                        if invariants(c) & set(mutant.kills)]
+            if not expected or any(status != "unknown" for status in expected):
+                break
+            unshown.append(f"{scenario} seed {seed + attempt}")
     killers = sorted({c for cases in mutant.killers(results).values() for c in cases})
     checks = sorted({c for r in results.values() for c, v in r.verdicts.items()
                      if v.checker_status == "fail" and invariants(c) & set(mutant.kills)})
     bare = sorted(f"{c}-{s}" for s, r in results.items() for c, v in r.verdicts.items()
                   if v.status == "fail" and not v.witness)
     if killers:
-        return MutantOutcome(mutant.name, "killed", checks, killers, failed_without_witness=bare)
+        return MutantOutcome(mutant.name, "killed", checks, killers, failed_without_witness=bare,
+                             reason=f"after unknown on {', '.join(unshown)}" if unshown else "")
     if skipped and not results:
         return MutantOutcome(mutant.name, "skipped", reason="; ".join(skipped))
+    answered = [f"{c}-{s} {v.checker_status}" + (f" ({v.witness[0] if v.witness else v.metrics})")
+                for s, r in results.items() for c, v in r.verdicts.items() if invariants(c) & set(mutant.kills)]
     return MutantOutcome(mutant.name, "survived", failed_without_witness=bare,
-                         reason="; ".join(skipped) or "no expected checker failed")
+                         reason="; ".join([*skipped, *(f"unknown on {u}" for u in unshown), *answered])
+                         or "no expected checker failed")
 
+
+UNKNOWN_TRIES = 3
+"""Runs of one scenario (seeds ``seed``, ``seed + 1``, …) while every check that kills the mutant answers
+``unknown`` there: the situation did not happen (a real engine under load finished what the suite meant to abort),
+which proves nothing either way, so the scenario is run again, and the tries are named in the outcome."""
 
 
 SHARE_ENV = "WEIGHTSYNC_MUTANT_SHARE"

@@ -10,6 +10,8 @@ from conformance.checks.verdict import Verdict
 from conformance.mutants import MUTANTS
 from gpu import mutation
 
+pytestmark = pytest.mark.cpu
+
 
 def _scripted(statuses: list[str], seeds: list[int]):
     def run_one(scenario, integration, factory, seed, deadlines):

@@ -95,6 +95,18 @@ class AbortPauseClient(HttpEngineClient):
         return {} if endpoint == "/pause_generation" else payload  # SGLang's default mode for {} is abort
 
 
+class LoadsIntoReleasedClient(AbortPauseClient):
+    """Frees the engines' memory for each update (colocated trainers) and takes it back only with the continue."""
+
+    async def pause(self, mode: str) -> None:
+        await super().pause(mode)  # abort: SGLang 0.5.10+ releases memory only when the scheduler is idle
+        await self._call("/release_memory_occupation", {"tags": ["kv_cache", "weights"]})
+
+    async def resume(self) -> None:
+        await self._call("/resume_memory_occupation", {"tags": ["kv_cache", "weights"]})  # after the load: too late
+        await super().resume()
+
+
 class NeverPausesUpdater(ReferenceUpdater):
     async def pause_all(self) -> None:
         return None  # declares pause modes, loads while the engines generate
@@ -503,6 +515,12 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "is aborted", "rl-frameworks I3; a framework that posts {} to /pause_generation", ("I3",),
             
             shows_in=("steady-tensor-retract",), client_cls=AbortPauseClient),
+    _mutant("loads_into_released", "frees the engines' memory for each update (/release_memory_occupation of the "
+            "weights and the KV cache) and loads the new weights before taking the memory back, which it does only "
+            "with the continue", "SGLang's memory saver (the load meets memory the engine gave back); verl/slime "
+            "colocated sync (resume the weights, load, then resume the KV cache); the twin of "
+            "vllm_loads_while_asleep; issue 42", ("P1",),
+            shows_in=("steady-tensor-retract",), client_cls=LoadsIntoReleasedClient),
     _mutant("implicit_flush_in_place", "the disk update leaves flush_cache out, so SGLang flushes (its default) "
             "while the engines are paused in place", "rl-frameworks C2; a framework's disk load", ("C2",),
             

@@ -37,6 +37,7 @@ INTENDED = {
     "never_pauses": ({"updater_cls"}, {"pause_all"}),
     "lora_reload_in_place": ({"lora_cls"}, {"versioned_name", "load"}),
     "pause_abort": ({"client_cls"}, {"request_body"}),
+    "loads_into_released": ({"client_cls"}, {"pause", "resume"}),
     "implicit_flush_in_place": ({"client_cls"}, {"request_body"}),
     "bucket_stamped": (set(), {"make_transports"}),
     "filter_admits_bound_plus_one": ({"manager_cls"}, {"too_stale"}),

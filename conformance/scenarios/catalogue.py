@@ -171,10 +171,13 @@ async def _staleness(run: Run) -> None:
 
 
 async def _aborted_groups(run: Run) -> None:
+    """An update, then every engine aborts what it holds; batches are drained until every group buffered or in flight
+    at the abort can have been consumed (were the aborted ones kept, they would be among them)."""
+    rollout = run.rollout
     await run.start()
     await run.update()
     await abort_in_flight(run)
-    await run.drain(run.rollout.buffer_capacity // run.rollout.batch_size + 2)
+    await run.drain((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 2)
 
 
 async def _answers_while_paused(run: Run) -> None:

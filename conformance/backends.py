@@ -149,6 +149,8 @@ class FakeBackend:
         self.urls: list[str] = []
         self._engines: list[Any] = []
         self._servers: list[Any] = []
+        self._retired: list[list[Any]] = []
+        """Per engine, the engines it ran as before each restart (their event logs come first in the truth)."""
         self._stepping = threading.Lock()
         self._closing = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -164,10 +166,33 @@ class FakeBackend:
             server.start()
             self._engines.append(engine)
             self._servers.append(server)
+            self._retired.append([])
             self.urls.append(server.url)
         if c.stepped:
             self._ticker = threading.Thread(target=self._tick, name="fake-backend-ticker", daemon=True)
             self._ticker.start()
+
+    def restart(self, i: int) -> None:
+        """Engine ``i`` dies and comes back on its address, as a crashed server relaunched by its supervisor: the
+        requests it holds are answered as a crashed engine answers them (500), its connections close, and a fresh
+        engine serves from its start-up weights, labelled ``default``, paused nowhere, with no adapter and no request
+        (what an RL framework's fault tolerance brings back: miles #1724, #1805)."""
+        from fakes.server import LoopbackServer
+
+        old, server = self._engines[i], self._servers[i]
+        server.run_coroutine(self._crash(old))
+        server.stop()
+        engine = self._engine(f"e{i}")
+        engine.set_frozen(old.frozen)
+        fresh = LoopbackServer(WireRecorder(engine.app, i, self.wire, self.control, self.dialect),
+                               port=int(self.urls[i].rsplit(":", 1)[1]))
+        fresh.start()
+        self._retired[i].append(old)
+        self._engines[i], self._servers[i] = engine, fresh
+
+    @staticmethod
+    async def _crash(engine: Any) -> None:
+        engine.crash("the suite restarted the engine")
 
     def _engine(self, engine_id: str) -> Any:
         """One fake engine of the configured family (its row's ``fake``)."""
@@ -235,7 +260,8 @@ class FakeBackend:
                 for e in self._engines]
 
     def truth(self) -> dict[str, Any]:
-        return {"engine_events": [e.events.to_list() for e in self._engines]}
+        return {"engine_events": [[event for run in [*retired, e] for event in run.events.to_list()]
+                                  for retired, e in zip(self._retired, self._engines)]}
 
 
 def digest_of(weights: Mapping[str, Any]) -> dict[str, str]:

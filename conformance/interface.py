@@ -68,6 +68,10 @@ class Capabilities:
     """The Manager resumes an aborted call instead of dropping or recycling its group (partial rollout): the call
     that continues it names it in ``Turn.continues`` and the group's oldest version counts the tokens generated
     before the abort."""
+    engine_recovery: bool = False
+    """The Manager survives an engine that dies under its requests and comes back on its address (a crashed server
+    relaunched): it drops or recycles what the engine lost, and routes requests to it again only once an update
+    loaded whole weights into it (P9)."""
     stamps_engines: bool = True
     """The Updater labels the engines with its version (``/update_weight_version``, or ``weight_version`` in the
     transfer bodies) and the Manager reads each turn's version from SGLang's ``meta_info``. False: versions live on
@@ -99,7 +103,7 @@ class Capabilities:
 
     def missing(self, *, transport: str | None = None, pause_mode: str | None = None, lora: bool = False,
                 failover: bool = False, multi_turn: bool = False, staleness_filter: bool = False,
-                partial_rollout: bool = False) -> str | None:
+                partial_rollout: bool = False, engine_recovery: bool = False) -> str | None:
         """The reason a test needing these cannot run, or None when everything is supported."""
         if transport is not None and transport not in self.transports:
             return (f"integration does not support transport {transport!r} (declares {sorted(self.transports)})"
@@ -107,7 +111,8 @@ class Capabilities:
         if pause_mode is not None and pause_mode not in self.pause_modes:
             return f"integration does not support pause mode {pause_mode!r} (declares {sorted(self.pause_modes)})"
         for name, needed in (("lora", lora), ("failover", failover), ("multi_turn", multi_turn),
-                             ("staleness_filter", staleness_filter), ("partial_rollout", partial_rollout)):
+                             ("staleness_filter", staleness_filter), ("partial_rollout", partial_rollout),
+                             ("engine_recovery", engine_recovery)):
             if needed and not getattr(self, name):
                 return f"integration does not declare capability {name!r}{self.because(name)}"
         return None

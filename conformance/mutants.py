@@ -22,11 +22,12 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import httpx
 
 from .checks import invariants, known_invariants
-from .interface import BuildEnv, Capabilities, Integration, LoraAdapter, Sample, Turn
+from .interface import BuildEnv, Integration, LoraAdapter, Sample, Turn
 from .reference import EngineError, HttpEngineClient, ReferenceIntegration, ReferenceManager, ReferenceUpdater, \
     VllmEngineClient, VllmSleepingClient
 from .reference import vllm as reference_vllm
 from .reference.concurrency import gather_all
+from .reference.integration import default_capabilities
 from .reference.manager import FinishedGroup, PartialRolloutManager, numeric_label
 from .reference.protocols import WeightSyncClient
 from .reference.transports import (DiskTransport, DistributedTransport, LoraTransport, Tensor, WeightTransport,
@@ -287,6 +288,11 @@ class KeepsAbortedManager(ReferenceManager):
         await self.enqueue(FinishedGroup(prompt, samples))  # re-queued with its partial turns
 
 
+class RejoinsUnsyncedManager(ReferenceManager):
+    def engine_lost(self, engine: Any, error: Any) -> bool:
+        return error.status is None or error.status >= 500  # the group is recycled, the engine kept in the rotation
+
+
 class ForgetsAbortedPartManager(PartialRolloutManager):
     def resumed(self, aborted: Turn, later: Turn) -> Turn:
         later.continues = [*aborted.continues, aborted.rid]  # resumed, but only the last part's versions kept
@@ -488,6 +494,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
     _mutant("recycle_partial", "an aborted group is re-queued with its partial turns",
             "slime #2092", ("I4",),
             shows_in=("aborted-groups",), manager_cls=KeepsAbortedManager),
+    _mutant("rejoins_unsynced", "an engine that died under a request is used again as soon as it answers: a "
+            "restarted engine serves its start-up weights, labelled default, until the next update", "miles #1724, "
+            "#1805 (a recovered engine joined the router before the weight sync); issue 42", ("P9",),
+            shows_in=("engine-restarted",), manager_cls=RejoinsUnsyncedManager),
     _mutant("resume_not_finally", "a failed update leaves the engines paused with the session open, also where it "
             "sent them no weights", "rl-frameworks I6; AReaL #1181; miles mixin; NeMo-RL #3612", ("I6",),
             shows_in=("lora-refused",), updater_cls=NoResumeOnFailureUpdater),
@@ -540,7 +550,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "resumed part's versions, so a group generated partly under an older version is measured as newer",
             "rl-frameworks S2 (partial rollout, slime/AReaL)", ("S2",),
             shows_in=("partial-rollout",), manager_cls=ForgetsAbortedPartManager,
-            capabilities=Capabilities(partial_rollout=True)),
+            capabilities=default_capabilities(partial_rollout=True)),
     _mutant("filter_rejects_at_bound", "the staleness filter is off by one the strict way: a group at exactly the "
             "bound is rejected, so admissible groups are regenerated", "rl-frameworks S3", ("S3",),
             shows_in=("staleness",), manager_cls=StrictBoundManager),
@@ -569,13 +579,13 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "cycle's weights are in", "rl-frameworks V6 (miles #2296: measure staleness from submit); SGLang "
             "TokenizerManager.generate_request parks new requests while paused", ("S2",),
             shows_in=("answers-while-paused",), manager_cls=SendsIntoPauseGateManager,
-            capabilities=Capabilities(stamps_engines=False)),
+            capabilities=default_capabilities(stamps_engines=False)),
     _mutant("versions_from_first_trainer", "versions kept client-side and read off the handle of the trainer cell "
             "the rollout side was wired to at start-up; after a failover that cell is gone, so every later call is "
             "recorded under its last version", "rl-frameworks V4/S2 (trainer failover); a rollout worker that "
             "keeps the actor handle of the trainer it started with", ("S2",),
             shows_in=("failover",), manager_cls=TrainerHandleManager, updater_cls=WiresFirstCellUpdater,
-            capabilities=Capabilities(stamps_engines=False)),
+            capabilities=default_capabilities(stamps_engines=False)),
     _mutant("bare_bump_after_refusal", "after an engine refused a transfer, the next updates' version bumps post "
             "only new_version, so SGLang aborts every request it holds", "rl-frameworks I1/I2 (miles #2589) on a "
             "retry path", ("I1", "I2"),

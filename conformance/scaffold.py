@@ -132,6 +132,7 @@ CAPABILITIES = Capabilities(
     multi_turn=True,                    # samples of several /generate calls
     staleness_filter=True,              # the Manager enforces env.rollout.max_staleness at consumption
     partial_rollout=False,              # the Manager resumes an aborted call (Turn.continues) instead of recycling
+    engine_recovery=False,              # an engine that died is used again only once whole weights are loaded in it
     stamps_engines=True,                # the engines carry your versions (False: Turn.policy_version holds them)
     update_budget_s=None,               # seconds one update may take, retries included (None: the suite's 20 s)
     absent_because={{}},                # why something above is not declared (name -> reason; said in its skips)

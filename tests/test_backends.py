@@ -62,6 +62,35 @@ def test_a_real_time_backend_cannot_be_held() -> None:
         asyncio.run(hold())
 
 
+def test_a_restarted_engine_answers_what_it_held_as_a_crash_and_comes_back_from_its_start_up_weights() -> None:
+    backend = FakeBackend(FakeBackendConfig(engines=2, tokens_per_second=200.0))
+    backend.start()
+    initial = backend.digests()
+
+    async def scenario() -> None:
+        url = backend.urls[1]
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            answer = asyncio.create_task(client.post(url + "/generate", json={
+                "rid": "held", "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 400}}))
+            await wait_for(lambda: "held" in backend.tokens_left(), 5.0, "the request decoding")
+            await (await client.post(url + "/update_weight_version", json={"new_version": "3", "abort_all_requests": False})).aread()
+            await asyncio.to_thread(backend.restart, 1)
+            crashed = await asyncio.wait_for(answer, 5.0)
+            assert crashed.status_code == 500 and "engine crashed" in crashed.text, crashed.text
+            body = (await client.post(url + "/generate", json={
+                "rid": "after", "input_ids": [1], "sampling_params": {"max_new_tokens": 2}})).json()
+            assert body["meta_info"]["weight_version"] == "default"
+            assert (await client.get(url + "/model_info")).json()["weight_version"] == "default"
+
+    try:
+        asyncio.run(scenario())
+        assert backend.digests() == initial and backend.urls[1].startswith("http://127.0.0.1:")
+        kinds = [e["kind"] for e in backend.truth()["engine_events"][1]]
+        assert kinds.count("engine.crash") == 1 and kinds.index("engine.crash") < len(kinds) - 1, kinds
+    finally:
+        backend.stop()
+
+
 TRIVIAL_BACKEND = '''
 """A trivial backend: one fake engine per scenario."""
 from conformance.backends import FakeBackend, FakeBackendConfig

@@ -371,3 +371,50 @@ def test_answers_held_at_a_pause_come_from_a_producer_that_was_blocked_on_its_fu
     assert not result.history.breaks, result.history.breaks  # before the fix: "timed out ... waiting for an answer"
     assert all(v.status != "fail" for v in result.verdicts.values()), \
         {c: v.explain() for c, v in result.verdicts.items()}
+
+
+class ResyncOnRejoinManager(ReferenceManager):
+    """Another style of recovery: an engine that died is synced as soon as it answers again, on the rollout side
+    (the last published checkpoint loaded into it, then its label), and rejoins at once, without waiting for the next
+    update."""
+
+    def __init__(self, engines: Any, env: Any, **kw: Any) -> None:
+        super().__init__(engines, env, **kw)
+        self.checkpoints = env.workdir / "checkpoints"
+        self.resyncs: set[asyncio.Task[None]] = set()
+
+    def engine_lost(self, engine: Any, error: EngineError) -> bool:
+        lost = super().engine_lost(engine, error)
+        if lost and not self.resyncs:
+            task = asyncio.create_task(self._resync(engine))
+            self.resyncs.add(task)
+            task.add_done_callback(self.resyncs.discard)
+        return lost
+
+    async def _resync(self, engine: Any) -> None:
+        async with asyncio.timeout(10):
+            while True:  # back when it answers /health (a condition with a deadline)
+                try:
+                    await engine._call("/health", method="GET")
+                    break
+                except EngineError:
+                    await asyncio.sleep(0.02)
+            version = self.weight_version
+            await engine.update_weights_from_disk(self.checkpoints / f"v{version}")
+            await engine.update_weight_version(str(version))
+        self.lost.remove(engine)
+
+
+def test_an_engine_resynced_as_soon_as_it_rejoins_passes_p9() -> None:
+    """P9 judges the weights a restarted engine serves, not when the integration syncs it: loading the last published
+    checkpoint into it as soon as it is back, outside any update cycle, passes (using it before: rejoins_unsynced)."""
+    caps = default_capabilities(transports=frozenset({"disk"}))
+    results = _all_pass(ReferenceIntegration(name="resync-on-rejoin", capabilities=caps,
+                                             manager_cls=ResyncOnRejoinManager), ["engine-restarted"])
+    h = results["engine-restarted"].history
+    restart = next(i for i in h.injected if i.kind == "restart")
+    loads = [c for c in h.integration_calls("/update_weights_from_disk", restart.engine) if c.t_start > restart.t]
+    assert loads and not any(c.t_start <= loads[0].t_start for c in h.cycles if c.t_start > restart.t), \
+        "the restarted engine was synced by the next cycle, not on its own"
+    served = [c for c in h.integration_calls("/generate", restart.engine) if c.t_start > loads[0].t_end]
+    assert served and results["engine-restarted"].verdicts["P9"].metrics["restarts"] == 1

@@ -13,6 +13,7 @@ from conformance.cases import fake_backend_factory, load_integration
 from conformance.scenarios import SCENARIOS, Run, run_scenario
 from conformance.situations.producer import until_next_call, until_producer_blocked
 from conformance.situations.resident import holds_any
+from conformance.situations.waiting import wait_for
 
 pytestmark = pytest.mark.cpu
 
@@ -56,6 +57,10 @@ def test_waiting_for_the_next_call_consumes_batches_when_the_producer_blocked() 
     async def script(run: Run) -> None:
         await run.start()
         await until_producer_blocked(run)
+        # blocked for certain once the reference's buffer is full: a starved worker can show a quiet wire while the
+        # producer is only between turns (seen once in the README command's run)
+        manager = run.roles.manager
+        await wait_for(lambda: manager.buffered_groups >= run.rollout.buffer_capacity, 10.0, "a full buffer")
         await until_next_call(run)
         consumed.append(len(run.history.batches))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..anomaly import Anomaly
-from ..history import HeldWeights, History, UpdateCycle, WireCall
+from ..history import WEIGHT_LOAD_PATHS, HeldWeights, History, UpdateCycle, WireCall
 from .registry import check
 from .verdict import Verdict, verdict
 
@@ -229,3 +229,41 @@ def request_id(call: WireCall) -> str:
     ids = [str(o["meta_info"]["id"]) for o in call.generate_outputs() if o["meta_info"].get("id") is not None]
     rid = call.payload.get("rid") if isinstance(call.payload, dict) else None
     return ids[0] if ids else str(rid) if rid else f"#{call.seq}"
+
+
+@check("P9", "a restarted engine serves once it is synced",
+       needs={"restarted", "full-update"},
+       holds="an engine that came back from a restart (its start-up weights, labelled `default`) gets none of the "
+             "integration's requests outside a pause until whole weights were loaded into it (routable only once it "
+             "holds the current weights: miles #1724, #1805)",
+       reads="the restarts the suite injected, the integration's `/generate` calls open on the restarted engine "
+             "outside its pause windows, and the first successful full-weight load into it after the restart")
+def restarted_engine_synced_first(h: History) -> Verdict:
+    """P9: a restarted engine serves its start-up weights under ``default`` however many versions were published, so
+    it gets no request of the integration's until whole weights were loaded into it (by an update cycle, or on its
+    own when it rejoins): every ``/generate`` call open on it outside its pause windows from the restart until the
+    first successful full-weight load into it fails (a call held by the syncing cycle's pause runs on the new
+    weights; an engine left out for good passes)."""
+    failures: list[Anomaly] = []
+    restarts = [i for i in h.injected if i.kind == "restart" and i.engine is not None]
+    for restart in restarts:
+        engine, since = restart.engine, restart.t_end if restart.t_end is not None else restart.t
+        synced = next((c for c in h.integration_calls(engine=engine)
+                       if c.path in WEIGHT_LOAD_PATHS and c.t_start >= since and c.ok), None)
+        served = _served(h, engine, since, synced.t_start if synced else float("inf"))
+        if served:
+            published = sum(c.ok and not c.lora and c.t_end is not None and c.t_end <= restart.t for c in h.cycles)
+            rids = [request_id(call) for call in served]
+            labels = sorted({str(o["meta_info"].get("weight_version")) for call in served
+                             for o in call.generate_outputs()})
+            failures.append(Anomaly(
+                "served-before-sync",
+                f"engine {engine} restarted at t={restart.t:.2f}s (after {published} successful update(s)) and served "
+                f"{len(served)} of the integration's requests on its start-up weights "
+                f"({', '.join(rids[:4])}{', …' if len(rids) > 4 else ''}; labelled {labels or ['-']}) before "
+                + (f"whole weights were loaded into it ({synced.path} at t={synced.t_start:.2f}s)" if synced else
+                   "any whole weights were loaded into it") +
+                ": keep a recovered engine out of the rotation until it is synced",
+                engine=engine, rids=tuple(rids), times=tuple(call.t_start for call in served[:1])))
+    return verdict(failures, vacuous=None if restarts else "no engine was restarted",
+                   metrics={"restarts": len(restarts)})

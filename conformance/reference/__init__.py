@@ -27,6 +27,7 @@ partial_rollout = ReferenceIntegration(name="reference-partial-rollout", manager
 vllm = ReferenceIntegration(
     name="reference-vllm", client_cls=VllmEngineClient,
     capabilities=Capabilities(transports=frozenset({"disk", "distributed"} if torch_installed() else {"disk"}),
+                              engine_recovery=True,
                               absent_because={"tensor": NO_TENSORS, **({} if torch_installed() else
                                                                         {"distributed": NO_GLOO})}))
 """The reference on vLLM (``--engine vllm``): the same updater and manager over :class:`VllmEngineClient`, disk

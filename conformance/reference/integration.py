@@ -33,6 +33,7 @@ def default_capabilities(**overrides: object) -> Capabilities:
     """What the reference supports here (with ``overrides``): every transport, less ``distributed`` and ``tensor``
     where torch is not installed (SGLang reads tensor payloads as torch pickles; their scenarios are then skipped,
     the transports undeclared; :data:`.transports.TORCH_EXTRA`). LoRA adapters then load from disk."""
+    overrides = {"engine_recovery": True, **overrides}
     if torch_installed():
         return Capabilities(**overrides)  # type: ignore[arg-type]
     absent = {"distributed": f"it needs torch, which is not installed ({TORCH_EXTRA})",

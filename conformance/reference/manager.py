@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator, Sequence
 
 from ..interface import Batch, BuildEnv, Group, Prompt, Sample, Turn
+from .client import EngineError
 from .concurrency import gather_or_cancel
 from .protocols import GenerateClient
 
@@ -112,6 +113,11 @@ class ReferenceManager:
         self._recycled: collections.deque[Prompt] = collections.deque()
         self._next_engine = itertools.count()
         self._counters: collections.Counter[str] = collections.Counter()
+        self.lost: list[GenerateClient] = []
+        """Engines that died under a request: out of the rotation until an update loads whole weights into them
+        (:meth:`engines_synced`). A restarted engine serves its start-up weights under ``default`` (P9)."""
+        self._any_live = asyncio.Event()
+        self._any_live.set()
         self._dispatch = asyncio.Event()
         self._dispatch.set()
 
@@ -214,12 +220,42 @@ class ReferenceManager:
         assert self._buffer is not None
         await self._buffer.put(group)  # blocks while the buffer is full (S4)
 
+    async def next_engine(self) -> GenerateClient:
+        """The engine a new sample goes to: round robin over those not :attr:`lost` (waits while all are)."""
+        while True:
+            live = [e for e in self.engines if e not in self.lost]
+            if live:
+                return live[next(self._next_engine) % len(live)]
+            self._any_live.clear()
+            await self._any_live.wait()
+
+    def engine_lost(self, engine: GenerateClient, error: EngineError) -> bool:
+        """Whether ``error`` says ``engine`` died under the call (unreachable, or a server error); if so it leaves
+        the rotation until an update syncs it (:meth:`engines_synced`)."""
+        if error.status is not None and error.status < 500:
+            return False
+        if engine not in self.lost:
+            self.lost.append(engine)
+            self._counters["engines_lost"] += 1
+        return True
+
+    def engines_synced(self) -> None:
+        """An update loaded whole weights into every engine: the lost ones serve the published version again."""
+        self.lost.clear()
+        self._any_live.set()
+
     async def _run_sample(self, prompt: Prompt, i: int) -> Sample:
-        engine = self.engines[next(self._next_engine) % len(self.engines)]
+        engine = await self.next_engine()
         sample = Sample(index=prompt.index * self.config.group_size + i, turns=[])
         text = prompt.text
         for t in range(self.config.turns):
-            turn, response = await self.run_turn(engine, text, f"p{prompt.index}.s{i}.t{t}")
+            try:
+                turn, response = await self.run_turn(engine, text, f"p{prompt.index}.s{i}.t{t}")
+            except EngineError as exc:
+                if not self.engine_lost(engine, exc):
+                    raise
+                sample.aborted = True  # the engine died under it: the group is recycled (I4)
+                break
             sample.turns.append(turn)
             if self.cut_short(turn):
                 sample.aborted = True

@@ -97,6 +97,8 @@ class ReferenceUpdater:
                     self.out_of_service = []
                 await self.resume_all()
                 self.publish(new, adapter)
+                if mover is not None:  # an engine that died and came back serves the published version now (P9)
+                    self.manager.engines_synced()
             return new
 
     def transport_for(self, name: str) -> WeightTransport:

@@ -24,6 +24,7 @@ class Needs:
     multi_turn: bool = False
     staleness_filter: bool = False
     partial_rollout: bool = False
+    engine_recovery: bool = False
 
     def missing(self, caps: Capabilities) -> str | None:
         """Why an integration with ``caps`` cannot run a scenario that needs these, or None."""

@@ -8,6 +8,7 @@ from typing import Awaitable, Callable
 from ..situations import drain, gate
 from ..situations.aborted import abort_in_flight
 from ..situations.producer import until_in_flight, until_next_call, until_producer_blocked
+from ..situations.restarted import can_restart, restart
 from ..situations.versions import from_cell, mixed_group, resumed_across_an_update
 from .capabilities import Needs
 from .definition import DEFAULT_ROLLOUT, Scenario
@@ -180,6 +181,20 @@ async def _aborted_groups(run: Run) -> None:
     await run.drain((rollout.max_in_flight_groups + rollout.buffer_capacity) // rollout.batch_size + 2)
 
 
+async def _engine_restarted(run: Run) -> None:
+    """An update, a batch, then the last engine dies and comes back from its start-up weights; two batches are
+    drained while it is out of sync (the integration may send it nothing, or everything), then an update syncs it and
+    two more batches are drained."""
+    can_restart(run)
+    await run.start()
+    await run.update()
+    await run.drain(1)
+    await restart(run, len(run.backend.urls) - 1)
+    await run.drain(2)
+    await run.update()
+    await run.drain(2)
+
+
 async def _answers_while_paused(run: Run) -> None:
     """Each update hands the integration answers while every engine is paused (held back at the wire since just
     before the cycle), so what it sends next meets SGLang's pause gate and runs entirely under the cycle's weights
@@ -258,6 +273,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              _answers_while_paused, (),
              rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=1, max_in_flight_groups=2,
                              buffer_capacity=8), needs_pause=True),
+    Scenario("engine-restarted", "the last engine dies mid-rollout and comes back from its start-up weights "
+             "(injected), then an update", _engine_restarted, ("restarted",), transport=("tensor", "disk"),
+             needs=Needs(engine_recovery=True)),
     Scenario("aborted-groups", "every engine aborts its requests mid-rollout (injected)", _aborted_groups,
              ("aborted",)),
 ]}

@@ -28,6 +28,7 @@ INTENDED = {
     "oldest_wrong": ({"manager_cls"}, {"oldest_version"}),
     "filter_at_production": ({"manager_cls"}, {"enqueue", "rejected_at_consumption"}),
     "recycle_partial": ({"manager_cls"}, {"handle_aborted"}),
+    "rejoins_unsynced": ({"manager_cls"}, {"engine_lost"}),
     "resume_not_finally": ({"updater_cls"}, {"release_on_failure"}),
     "resumes_on_partial_weights": ({"updater_cls"}, {"after_failed_load"}),
     "success_false_ignored": ({"client_cls"}, {"check_response"}),

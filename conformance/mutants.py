@@ -681,7 +681,7 @@ CARRIED_TO_VLLM = (
     "recycle_partial", "resume_not_finally", "non_atomic_checkpoint", "flush_under_in_place", "lora_reload_in_place",
     "filter_admits_bound_plus_one", "lora_stamped_before_load", "filter_rejects_at_bound",
     "checkpoint_rewritten_in_place", "gated_call_stamped_at_send", "versions_from_first_trainer",
-    "checkpoint_freed_by_first_load", "publish_before_transfer")
+    "checkpoint_freed_by_first_load", "publish_before_transfer", "rejoins_unsynced")
 """The mutants whose bug lives outside the SGLang client and the tensor transports: the same bug, on vLLM. Not
 carried: the SGLang client's own (their vLLM twins are below), ``bucket_stamped`` (distributed buckets),
 ``aborts_own_requests`` (it posts SGLang's ``/abort_request``), ``unconverted_names`` (vLLM refuses a name its model

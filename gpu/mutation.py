@@ -58,6 +58,9 @@ def run_mutant(mutant: Mutant, factory: BackendFactory, *,
                 results[scenario] = run_one(scenario, mutant.integration, factory, seed + attempt, deadlines)
             except Exception as exc:  # the backend broke: say so, never a kill
                 return MutantOutcome(mutant.name, "broke", reason=f"{scenario}: {type(exc).__name__}: {exc}")
+            if results[scenario].skipped:  # the backend cannot build it (an engine restart on real engines)
+                skipped.append(f"{scenario}: {results.pop(scenario).skipped}")
+                break
             expected = [v.checker_status for c, v in results[scenario].verdicts.items()
                         if invariants(c) & set(mutant.kills)]
             if not expected or any(status != "unknown" for status in expected):

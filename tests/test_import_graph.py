@@ -8,6 +8,7 @@ Layers, bottom to top: ``fakes`` (vendorable, imports nothing of ours) < ``confo
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,7 @@ def _layer(module: str) -> int:
     return TOP if module.rpartition(".")[2] == "__main__" else LAYERS[module.split(".")[0]]
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     known = _modules()
     return {name: _imports(name, path, known) for name, path in known.items()}

@@ -35,3 +35,9 @@ def test_unknown_runs_the_scenario_again(monkeypatch, statuses, outcome, runs) -
         assert "unknown on aborted-groups seed 5" in result.reason, result.reason
     if outcome == "survived":
         assert f"I4-aborted-groups {statuses[-1]} (I4 said {statuses[-1]})" in result.reason, result.reason
+
+
+def test_a_scenario_the_backend_cannot_build_skips_the_mutant_with_the_reason(monkeypatch) -> None:
+    monkeypatch.setattr(mutation, "run_one", lambda *a: ScenarioResult(skipped="the backend cannot restart an engine"))
+    result = mutation.run_mutant(MUTANTS["rejoins_unsynced"], factory=None)  # type: ignore[arg-type]
+    assert (result.status, result.reason) == ("skipped", "engine-restarted: the backend cannot restart an engine")

@@ -182,17 +182,16 @@ async def _aborted_groups(run: Run) -> None:
 
 
 async def _engine_restarted(run: Run) -> None:
-    """An update, a batch, then the last engine dies and comes back from its start-up weights; two batches are
-    drained while it is out of sync (the integration may send it nothing, or everything), then an update syncs it and
-    two more batches are drained."""
+    """An update, then the last engine dies and comes back from its start-up weights; two batches are drained while
+    it is out of sync (the integration may send it nothing, or everything), then an update syncs it and a batch is
+    drained."""
     can_restart(run)
     await run.start()
     await run.update()
-    await run.drain(1)
     await restart(run, len(run.backend.urls) - 1)
     await run.drain(2)
     await run.update()
-    await run.drain(2)
+    await run.drain(1)
 
 
 async def _answers_while_paused(run: Run) -> None:

@@ -8,7 +8,7 @@ from typing import Awaitable, Callable
 from ..situations import drain, gate
 from ..situations.aborted import abort_in_flight
 from ..situations.producer import until_in_flight, until_next_call, until_producer_blocked
-from ..situations.restarted import can_restart, restart
+from ..situations.restarted import restart
 from ..situations.versions import from_cell, mixed_group, resumed_across_an_update
 from .capabilities import Needs
 from .definition import DEFAULT_ROLLOUT, Scenario
@@ -185,7 +185,6 @@ async def _engine_restarted(run: Run) -> None:
     """An update, then the last engine dies and comes back from its start-up weights; two batches are drained while
     it is out of sync (the integration may send it nothing, or everything), then an update syncs it and a batch is
     drained."""
-    can_restart(run)
     await run.start()
     await run.update()
     await restart(run, len(run.backend.urls) - 1)

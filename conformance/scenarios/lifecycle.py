@@ -15,7 +15,8 @@ from ..history import Breakage, History, held_weights
 from ..interface import BuildEnv, Integration, Roles
 from ..prompts import PromptSource
 from .definition import Scenario
-from ..breaks import RunBroken, ScenarioTimeout, bounded, open_calls
+from ..breaks import RunBroken, ScenarioTimeout, Unsupported, bounded, open_calls
+from ..situations.registry import SITUATIONS
 from ..situations.timing import DEADLINES, TURN_S, Deadlines, decode_rate
 from .run import Run
 from .trainer import Trainer
@@ -24,7 +25,11 @@ from .trainer import Trainer
 def for_backend(scenario: Scenario, backend: Backend) -> Scenario:
     """``scenario`` with turns long enough on ``backend`` that a request of the integration seen in flight when a
     cycle starts is still decoding when the cycle reaches its engine (:data:`~conformance.situations.timing.TURN_S`
-    of decoding at the backend's measured speed, at least the scenario's own ``max_new_tokens``)."""
+    of decoding at the backend's measured speed, at least the scenario's own ``max_new_tokens``); raises
+    :class:`Unsupported` where the backend cannot build a situation the scenario builds."""
+    why_not = next((why for name in sorted(scenario.builds) if (why := SITUATIONS[name].why_not(backend))), None)
+    if why_not:
+        raise Unsupported(why_not)
     tokens = math.ceil((scenario.turn_s(backend) if scenario.turn_s else TURN_S) * decode_rate(backend))
     if tokens <= scenario.rollout.max_new_tokens:
         return scenario

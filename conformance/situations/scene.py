@@ -22,6 +22,8 @@ class Situation:
     doc: str
     """What it is, as a reason reads: "the history holds no <doc>"."""
     shown: Callable[[History], bool]
+    why_not: Callable[[Backend], str | None] = lambda backend: None
+    """Why a backend cannot build it (a scenario that builds it is then skipped with that reason), or None."""
 
 
 class Scene(Protocol):

@@ -172,12 +172,18 @@ class WireControl:
             self._answers = hold
         return hold
 
+    @property
+    def can_stall(self) -> bool:
+        """Whether the engines behind this wire can be stopped (a fake backend's: :attr:`freeze`; real engines
+        cannot be slowed)."""
+        return self.freeze is not None
+
     def stall(self, seconds: float) -> Callable[[], None] | None:
         """Stop every engine's decoding for ``seconds``, as a slow engine would: a pause that waits for the requests
         in flight drains that much longer, and a request the cycle retracted or froze ends that much later. Returns
         the function that ends the stall sooner (stalls overlap: decoding goes on once none is left), or None where
-        the backend cannot stall (a fake one can: :attr:`freeze`; real engines cannot be slowed)."""
-        if self.freeze is None:
+        the backend cannot stall (:attr:`can_stall`)."""
+        if not self.can_stall:
             return None
         ended = threading.Event()
 

@@ -34,7 +34,7 @@ SITUATION = Situation("long-drain", f"update cycle whose first pause, bump or tr
 def turn_s(backend: Backend) -> float:
     """How long the integration's turns decode at least: :data:`~.timing.TURN_S` where the engines can be stalled,
     twice :data:`~.timing.DRAIN_S` where they cannot."""
-    return TURN_S if backend.control.freeze is not None else 2 * DRAIN_S
+    return TURN_S if backend.control.can_stall else 2 * DRAIN_S
 
 
 def stall(scene: Scene) -> Callable[[], None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-from ..situations import drain, gate, resident
+from ..situations import drain, gate
 from ..situations.aborted import abort_in_flight
 from ..situations.producer import until_in_flight, until_next_call, until_producer_blocked
 from ..situations.restarted import restart
@@ -227,12 +227,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
       for transport in ("disk", "tensor", "distributed") for mode in ("retract", "in_place")),
     Scenario("first-drain", "batches drained before the first update, staleness bound on",
              _first_drain, ("resident", "consumed-before-update"), rollout=replace(DEFAULT_ROLLOUT, max_staleness=1),
-             needs=Needs(staleness_filter=True), turn_s=resident.turn_s),
+             needs=Needs(staleness_filter=True)),
     Scenario("mixed-versions", "three-turn samples generating while updates land, until one spanning two versions "
              "is consumed",
              _mixed_versions, ("resident",), pause_mode="in_place", needs=Needs(multi_turn=True),
              rollout=replace(DEFAULT_ROLLOUT, batch_size=1, group_size=1, turns=3, max_new_tokens=64,
-                             max_in_flight_groups=2, buffer_capacity=2), long=True, turn_s=resident.turn_s),
+                             max_in_flight_groups=2, buffer_capacity=2), long=True),
     Scenario("failover", "two updates, failover to a fresh trainer cell, two more",
              _failover, ("resident", "consumed-before-update"), needs=Needs(failover=True)),
     *(Scenario(f"failing-transfer-{t}", _REJECTED[t], _failing_transfer, _REFUSED, transport=(t,))

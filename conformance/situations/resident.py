@@ -13,8 +13,7 @@ from ..history import DISTURBING_PATHS, History, Injected, WireCall, resident_at
 from ..wire_control import Expired
 from .producer import Producer, busy_everywhere
 from .scene import Scene, Situation, generates, turn
-from ..backends import Backend
-from .timing import SETTLE_S, SPARE, START_TIMEOUT_S, TURN_S, UNSTALLED_TURN_S, decode_rate
+from .timing import SETTLE_S, SPARE, START_TIMEOUT_S, decode_rate
 from .waiting import wait_until
 
 
@@ -121,13 +120,6 @@ REACHES = DISTURBING_PATHS | {"/begin_weight_update"}
 """The calls by which a cycle reaches an engine's requests in flight: a pause, bump or transfer, or the begin of
 SGLang's weight-update session (it waits for the requests in flight unless the engine is paused: 0.5.23
 ``tokenizer_control_mixin.py`` ``_weight_update_session_call``)."""
-
-
-def turn_s(backend: Backend) -> float:
-    """How long the integration's turns decode at least where few of its requests may be in flight at a cycle:
-    :data:`~.timing.TURN_S` where the engines can be stalled (:func:`keep_resident` holds them), else
-    :data:`~.timing.UNSTALLED_TURN_S`."""
-    return TURN_S if backend.control.can_stall else UNSTALLED_TURN_S
 
 
 def keep_resident(scene: Scene) -> Callable[[], None]:

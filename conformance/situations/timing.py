@@ -72,11 +72,6 @@ TURN_S = 0.15
 """How long one of the integration's turns decodes, at least (the scenarios raise ``max_new_tokens`` to that at the
 backend's decode speed): a request sent at most half of it before a cycle starts is still decoding when the cycle
 reaches its engine, whatever the cycle does first."""
-UNSTALLED_TURN_S = 0.6
-"""The same on engines that cannot be stalled (real ones), for the scenarios whose integration may keep few requests
-in flight (one stopping its sends for a cycle, samples of one request): a threaded client's cycle reached real vLLM
-more than :data:`TURN_S` after its last request went out (I1-I2 ``unknown`` on ``first-drain`` and
-``mixed-versions``, measured)."""
 
 # a drain that a long request outlasts (conformance.situations.drain)
 DRAIN_S = 2.0

@@ -290,7 +290,7 @@ class KeepsAbortedManager(ReferenceManager):
 
 class RejoinsUnsyncedManager(ReferenceManager):
     def engine_lost(self, engine: Any, error: Any) -> bool:
-        return error.status is None or error.status >= 500  # the group is recycled, the engine kept in the rotation
+        return self.died(error)  # the group is recycled, the engine kept in the rotation
 
 
 class ForgetsAbortedPartManager(PartialRolloutManager):

@@ -48,6 +48,10 @@ def run_mutant(mutant: Mutant, factory: BackendFactory, *,
     results: dict[str, ScenarioResult] = {}
     skipped: list[str] = []
     unshown: list[str] = []  # runs whose killing checks all answered unknown: the situation did not happen
+
+    def aimed(check: str) -> bool:  # a check of an invariant the mutant breaks
+        return bool(invariants(check) & set(mutant.kills))
+
     for scenario in mutant.shows_in:
         reason = why_not(scenario)
         if reason:
@@ -61,14 +65,13 @@ def run_mutant(mutant: Mutant, factory: BackendFactory, *,
             if results[scenario].skipped:  # the backend cannot build it (an engine restart on real engines)
                 skipped.append(f"{scenario}: {results.pop(scenario).skipped}")
                 break
-            expected = [v.checker_status for c, v in results[scenario].verdicts.items()
-                        if invariants(c) & set(mutant.kills)]
+            expected = [v.checker_status for c, v in results[scenario].verdicts.items() if aimed(c)]
             if not expected or any(status != "unknown" for status in expected):
                 break
             unshown.append(f"{scenario} seed {seed + attempt}")
     killers = sorted({c for cases in mutant.killers(results).values() for c in cases})
     checks = sorted({c for r in results.values() for c, v in r.verdicts.items()
-                     if v.checker_status == "fail" and invariants(c) & set(mutant.kills)})
+                     if v.checker_status == "fail" and aimed(c)})
     bare = sorted(f"{c}-{s}" for s, r in results.items() for c, v in r.verdicts.items()
                   if v.status == "fail" and not v.witness)
     if killers:
@@ -76,8 +79,8 @@ def run_mutant(mutant: Mutant, factory: BackendFactory, *,
                              reason=f"after unknown on {', '.join(unshown)}" if unshown else "")
     if skipped and not results:
         return MutantOutcome(mutant.name, "skipped", reason="; ".join(skipped))
-    answered = [f"{c}-{s} {v.checker_status}" + (f" ({v.witness[0] if v.witness else v.metrics})")
-                for s, r in results.items() for c, v in r.verdicts.items() if invariants(c) & set(mutant.kills)]
+    answered = [f"{c}-{s} {v.checker_status} ({v.witness[0] if v.witness else v.metrics})"
+                for s, r in results.items() for c, v in r.verdicts.items() if aimed(c)]
     return MutantOutcome(mutant.name, "survived", failed_without_witness=bare,
                          reason="; ".join([*skipped, *(f"unknown on {u}" for u in unshown), *answered])
                          or "no expected checker failed")

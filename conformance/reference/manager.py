@@ -229,10 +229,15 @@ class ReferenceManager:
             self._any_live.clear()
             await self._any_live.wait()
 
+    @staticmethod
+    def died(error: EngineError) -> bool:
+        """Whether ``error`` says the engine died under the call: unreachable, or a server error."""
+        return error.status is None or error.status >= 500
+
     def engine_lost(self, engine: GenerateClient, error: EngineError) -> bool:
-        """Whether ``error`` says ``engine`` died under the call (unreachable, or a server error); if so it leaves
-        the rotation until an update syncs it (:meth:`engines_synced`)."""
-        if error.status is not None and error.status < 500:
+        """Whether ``engine`` :meth:`died` under the call; if so it leaves the rotation until an update syncs it
+        (:meth:`engines_synced`)."""
+        if not self.died(error):
             return False
         if engine not in self.lost:
             self.lost.append(engine)

@@ -12,8 +12,11 @@ it judges an SGLang one:
 
 SGLang's dialect is the identity. vLLM's (0.32.0, ``fakes.facts.VLLM``; its routes in ``fakes/vllm/app.py``):
 
-* ``POST /pause?mode=abort`` (also no mode: vLLM's default) → ``/pause_generation {"mode": "abort"}``; ``keep`` →
-  ``in_place``; ``wait`` → ``retract`` (see below); ``POST /resume`` → ``/continue_generation {}``;
+* ``POST /pause?mode=abort`` (also no mode: vLLM's default) → ``/pause_generation {"mode": "abort"}``;
+  ``keep&clear_cache=false`` → ``in_place``; ``keep`` with the caches cleared (``clear_cache``, true by default, in
+  every mode: ``EngineCore._finish_pause`` preempts the running requests and resets the prefix cache; measured) →
+  ``retract``; ``wait`` → ``retract`` (see below); a pause that clears the caches carries ``flush_cache: true``;
+  ``POST /resume`` → ``/continue_generation {}``;
 * ``POST /sleep?level&mode`` pauses the same way, then (level 1, 2) puts the weights and the KV cache to sleep
   (``EngineCore.sleep``, 0.32.0) → ``/pause_generation {"mode", "release_memory": ["kv_cache", "weights"]}``;
   ``/wake_up?tags=…`` that leaves memory asleep (the scheduler stays paused) → ``/resume_memory_occupation {"tags"}``;
@@ -34,8 +37,9 @@ SGLang's dialect is the identity. vLLM's (0.32.0, ``fakes.facts.VLLM``; its rout
   An update that fails ends vLLM's session (the worker's ``_weight_update_active = False``) with the layers reset; a
   ``/start_weight_update`` after it reopens one so that a finish restores them: recorded as sent (outside the
   vocabulary), the session the checkers see running on to that finish;
-* ``/inference/v1/generate``, ``/v1/completions`` → ``/generate`` (``model`` → ``lora_path``), answered with
-  ``meta_info`` (id, finish reason, tokens, version spans); ``GET /weight_info`` → ``/model_info``.
+* ``/inference/v1/generate``, ``/v1/completions`` → ``/generate`` (``model`` → ``lora_path``, ``cache_salt`` kept),
+  answered with ``meta_info`` (id, finish reason, tokens, version spans, and ``cached_tokens``: the prompt tokens the
+  prefix cache served, answered with ``--enable-prompt-tokens-details``); ``GET /weight_info`` → ``/model_info``.
 
 ``wait`` drains the running requests before it answers and ``retract`` re-queues them: neither aborts nor freezes a
 request, which is what the checkers judge of a pause; a vLLM reload neither aborts (it runs between two engine
@@ -62,6 +66,10 @@ class Dialect:
     """SGLang's dialect: the vocabulary itself (every call recorded and sent as it is)."""
 
     family = "sglang"
+    prefix_cache: str | None = ("the fake SGLang keeps no radix cache (its answers' cached_tokens are always 0), so a "
+                                "prompt served from the cache after a weight load cannot be shown on SGLang here")
+    """Why the suite cannot show this family's prefix cache on its wire, or None: its answers say how many prompt
+    tokens the cache served, and what resets the cache is a call on the wire (:mod:`conformance.situations.prefix`)."""
 
     def fresh(self) -> "Dialect":
         """The dialect for one more engine (a stateful dialect keeps what it learnt per engine)."""
@@ -100,7 +108,8 @@ class Dialect:
 SGLANG_DIALECT = Dialect()
 
 _PAUSE_MODES = {"abort": "abort", "keep": "in_place", "wait": "retract"}
-"""vLLM's pause mode → the vocabulary's (see the module docstring for ``wait``)."""
+"""vLLM's pause mode → the vocabulary's (see the module docstring for ``wait``; ``keep`` clearing the caches is
+``retract``: :func:`_paused`)."""
 _VLLM_MODES = {mode: vllm for vllm, mode in _PAUSE_MODES.items()}
 """The vocabulary's pause mode → vLLM's."""
 _GENERATION = frozenset({"/inference/v1/generate", "/v1/completions"})
@@ -120,6 +129,7 @@ class VllmDialect(Dialect):
     """vLLM's dialect (see the module docstring); one per engine: it follows the engine's served path."""
 
     family = "vllm"
+    prefix_cache = None
 
     def __init__(self) -> None:
         self.served = SERVED
@@ -147,13 +157,12 @@ class VllmDialect(Dialect):
     def recorded(self, method: str, path: str, query: str, payload: Any) -> tuple[str, Any]:
         body = payload if isinstance(payload, dict) else {}
         if path == "/pause":
-            mode = (parse_qs(query).get("mode") or [VLLM.fact("pause_default_mode", VLLM.default_release)])[0]
-            return "/pause_generation", {"mode": _PAUSE_MODES.get(mode, mode)}
+            return "/pause_generation", _paused(parse_qs(query), _flag(parse_qs(query), "clear_cache"))
         if path == "/sleep":
             query_of = parse_qs(query)
-            mode = (query_of.get("mode") or [VLLM.fact("pause_default_mode", VLLM.default_release)])[0]
-            paused: dict[str, Any] = {"mode": _PAUSE_MODES.get(mode, mode)}
-            if (query_of.get("level") or ["1"])[0] != "0":
+            asleep = (query_of.get("level") or ["1"])[0] != "0"
+            paused = _paused(query_of, asleep)
+            if asleep:
                 self.asleep = {"weights", "kv_cache"}
                 paused["release_memory"] = sorted(self.asleep)
             return "/pause_generation", paused
@@ -256,12 +265,31 @@ class VllmDialect(Dialect):
             return "/abort_requests", {"request_ids": [_PREFIXES["/inference/v1/generate"] + body["rid"]]} \
                 if body.get("rid") else {}
         if path == "/pause_generation":
-            return f"/pause?mode={_VLLM_MODES[body.get('mode', 'abort')]}", None
+            mode = body.get("mode", "abort")
+            return f"/pause?mode={_VLLM_MODES[mode]}" + ("&clear_cache=false" if mode == "in_place" else ""), None
         if path == "/continue_generation":
             return "/resume", None
         if path == "/model_info":
             return "/weight_info", None
         return path, body or None
+
+
+def _flag(query: dict[str, list[str]], name: str, default: bool = True) -> bool:
+    """A boolean query parameter as FastAPI reads it (an unreadable one is refused before anything happens)."""
+    raw = (query.get(name) or [None])[0]
+    return default if raw is None else raw.lower() in ("true", "1", "yes", "on")
+
+
+def _paused(query: dict[str, list[str]], clears: bool) -> dict[str, Any]:
+    """A vLLM pause (``/pause``, or the one ``/sleep`` makes) in the vocabulary: ``keep`` is ``in_place`` only when
+    nothing clears the caches; with them cleared (``clear_cache``, the default: ``EngineCore._finish_pause``) the
+    running requests are preempted and recomputed on resume, which is ``retract``. A pause that clears them carries
+    ``flush_cache: true``, the vocabulary's word for a call that flushes."""
+    mode = (query.get("mode") or [VLLM.fact("pause_default_mode", VLLM.default_release)])[0]
+    out: dict[str, Any] = {"mode": "retract" if mode == "keep" and clears else _PAUSE_MODES.get(mode, mode)}
+    if clears:
+        out["flush_cache"] = True
+    return out
 
 
 _PREFIXES: dict[str, str] = VLLM.fact("request_id_prefix", VLLM.default_release)
@@ -318,6 +346,8 @@ def _generate_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
         out["lora_path"] = body["model"]
     if body.get("stream"):
         out["stream"] = True
+    if body.get("cache_salt") is not None:
+        out["cache_salt"] = body["cache_salt"]
     return out
 
 
@@ -335,6 +365,9 @@ def _output(choice: Any, response: dict[str, Any], rid: str | None) -> dict[str,
         "completion_tokens": (response.get("usage") or {}).get("completion_tokens", len(ids)),
         "weight_version": spans[-1]["version"] if spans else None,
     }
+    details = (response.get("usage") or {}).get("prompt_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        meta["cached_tokens"] = details["cached_tokens"]
     if spans is not None:
         meta["weight_versions"] = spans
     text = choice.get("text")

@@ -97,7 +97,7 @@ def _fake_vllm(o: FakeOptions) -> Any:
 
     return FakeVLLMEngine(tokens_per_second=o.tokens_per_second, max_num_seqs=o.max_running_requests,
                           enable_lora=o.enable_lora, enable_scale_out=True, seed=o.seed, engine_id=o.engine_id,
-                          weight_transfer_config='{"backend": "gloo"}')
+                          weight_transfer_config='{"backend": "gloo"}', enable_prompt_tokens_details=True)
 
 
 FAMILIES: dict[str, Family] = {}

@@ -54,7 +54,8 @@ class Capabilities:
     """The Updater can push a LoRA adapter (``Updater.update(..., lora=...)``)."""
     pause_modes: frozenset[str] = frozenset({"retract", "in_place"})
     """Pause modes the Updater can run a cycle under (fully-async integrations reject ``abort``, I3). An integration
-    with one mode runs every scenario in it: keep-only (vLLM's ``keep``: ``{"in_place"}``) passes where it is right,
+    with one mode runs every scenario in it: keep-only (vLLM's ``keep&clear_cache=false``: ``{"in_place"}``; a bare ``keep``, which clears the caches and
+    preempts: ``{"retract"}``) passes where it is right,
     an abort-only one runs and fails I2/I3 with its cost measured; a check that needs the other mode skips, saying
     so. With several, a scenario asking for a mode the integration lacks is skipped. An empty set declares an
     integration that never pauses (I6 and C2 are then skipped with that reason)."""

@@ -673,6 +673,15 @@ class VllmNoRestoreClient(VllmEngineClient):
         return None  # a failed reload is reported, and the engine resumed as it is: without weights
 
 
+class VllmKeepsPrefixClient(VllmEngineClient):
+    async def pause(self, mode: str) -> None:
+        path = self._dialect.outgoing("/pause_generation", {"mode": mode})[0]
+        await self._call(path if "clear_cache" in path else path + "&clear_cache=false")  # a faster resume
+
+    async def flush_cache(self) -> None:
+        return None  # the prefix cache outlives every load
+
+
 ON_VLLM = {"steady-tensor-retract": "steady-disk-retract", "steady-tensor-in_place": "steady-disk-in_place",
            "slow-engine-tensor": "slow-engine-disk"}
 """A scenario the reference cannot run on vLLM (a tensor update) → the one showing the same bug with disk reloads."""
@@ -744,6 +753,11 @@ VLLM_MUTANTS: dict[str, Mutant] = {m.name: m for m in [
             "next forward pass kills the engine", "measured on vLLM 0.32.0 CPU (gpu/fidelity/vllm.py: a reload from "
             "a missing path, then a completion: 500, /health 503); the SGLang habit of relying on its rollback",
             ("P6",), client_cls=VllmNoRestoreClient, shows_in=("failing-transfer-disk",)),
+    on_vllm(MUTANTS["pause_abort"], "vllm_prefix_cache_kept", "pauses with clear_cache=false (to resume faster) and "
+            "never resets the prefix cache: every prompt after a load that shares a prefix with one before is answered "
+            "over the old weights' KV", "NeMo-RL#4018 (the prefix cache never reset across refits); prime-rl's "
+            "/pause?mode=keep&clear_cache=false without its per-version cache salt; issue 41", ("C3",),
+            client_cls=VllmKeepsPrefixClient, shows_in=("prefix-reuse",)),
 ]}
 """Mutants of the reference on vLLM, each killed on the fake vLLM by the same invariant as its SGLang twin."""
 

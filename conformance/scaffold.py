@@ -127,7 +127,7 @@ class Updater:
 CAPABILITIES = Capabilities(
     transports=frozenset({{"disk", "tensor", "distributed"}}),  # full-weight transports Updater.update implements
     lora=True,                          # Updater.update(..., lora=LoraAdapter) pushes an adapter
-    pause_modes=frozenset({{"retract", "in_place"}}),  # one mode: every scenario in it (keep); empty: never
+    pause_modes=frozenset({{"retract", "in_place"}}),  # one mode: every scenario in it; empty: never
     failover=True,                      # Roles.new_updater() may build a second trainer cell (failover)
     multi_turn=True,                    # samples of several /generate calls
     staleness_filter=True,              # the Manager enforces env.rollout.max_staleness at consumption

@@ -42,9 +42,10 @@ class AsyncLLMShim:
                 "request_id": request_id}
         yield await self._post("/inference/v1/generate", body, timeout=300.0)
 
-    async def pause_generation(self, *, mode: str = "abort") -> None:
-        """``AsyncLLM``'s default mode, ``abort``, ends every request in flight: pass one."""
-        await self._post("/pause", mode=mode)
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        """``AsyncLLM``'s default mode, ``abort``, ends every request in flight: pass one. ``clear_cache`` (true by
+        default) preempts what runs and resets the prefix cache, in every mode."""
+        await self._post("/pause", mode=mode, clear_cache=str(clear_cache).lower())
 
     async def resume_generation(self) -> None:
         await self._post("/resume")
@@ -75,6 +76,7 @@ class AsyncLLMClient:
     """The reference client protocols over an ``AsyncLLM``-style engine: the framework's own glue."""
 
     PAUSE_MODES = {"retract": "wait", "in_place": "keep"}
+    """The cycle's pause → vLLM's mode; ``in_place`` keeps the caches (``clear_cache=False``), or ``keep`` preempts."""
 
     def __init__(self, engine: AsyncLLMShim) -> None:
         self.engine, self.url = engine, engine.url
@@ -90,7 +92,7 @@ class AsyncLLMClient:
         return self.dialect.answered("/generate", dict(payload), final)
 
     async def pause(self, mode: str) -> None:
-        await self.engine.pause_generation(mode=self.PAUSE_MODES[mode])
+        await self.engine.pause_generation(mode=self.PAUSE_MODES[mode], clear_cache=mode != "in_place")
 
     async def resume(self) -> None:
         await self.engine.resume_generation()

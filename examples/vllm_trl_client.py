@@ -24,8 +24,10 @@ from conformance.dialect import VllmDialect
 from conformance.interface import BuildEnv, Capabilities, Roles
 from conformance.reference import DiskTransport, ReferenceManager, ReferenceUpdater
 
-PAUSE_MODES = {"retract": "wait", "in_place": "keep"}
-"""The cycle's pause → vLLM's mode. Never ``/pause`` without one: its default, ``abort``, ends every request."""
+PAUSE_MODES = {"retract": {"mode": "wait"}, "in_place": {"mode": "keep", "clear_cache": "false"}}
+"""The cycle's pause → vLLM's. Never ``/pause`` without a mode: its default, ``abort``, ends every request. ``keep``
+freezes the requests on their KV only with ``clear_cache=false``: by default vLLM clears its caches at the pause,
+which preempts them (recomputed on resume: the suite's ``retract``)."""
 
 
 class VLLMClient:
@@ -49,8 +51,8 @@ class VLLMClient:
         """``/inference/v1/generate``: token ids in, token ids out (each choice with its version spans)."""
         return self._post("/inference/v1/generate", dict(body), timeout=self.generate_timeout)
 
-    def pause(self, mode: str) -> None:
-        self._post("/pause", mode=mode)
+    def pause(self, query: dict[str, str]) -> None:
+        self._post("/pause", **query)
 
     def resume(self) -> None:
         self._post("/resume")

@@ -5,7 +5,8 @@ Kinds: ``request.submit``, ``request.parked``, ``request.admit``, ``request.toke
 (a name the model lacks, with SGLang's warning), ``weights.lost`` (a vLLM reload that failed after the layers were
 reset), ``memory.release``, ``memory.resume``, ``lora.load``,
 ``lora.unload``, ``lora.implicit_reload`` (a request named an adapter unloaded since: reloaded first),
-``engine.crash``, ``fault``.
+``engine.crash``, ``fault``, ``prefix.hit`` (a vLLM request served from cached blocks: how many tokens, how many of
+them computed on other weights) and ``prefix.reset`` (vLLM's prefix cache dropped).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ KINDS = frozenset(
         "lora.implicit_reload",
         "engine.crash",
         "fault",
+        "prefix.hit",
+        "prefix.reset",
     }
 )
 

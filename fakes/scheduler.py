@@ -72,6 +72,9 @@ class Request:
     token_weights: list[int] = field(default_factory=list)
     """Per token, the engine's weights when it was decoded (:attr:`Scheduler.weights_tag`): the suite's truth."""
     token_logprobs: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache at its first scheduling (vLLM's ``num_cached_tokens``; the fake
+    SGLang keeps no radix cache: 0)."""
     state: str = WAITING
     retractions: int = 0
     abort_pending: bool = False

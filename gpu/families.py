@@ -97,8 +97,8 @@ VLLM_REAL = RealFamily(
     "vLLM", "vllm", VLLM, FAKE_VLLM, vllm_launch_args, lambda _: ("--fake-release", VLLM_FACTS.default_release),
     reset_vllm_engine, _vllm_digests, shows_all_weights=False,
     # the tiny model's context; no CUDA graphs (seconds of capture for nothing); the token-in/token-out route whose
-    # answers carry version spans
-    flags=("--max-model-len", "4096", "--enforce-eager", "--enable-scale-out"),
+    # answers carry version spans; the prompt tokens the prefix cache served, in every answer (C3)
+    flags=("--max-model-len", "4096", "--enforce-eager", "--enable-scale-out", "--enable-prompt-tokens-details"),
     # the RL routes (/pause, /resume, /update_weight_version, /weight_info, ...) and runtime LoRA
     env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
     # the native weight-transfer engine: NCCL on GPUs; the drop-in fake serves gloo (no CUDA)

@@ -25,8 +25,9 @@ from fakes.facts import VLLM as VLLM_FACTS
 from .launch import FAKE_VLLM, VLLM
 from .sglang_setup import SglangSetup
 
-SCALE_OUT = ("--enable-scale-out",)
-"""The token-in/token-out route (``/inference/v1/generate``): the one whose answers carry version spans."""
+SCALE_OUT = ("--enable-scale-out", "--enable-prompt-tokens-details")
+"""The token-in/token-out route (``/inference/v1/generate``): the one whose answers carry version spans; and every
+answer's ``usage.prompt_tokens_details``, the prompt tokens the prefix cache served (C3 reads them)."""
 ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 """Two engines on 2 cores: neither binds core 0 (:data:`gpu.vllm_cpu.CPU_ENV`'s binding, made for one engine); each
 runs one OpenMP thread (``OMP_NUM_THREADS``, :func:`gpu.local.threads_env`)."""

@@ -21,11 +21,17 @@ def _recorded(dialect: VllmDialect, path: str, payload: object = None, query: st
     return WireCall(0, 0, "POST", path, payload, 0.0)
 
 
-@pytest.mark.parametrize(("query", "mode"), [("mode=keep", "in_place"), ("mode=abort", "abort"), ("", "abort"),
-                                             ("mode=wait", "retract")])
-def test_a_vllm_pause_is_read_by_the_checkers_in_the_mode_vllm_pauses_in(query: str, mode: str) -> None:
+@pytest.mark.parametrize(("query", "mode", "clears"), [
+    ("mode=keep&clear_cache=false", "in_place", False), ("mode=keep", "retract", True),
+    ("mode=keep&clear_cache=true", "retract", True), ("mode=abort", "abort", True), ("", "abort", True),
+    ("mode=abort&clear_cache=false", "abort", False), ("mode=wait", "retract", True)])
+def test_a_vllm_pause_is_read_by_the_checkers_in_the_mode_vllm_pauses_in(query: str, mode: str, clears: bool) -> None:
+    """``keep`` freezes the requests in flight on their KV only with ``clear_cache=false``: by default (every mode) the
+    pause clears the caches, which preempts what runs (recomputed on resume: ``retract``) and resets the prefix
+    cache, recorded as a pause that flushes (measured on vLLM 0.32.0, ``gpu/fidelity/vllm.py``)."""
     call = _recorded(VllmDialect(), "/pause", query=query)
     assert call.path == "/pause_generation" and pause_mode(call, VOCABULARY_PROFILE) == mode
+    assert (call.payload.get("flush_cache") is True) == clears
 
 
 def test_a_reload_is_a_disk_update_that_neither_aborts_nor_flushes_and_follows_the_served_path() -> None:
@@ -73,7 +79,7 @@ def test_only_vllms_wait_pause_drains_the_requests_in_flight() -> None:
 
 def test_the_suites_own_calls_go_out_in_vllms_words() -> None:
     dialect = VllmDialect()
-    assert dialect.outgoing("/pause_generation", {"mode": "in_place"}) == ("/pause?mode=keep", None)
+    assert dialect.outgoing("/pause_generation", {"mode": "in_place"}) == ("/pause?mode=keep&clear_cache=false", None)
     assert dialect.outgoing("/continue_generation", {}) == ("/resume", None)
     # vLLM knows the suite's generate s1 as generate-tokens-s1: an abort naming s1 would abort nothing
     assert dialect.outgoing("/abort_request", {"rid": "s1"}) == ("/abort_requests",
@@ -98,7 +104,7 @@ def test_the_vllm_reference_passes_and_its_history_keeps_the_calls_as_sent() -> 
     assert result.history is not None and result.history.backend == "fake-vllm"
     assert {c: v.status for c, v in result.verdicts.items() if v.status != "pass"} == {}
     sent = {(c.path, c.sent_as) for c in result.history.wire if c.origin == "integration"}
-    assert {("/pause_generation", "POST /pause?mode=keep"), ("/continue_generation", "POST /resume"),
+    assert {("/pause_generation", "POST /pause?mode=keep&clear_cache=false"), ("/continue_generation", "POST /resume"),
             ("/update_weights_from_disk", "POST /collective_rpc"),
             ("/generate", "POST /inference/v1/generate")} <= sent
     sentinels = [c for c in result.history.wire if c.origin == "sentinel"]
@@ -137,8 +143,8 @@ def test_vllm_sleep_is_a_pause_that_releases_memory_and_only_the_last_wake_conti
     """``EngineCore.sleep`` pauses in its mode (abort by default) before the memory sleeps; ``wake_up`` resumes
     scheduling only once nothing sleeps (0.32.0, measured by the differential): a partial wake is a memory resume."""
     d = VllmDialect()
-    assert d.recorded("POST", "/sleep", "level=1&mode=keep", None) == (
-        "/pause_generation", {"mode": "in_place", "release_memory": ["kv_cache", "weights"]})
+    assert d.recorded("POST", "/sleep", "level=1&mode=keep", None) == (  # level 1 clears the caches: keep preempts
+        "/pause_generation", {"mode": "retract", "flush_cache": True, "release_memory": ["kv_cache", "weights"]})
     assert d.recorded("POST", "/wake_up", "tags=weights", None) == ("/resume_memory_occupation", {"tags": ["weights"]})
     assert d.recorded("POST", "/wake_up", "tags=weights", None) == ("/wake_up", None)  # asleep no more: nothing woken
     assert d.recorded("POST", "/wake_up", "tags=kv_cache&tags=scheduling", None) == (

@@ -29,7 +29,7 @@ def _verdicts(module: str, scenarios: list[str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("module, scenarios", [
     ("async_httpx", ["steady-disk-retract", "one-engine-rejects"]),
-    ("threaded_requests", ["answers-while-paused"]),
+    ("threaded_requests", ["answers-while-paused", "prefix-reuse"]),
     ("lora_inplace", ["lora-refused-by-one"]),
 ])
 def test_a_design_written_from_the_readme_passes_on_the_fake_vllm(module: str, scenarios: list[str]) -> None:

@@ -4,8 +4,10 @@ updater and manager run on vLLM unchanged (``conformance.reference:vllm``).
 
 The cycle maps onto vLLM's RL surface (``vllm/entrypoints/rl/online/api_router.py``, the dev routes):
 
-* pause ``in_place`` → ``/pause?mode=keep`` (the default, ``abort``, ends every request in flight), ``retract`` →
-  ``mode=wait`` (answers once the running requests finished), continue → ``/resume``;
+* pause ``in_place`` → ``/pause?mode=keep&clear_cache=false`` (the default mode, ``abort``, ends every request in
+  flight, and a pause that clears the caches preempts what runs), then every request salted apart from the KV the
+  cache holds (:meth:`VllmEngineClient.generate`); ``retract`` → ``mode=wait`` (answers once the running requests
+  finished, the prefix cache cleared), continue → ``/resume``;
 * the label → ``/update_weight_version`` (never aborts; the token-in/token-out answers carry its spans);
 * a disk update → ``/collective_rpc`` ``reload_weights`` with ``kwargs.weights_path`` (read in place between two
   engine steps; vLLM keeps the prefix cache, so a flush is a ``/reset_prefix_cache``, refused while requests run).
@@ -67,15 +69,25 @@ class VllmEngineClient(HttpEngineClient):
     WEIGHT_LOADS = frozenset({"/collective_rpc", "/update_weights"})  # reload_weights; the native transfer
     loaded: str | None = None
     """The checkpoint the engine serves, once a reload of this client's succeeded."""
+    kept_pauses = 0
+    """How many pauses kept the engine's caches (``in_place``): its requests' ``cache_salt`` since the last."""
 
     async def generate(self, payload: Mapping[str, Any]) -> Any:
-        """``/inference/v1/generate`` for an SGLang ``/generate`` payload; the answer as SGLang's output."""
+        """``/inference/v1/generate`` for an SGLang ``/generate`` payload; the answer as SGLang's output. After an
+        ``in_place`` pause the prefix cache still holds the KV of the weights before (a reset is refused while the
+        frozen requests hold blocks), so every request sent since is salted apart from it (``cache_salt``, as
+        prime-rl and SkyRL salt per version): the engine queues it until it continues on the new weights."""
         path, body = self._dialect.outgoing("/generate", dict(payload))
+        if self.kept_pauses:
+            body["cache_salt"] = f"pause-{self.kept_pauses}"
         answer = await self._call(path, body, timeout_s=self.generate_timeout_s)
         return self._dialect.answered("/generate", dict(payload), answer)
 
     async def pause(self, mode: str) -> None:
-        """``/pause`` with the mode always sent (vLLM's default aborts every request in flight)."""
+        """``/pause`` with the mode always sent (vLLM's default aborts every request in flight); ``in_place`` keeps
+        the caches (``keep&clear_cache=false``), and salts what is sent from then on apart from them."""
+        if mode == "in_place":
+            self.kept_pauses += 1
         await self._call(self._dialect.outgoing("/pause_generation", {"mode": mode})[0])
 
     async def resume(self) -> None:

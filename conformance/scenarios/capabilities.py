@@ -42,7 +42,7 @@ def transport_for(preferred: Sequence[str], caps: Capabilities) -> str | None:
 
 def pause_mode_for(mode: str, caps: Capabilities) -> str:
     """The pause mode a scenario asking for ``mode`` runs in: an integration with one pause mode runs every scenario
-    in it (keep-only vLLM frameworks in ``in_place``; an abort-only one in ``abort``, failing I2/I3 with the cost
+    in it (keep-only vLLM frameworks in ``in_place``, or ``retract`` for a bare ``keep``; an abort-only one in ``abort``, failing I2/I3 with the cost
     measured), and the checks that need the other mode skip, saying so (:meth:`Scenario.skipped_checks`); one that
     never pauses runs in ``mode``, which it ignores; otherwise a mode it lacks raises :class:`Unsupported`."""
     if len(caps.pause_modes) == 1:

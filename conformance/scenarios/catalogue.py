@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-from ..situations import drain, gate
+from ..situations import drain, gate, prefix
 from ..situations.aborted import abort_in_flight
 from ..situations.producer import until_in_flight, until_next_call, until_producer_blocked
 from ..situations.restarted import restart
@@ -46,6 +46,20 @@ async def _mixed_versions(run: Run) -> None:
                 return
     run.unmet(("S2",), "no group generated under more than one version was consumed in 8 updates (every group "
               "that spanned an update was dropped or recycled before training?): S2 is not shown on mixed groups")
+
+
+async def _prefix_reuse(run: Run) -> None:
+    """Two batches (every engine caches the prompts' shared preamble), an update, then batches until a prompt was
+    served from the cache after the load (:mod:`~conformance.situations.prefix`); C3 then judges what computed it."""
+    await run.start()
+    await run.drain(2)
+    await run.update(resident=True)
+    for _ in range(4):
+        await run.drain(1)
+        if run.shows(prefix.SITUATION.shown):
+            return
+    run.unmet(("C3",), "no prompt was served from the prefix cache after the load in 4 batches (the engines' answers "
+              "never said cached_tokens > 0): C3 is not shown")
 
 
 async def _failover(run: Run) -> None:
@@ -276,5 +290,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              needs=Needs(engine_recovery=True)),
     Scenario("aborted-groups", "every engine aborts its requests mid-rollout (injected)", _aborted_groups,
              ("aborted",)),
+    Scenario("prefix-reuse", "prompts that share a preamble of full cache blocks, an update between batches: what "
+             "the prefix cache serves after the load", _prefix_reuse, ("prefix-after-load",),
+             prompt_template=prefix.TEMPLATE),
 ]}
 """Scenario name → scenario."""

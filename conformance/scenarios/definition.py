@@ -11,6 +11,7 @@ from ..backends import Backend
 from ..breaks import Unsupported
 from ..checks import REGISTRY
 from ..interface import ALL_PAUSE_MODES, ALL_TRANSPORTS, Integration, RolloutConfig
+from ..prompts import TEMPLATE
 from ..situations.registry import SITUATIONS, unknown_situations
 from .capabilities import Needs, pause_mode_for, skip_reasons, transport_for
 from .run import Run
@@ -44,6 +45,8 @@ class Scenario:
     needs_pause: bool = False
     """Its situation exists only for an integration that pauses (answers reaching it while its engines are paused):
     one that never pauses skips it, saying so."""
+    prompt_template: str = TEMPLATE
+    """The integration's prompts (:class:`~conformance.prompts.PromptSource`'s template)."""
     turn_s: Callable[[Backend], float] | None = None
     """How long the integration's turns decode at least on a backend (None:
     :data:`~conformance.situations.timing.TURN_S`)."""

@@ -50,8 +50,8 @@ def new_history(scenario: Scenario, integration: Integration, backend: Backend, 
 def build_env(scenario: Scenario, backend: Backend, folder: Path, history: History) -> BuildEnv:
     """What ``Integration.build`` gets: the engines' URLs, a checkpoint directory (created) under ``folder``, the
     workload, the prompts (each handed out recorded in ``history``), the pause mode and the seed."""
-    env = BuildEnv(list(backend.urls), folder, scenario.rollout, PromptSource(history.seed, book=history.prompts),
-                   scenario.pause_mode, history.seed)
+    prompts = PromptSource(history.seed, scenario.prompt_template, book=history.prompts)
+    env = BuildEnv(list(backend.urls), folder, scenario.rollout, prompts, scenario.pause_mode, history.seed)
     env.checkpoint_dir.mkdir()
     return env
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..history import LORA_LOAD_PATHS, History
-from . import aborted, drain, refused, resident, restarted, slow
+from . import aborted, drain, prefix, refused, resident, restarted, slow
 from .scene import Situation
 
 
@@ -37,6 +37,7 @@ SITUATIONS: dict[str, Situation] = {s.name: s for s in [
     slow.SITUATION,
     drain.SITUATION,
     restarted.SITUATION,
+    prefix.SITUATION,
 ]}
 """Situation name → situation."""
 

@@ -2,7 +2,7 @@
 
 vLLM 0.32 on CPU moves weights only from disk (``/collective_rpc`` ``reload_weights``). The cycle, per update:
 
-    write checkpoint (tmp dir + rename) → /pause?mode=keep|wait → [/reset_prefix_cache, wait only]
+    write checkpoint (tmp dir + rename) → /pause?mode=keep&clear_cache=false|wait → [/reset_prefix_cache, wait only]
     → reload_weights on every engine → /update_weight_version on every engine → /resume → publish
 
 A failed reload leaves vLLM without weights, and a reload that succeeded on one engine while another failed leaves it
@@ -29,8 +29,9 @@ import httpx
 from conformance.interface import (KEEPALIVE_EXPIRY_S, Batch, BuildEnv, Capabilities, Group, LoraAdapter, Prompt,
                                    Roles, Sample, Turn)
 
-VLLM_PAUSE = {"in_place": "keep", "retract": "wait"}
-"""The suite's pause mode → vLLM's. Never a bare /pause: its default, abort, ends every request in flight."""
+VLLM_PAUSE = {"in_place": {"mode": "keep", "clear_cache": "false"}, "retract": {"mode": "wait"}}
+"""The suite's pause mode → vLLM's. Never a bare /pause: its default, abort, ends every request in flight; and keep
+holds the requests on their KV only with clear_cache=false (by default the pause clears the caches, preempting them)."""
 
 
 class VllmError(RuntimeError):
@@ -108,7 +109,7 @@ class AsyncVllm:
         return await self.call("/inference/v1/generate", body, timeout=300.0)
 
     async def pause(self, mode: str) -> None:
-        await self.call("/pause", mode=VLLM_PAUSE[mode])
+        await self.call("/pause", **VLLM_PAUSE[mode])
 
     async def resume(self) -> None:
         await self.call("/resume")

@@ -5,7 +5,9 @@ or in a pool of their own (``/inference/v1/generate``: a request frozen by a pau
 ``/resume`` needs). A turn's version is the one published when its call was sent (``Turn.policy_version``,
 ``stamps_engines=False``); no call goes out while a cycle holds the engines, so a call queued at vLLM's pause never
 runs under weights newer than the version it records. The engines are still labelled (``/update_weight_version``)
-so their own label agrees (V1). Pauses are ``keep`` only (``pause_modes={"in_place"}``): no prefix-cache reset.
+so their own label agrees (V1). Pauses are a bare ``keep`` only (TRL's async GRPO): vLLM clears its caches at such
+a pause, preempting the requests in flight (recomputed on resume) and resetting the prefix cache, which is the suite's
+``retract`` (``pause_modes={"retract"}``); no reset of its own.
 
     python -m conformance --engine vllm --integration examples.vllm_designs.threaded_requests:integration
 """
@@ -151,7 +153,7 @@ class ThreadedRequestsIntegration:
     name: str = "vllm-design-threaded-requests"
     updater_cls: type = ThreadedUpdater
     capabilities: Capabilities = field(default_factory=lambda: Capabilities(
-        transports=frozenset({"disk"}), lora=False, pause_modes=frozenset({"in_place"}), stamps_engines=False,
+        transports=frozenset({"disk"}), lora=False, pause_modes=frozenset({"retract"}), stamps_engines=False,
         absent_because={"tensor": "vLLM 0.32 moves tensors only over CUDA IPC/NCCL",
                         "distributed": "vLLM 0.32 moves tensors only over CUDA IPC/NCCL"}))
 

@@ -275,7 +275,7 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         raise Invalid(("body",), "Input should be a valid dictionary or object to extract fields from",
                       "model_attributes_type", body)
     try:
-        logprobs = _completion_logprobs(body)
+        logprobs, salt = _completion_logprobs(body), _cache_salt(body)
     except _Refused as refused:
         return refused.reply
     wrong = e.check_model(body.get("model"))
@@ -294,7 +294,7 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
     rid = _request_id(e, req, body)
-    request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, stream)
+    request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, stream, salt)
     ids = bool(body.get("return_token_ids"))
     model = body.get("model") or e.served_model_name
     if stream:
@@ -309,14 +309,39 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
                      "finish_reason": e.finish_reason(out), "stop_reason": None,
                      "token_ids": output if ids else None, "prompt_logprobs": None,
                      "prompt_token_ids": list(out.input_ids) if ids else None, "routed_experts": None}],
-        "service_tier": None, "system_fingerprint": e.system_fingerprint, "usage": _usage(out),
+        "service_tier": None, "system_fingerprint": e.system_fingerprint, "usage": _usage(e, out),
         "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None})
 
 
-def _usage(out: Any) -> dict[str, Any]:
+def _usage(e: FakeVLLMEngine, out: Any) -> dict[str, Any]:
+    """``UsageInfo``: with ``--enable-prompt-tokens-details``, the prompt tokens the prefix cache served."""
     prompt, completion = len(out.input_ids), len(out.output_ids)
+    details = {"cached_tokens": out.cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None, "completion_tokens_details": None}
+            "prompt_tokens_details": details if e.enable_prompt_tokens_details else None,
+            "completion_tokens_details": None}
+
+
+_SALT_FORBIDDEN = ("@", "/", "\\", "\0")
+_SALT_MAX = 128
+
+
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """``cache_salt`` (``validate_cache_salt``, ``entrypoints/generate/base/protocol.py``, 0.32.0): a non-empty
+    string of at most 128 characters without ``@``, ``/``, ``\\`` or NUL, else vLLM's ``VLLMValidationError``."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise _Refused(_salt_refused("must be a non-empty string if provided"))
+    if len(salt) > _SALT_MAX or any(c in salt for c in _SALT_FORBIDDEN):
+        raise _Refused(_salt_refused(f"must be at most {_SALT_MAX} characters and must not contain '@', '/', "
+                                     "'\\\\', or NUL"))
+    return salt
+
+
+def _salt_refused(why: str) -> Reply:
+    return error_reply(400, f"Parameter 'cache_salt' {why}. (parameter=cache_salt)", "BadRequestError", "cache_salt")
 
 
 async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str, model: str, ids: bool,
@@ -363,7 +388,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
                       "too_short", ids)
     sampling = _field(body, "sampling_params", dict)
     try:
-        logprobs = _sampling_logprobs(sampling)
+        logprobs, salt = _sampling_logprobs(sampling), _cache_salt(body)
     except _Refused as refused:
         return refused.reply
     rid = _request_id(e, req, body)
@@ -376,7 +401,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
     prompt_ids = bool(body.get("return_token_ids"))
-    request, call = e.submit(ids, sampling, rid, lora, stream)
+    request, call = e.submit(ids, sampling, rid, lora, stream, salt)
     if stream:
         return Reply(200, stream=_generate_stream(e, request, call, rid, logprobs, prompt_ids))
     out = await e.finished(request, call)
@@ -389,7 +414,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
                      "logprobs": None if logprobs is None else generate_logprobs(output, logprobs, e.vocab_size),
                      "routed_experts": None, "sampling_mask": None, "weight_versions": e.spans(out)}],
         "prompt_token_ids": list(out.input_ids) if prompt_ids else None, "prompt_logprobs": None,
-        "prompt_token_id_logprobs": None, "mm_placeholders": None, "usage": _usage(out), "kv_transfer_params": None,
+        "prompt_token_id_logprobs": None, "mm_placeholders": None, "usage": _usage(e, out), "kv_transfer_params": None,
         "ec_transfer_params": None, "metrics": None})
 
 
@@ -456,7 +481,8 @@ ROUTES: dict[str, tuple[tuple[str, ...], Handler]] = {
     "/shutdown_weight_transfer_engine": (("POST",), _weight_transfer),
     "/weight_checker": (("POST",), _weight_checker),
     "/collective_rpc": (("POST",), _collective_rpc),
-    "/reset_prefix_cache": (("POST",), _sync(lambda e, r: e.reset_prefix_cache())),
+    "/reset_prefix_cache": (("POST",), _sync(lambda e, r: e.reset_prefix_cache(
+        _bool_query(r, "reset_running_requests", False)))),
     "/sleep": (("POST",), _sleep),
     "/wake_up": (("POST",), _wake_up),
     # EngineCore.is_sleeping: the scheduler paused, or the executor's memory asleep (v1/engine/core.py, 0.32.0)

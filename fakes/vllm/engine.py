@@ -19,7 +19,8 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Hashable, Mapping
 
 from .. import weights as W
 from ..asgi import Reply
@@ -34,6 +35,7 @@ from ..served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model, load_
 from .app import make_app
 from .errors import answer, error_reply, worker_failed
 from .logprobs import MAX_LOGPROBS
+from .prefix_cache import BLOCK_SIZE, Hit, PrefixCache
 from .weight_transfer import WeightTransfer, parse_config
 
 _STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
@@ -47,6 +49,17 @@ CHECKSUM_PREFIX = "dp0:pp0:pcp0:tp0:"
 ``v1/worker/gpu_worker.py``, 0.32.0)."""
 
 
+@dataclass
+class _Prefill:
+    """What the prefix cache knows of one request: its key, and on which weights its KV was computed."""
+
+    salt: str | None
+    adapter: Hashable
+    """``(name, path)`` of its LoRA adapter, or None."""
+    kv: list[Hashable] = field(default_factory=list)
+    """Per position computed at its last scheduling, the weights it was computed on (a hit's: the block's)."""
+
+
 class FakeVLLMEngine(EngineLoop):
     """A faithful fake of one vLLM server's RL surface (``VLLM_SERVER_DEV_MODE=1``); see ``fakes/README.md``."""
 
@@ -55,7 +68,9 @@ class FakeVLLMEngine(EngineLoop):
                  tokens_per_second: float | None = None, clock: Clock | None = None, seed: int = 0,
                  engine_id: str = "e0", max_num_seqs: int = 256, enable_lora: bool = False,
                  enable_scale_out: bool = False, max_model_len: int | None = None, max_lora_rank: int = 16,
-                 max_logprobs: int = MAX_LOGPROBS, weight_transfer_config: str | dict | None = None) -> None:
+                 max_logprobs: int = MAX_LOGPROBS, weight_transfer_config: str | dict | None = None,
+                 block_size: int = BLOCK_SIZE, enable_prefix_caching: bool = True,
+                 enable_prompt_tokens_details: bool = False) -> None:
         if release not in VLLM.releases:
             raise ValueError(f"unknown vLLM release {release!r}; known: {', '.join(VLLM.releases)}")
         if tokens_per_second is not None and tokens_per_second <= 0:
@@ -90,6 +105,16 @@ class FakeVLLMEngine(EngineLoop):
                                    engine_id=engine_id)
         self.adapters: dict[str, str] = {}
         """Loaded LoRA adapters: name → path (``OpenAIServingModels.lora_requests``)."""
+        self._adapter_loads: dict[str, int] = {}
+        """Per adapter name, how many loads it has had (the weights its cached blocks were computed on)."""
+        self.prefix = PrefixCache(block_size, enable_prefix_caching)
+        """The prefix cache (:mod:`fakes.vllm.prefix_cache`)."""
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
+        """``--enable-prompt-tokens-details``: usage answers ``prompt_tokens_details.cached_tokens``."""
+        self._prefill: dict[Request, _Prefill] = {}
+        self._unstepped = 0
+        """Requests a cache clear preempted since the last step: ``/metrics`` still counts them running (its gauges
+        move only as the engine steps, and a paused engine does not: measured, ``gpu/fidelity/vllm.py``)."""
         self.asleep: set[str] = set()
         """The executor's sleeping memory (``sleeping_tags``: ``weights``, ``kv_cache``; ``v1/executor/abstract.py``)."""
         self.crashed, self.closed = False, False
@@ -141,6 +166,9 @@ class FakeVLLMEngine(EngineLoop):
 
     # -- output delivery (EngineLoop steps the scheduler and hands each step's result here) --------------------------
     def _deliver(self, result: StepResult) -> None:
+        self._unstepped = 0
+        for req in result.admitted:
+            self._scheduled(req)
         for req in result.emitted:
             sink = self._sinks.get(req)
             if sink is not None and req.stream:
@@ -149,10 +177,59 @@ class FakeVLLMEngine(EngineLoop):
 
     def _deliver_finished(self, reqs: Any) -> None:
         for req in reqs:
+            self._computed(req)
             sink = self._sinks.pop(req, None)
             if sink is not None:
                 sink.call.put_nowait((sink.index, req, True))
         self._touch()
+
+    # -- the prefix cache (fakes.vllm.prefix_cache) ------------------------------------------------------------------
+    def _weights_of(self, req: Request) -> Hashable:
+        """The weights a request's KV is computed on now: the base model's, and its adapter's load."""
+        return self.scheduler.weights_tag if req.lora is None else (self.scheduler.weights_tag,
+                                                                    self._adapter_loads.get(req.lora))
+
+    def _scheduled(self, req: Request) -> None:
+        """A request scheduled: the first time, what it hits in the cache (``num_cached_tokens``, set once) and its
+        prompt's blocks cached; after a preemption (a reset emptied the cache), everything recomputed."""
+        pre = self._prefill.get(req)
+        if pre is None:
+            return
+        weights = self._weights_of(req)
+        if req.retractions == 0 and not pre.kv:
+            hit = self.prefix.lookup(req.input_ids, pre.salt, pre.adapter, weights)
+            req.cached_tokens = hit.cached
+            pre.kv = [*hit.weights, *[weights] * (len(req.input_ids) - hit.cached)]
+            self.prefix.store(req.input_ids, pre.salt, pre.adapter, pre.kv)
+            if hit.cached:
+                self._event("prefix.hit", rid=req.rid, cached_tokens=hit.cached, stale_tokens=hit.stale)
+        else:
+            pre.kv = [weights] * (len(req.input_ids) + len(req.output_ids))
+
+    def _computed(self, req: Request) -> None:
+        """A request ended: the full blocks of what its KV covers (its prompt and every output token but the last,
+        each on the weights that decoded the token after it) are cached."""
+        pre = self._prefill.pop(req, None)
+        if pre is None or not pre.kv:
+            return
+        tokens = [*req.input_ids, *req.output_ids[:-1]]
+        first = len(pre.kv) - len(req.input_ids)  # output tokens computed at its last scheduling
+        kv = [*pre.kv, *req.token_weights[first + 1:]][:len(tokens)]
+        self.prefix.store(tokens[:len(kv)], pre.salt, pre.adapter, kv)
+
+    def _clear_caches(self) -> bool:
+        """``EngineCore._reset_caches`` (a pause's ``clear_cache``, a sleep): every running request preempted (its KV
+        recomputed when it is scheduled again), the prefix cache dropped."""
+        self._unstepped += len(self.scheduler.retract_all())
+        return self._reset_prefix()
+
+    def _reset_prefix(self) -> bool:
+        """``Scheduler.reset_prefix_cache``: refused (False) while a running request holds blocks."""
+        if self.scheduler.running:
+            return False
+        self.prefix.reset()
+        self._event("prefix.reset")
+        return True
 
     # -- generation --------------------------------------------------------------------------------------------------
     def check_model(self, name: Any) -> Reply | None:
@@ -162,7 +239,7 @@ class FakeVLLMEngine(EngineLoop):
         return answer("unknown_model", param="model", model=name, aliases=self.served_model_name)
 
     def submit(self, prompt: list[int], sampling: Mapping[str, Any], rid: str, lora: str | None,
-               stream: bool) -> tuple[Request, _Call]:
+               stream: bool, cache_salt: str | None = None) -> tuple[Request, _Call]:
         """Queue one request (the scheduler admits it unless a pause holds new requests)."""
         self._bind()
         self._raise_if_dead()
@@ -172,6 +249,7 @@ class FakeVLLMEngine(EngineLoop):
         call = _Call()
         self._calls.add(call)
         self._sinks[req] = _Sink(call, 0)
+        self._prefill[req] = _Prefill(cache_salt, None if lora is None else (lora, self.adapters.get(lora)))
         self.scheduler.submit(req)
         self._touch()
         return req, call
@@ -216,20 +294,24 @@ class FakeVLLMEngine(EngineLoop):
 
     async def pause(self, mode: str, clear_cache: bool = True) -> Reply:
         """``/pause?mode=``: abort ends what is in flight and holds new requests; wait holds new requests and answers
-        once the batch drained; keep freezes everything (``pause_scheduler``). ``clear_cache`` clears caches the fake
-        does not keep (the prefix cache is not modelled: ``/reset_prefix_cache`` answers from the batch alone)."""
+        once the batch drained; keep freezes everything (``pause_scheduler``). Then ``clear_cache`` (the default, in
+        every mode: ``EngineCore._finish_pause``, 0.32.0, whatever the route's docstring says of keep) preempts what
+        still runs and drops the prefix cache (:meth:`_clear_caches`): measured, a request kept running across a
+        ``keep`` pause is preempted and recomputed, and a reset while paused succeeds; with ``clear_cache=false``
+        it stays frozen on its blocks and a reset is refused."""
         self._bind()
         if mode == "abort":
             self._abort(self.scheduler.live())
             self.scheduler.hold_new = True
-            self._touch()
         elif mode == "keep":
             self.scheduler.pause("in_place")
-            self._touch()
         else:
             self.scheduler.hold_new = True
             self._touch()
             await self._wait_for(lambda: not self.scheduler.running)
+        if clear_cache:
+            self._clear_caches()
+        self._touch()
         return Reply(200, {"status": "paused"})
 
     def resume(self) -> Reply:
@@ -360,13 +442,18 @@ class FakeVLLMEngine(EngineLoop):
         """``/metrics`` (Prometheus text): the scheduler gauges a client reads to know what the engine holds
         (``v1/metrics/loggers.py``)."""
         labels = f'{{engine="0",model_name="{self.served_model_name}"}}'
+        running, waiting = len(self.scheduler.running) + self._unstepped, len(self.scheduler.waiting) - self._unstepped
         return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} "
-                f"{float(len(self.scheduler.running))}\n# TYPE vllm:num_requests_waiting gauge\n"
-                f"vllm:num_requests_waiting{labels} {float(len(self.scheduler.waiting))}\n")
+                f"{float(running)}\n# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{labels} {float(waiting)}\n")
 
-    def reset_prefix_cache(self) -> Reply:
-        """``reset_prefix_cache``: fails (``success: false``) while running requests hold blocks."""
-        return Reply(200, {"success": not self.scheduler.running})
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> Reply:
+        """``/reset_prefix_cache``: fails (``success: false``) while running requests hold blocks, unless
+        ``reset_running_requests`` preempts them first (``Scheduler.reset_prefix_cache``, 0.32.0)."""
+        if reset_running_requests:
+            self._unstepped += len(self.scheduler.retract_all())
+            self._touch()
+        return Reply(200, {"success": self._reset_prefix()})
 
     # -- sleep -------------------------------------------------------------------------------------------------------
     async def sleep(self, level: int, mode: str) -> Reply:
@@ -418,6 +505,7 @@ class FakeVLLMEngine(EngineLoop):
         if rank > self.max_lora_rank:  # PEFTHelper.validate_legal (lora/peft_helper.py), raised in the worker
             return worker_failed("add_lora", f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.")
         self.adapters[name] = path
+        self._adapter_loads[name] = self._adapter_loads.get(name, 0) + 1
         self._event("lora.load", name=name, path=path)
         return Reply(200, f"Success: LoRA adapter '{name}' added successfully.")
 

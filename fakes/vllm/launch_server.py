@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..facts import VLLM
 from .logprobs import MAX_LOGPROBS
+from .prefix_cache import BLOCK_SIZE
 
 if TYPE_CHECKING:
     from .engine import FakeVLLMEngine
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--enable-scale-out", action="store_true")
     parser.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS)
+    parser.add_argument("--block-size", type=int, default=BLOCK_SIZE)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true")
     parser.add_argument("--weight-transfer-config", default=None,
                         help='vLLM\'s weight transfer engine, JSON: the fake serves {"backend": "gloo"}')
     for flag in ("--enforce-eager", "--disable-log-requests", "--disable-log-stats", "--trust-remote-code"):
@@ -73,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 seed=args.fake_seed, max_num_seqs=args.max_num_seqs, enable_lora=args.enable_lora,
                                 enable_scale_out=args.enable_scale_out, max_model_len=args.max_model_len,
                                 max_lora_rank=args.max_lora_rank, max_logprobs=args.max_logprobs,
-                                weight_transfer_config=args.weight_transfer_config)
+                                weight_transfer_config=args.weight_transfer_config, block_size=args.block_size,
+                                enable_prefix_caching=args.enable_prefix_caching,
+                                enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     except ValueError as e:  # an unknown weight-transfer backend: vLLM's factory stops the start-up
         parser.exit(1, f"{parser.prog}: error: {e}\n")
     try:

@@ -32,6 +32,8 @@ HELD_ID = "fidelity-held"
 MODEL_LEN = 8192
 """The model's positions and ``--max-model-len`` for this script (the CPU flags' 4096 is under the held budget)."""
 PROMPT = [5, 6, 7, 8]
+LONG_PROMPT = list(range(5, 305))
+"""A prompt of two full blocks and more (vLLM's CPU block: 128 tokens), for the prefix-cache steps."""
 HELD_S = 1.0
 """How long a request sent while paused must go unanswered to count as held (a refusal answers at once)."""
 
@@ -355,6 +357,8 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         response = await call("completion without prompt", "/v1/completions", {"model": model, "max_tokens": 4})
         out["completion without prompt answer"] = choice(response.json())
         await logprobs_steps(call, model, out)
+        await prefix_cache_steps(call, client, url, model, out)  # before the sleeps: after them, real vLLM's /metrics
+        # no longer showed a request decoding (measured: the reset steps' requests were never seen running)
 
         # -- pause: abort (the default), keep, wait --
         async def pause_default(held: Held) -> bool:
@@ -527,6 +531,72 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
     return out
 
 
+async def cached_tokens(call: Call, out: dict[str, Observation], step: str, model: str, route: str = "/v1/completions",
+                        prompt: list[int] = LONG_PROMPT, **extra: Any) -> None:
+    """One short request of ``prompt``, observed with the prompt tokens the prefix cache served
+    (``usage.prompt_tokens_details.cached_tokens``, answered with ``--enable-prompt-tokens-details``)."""
+    body: dict[str, Any] = ({"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0, **extra}
+                            if route == "/v1/completions" else
+                            {"token_ids": prompt, "sampling_params": {"max_tokens": 2, "temperature": 0}, **extra})
+    response = await call(step, route, body)
+    usage = response.json().get("usage") if response.status_code == 200 else None
+    out[step]["cached_tokens"] = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+async def prefix_cache_steps(call: Call, client: httpx.AsyncClient, url: str, model: str,
+                             out: dict[str, Observation]) -> None:
+    """The prefix cache across what weight sync does (``fakes/vllm/prefix_cache.py``): hits in full blocks, the
+    salt, a relabel and a reload (kept), the pauses with and without ``clear_cache`` (a pause clears it by default,
+    in every mode, preempting what runs), the reset refused while a request runs on its blocks and forced with
+    ``reset_running_requests``, a sleep."""
+    async def hits(step: str, **extra: Any) -> None:
+        await cached_tokens(call, out, "prefix: " + step, model, **extra)
+
+    await hits("first")
+    await hits("again")
+    await hits("its first 200 tokens", prompt=LONG_PROMPT[:200])
+    await hits("token-in/token-out route", route="/inference/v1/generate")
+    await hits("salted", cache_salt="s1")
+    await hits("salted again", cache_salt="s1")
+    await hits("an empty salt", cache_salt="")
+    await hits("a salt with a slash", cache_salt="a/b")
+    await hits("token-in/token-out with an empty salt", route="/inference/v1/generate", cache_salt="")
+    await client.post(url + "/update_weight_version", json={"new_version": "v-prefix"})
+    await hits("after a relabel")
+    await client.post(url + "/collective_rpc", json={"method": "reload_weights"})
+    await hits("after a reload")
+    for step, query in (("pause keep without clear_cache", {"mode": "keep", "clear_cache": "false"}),
+                        ("pause abort without clear_cache", {"mode": "abort", "clear_cache": "false"}),
+                        ("pause keep", {"mode": "keep"}), ("pause wait", {"mode": "wait"})):
+        await call("prefix: " + step, "/pause", **query)
+        await client.post(url + "/resume")
+        await hits("after " + step)
+        await hits("again after " + step)
+
+    async def reset_under(step: str, pause: dict[str, str] | None, **query: str) -> None:
+        async def act(held: Held) -> bool:
+            if pause is not None:
+                await client.post(url + "/pause", params=pause)
+            await call("prefix: reset " + step, "/reset_prefix_cache", **query)
+            decoding_then = await engine_running(client, url)  # its gauges move only as the engine steps
+            if pause is not None:
+                await client.post(url + "/resume")
+            return decoding_then
+
+        out["prefix: request under the reset " + step], landed = await during_decode(
+            lambda: decoding(client, url), act)
+        out["prefix: reset " + step]["request decoding"] = landed
+
+    await reset_under("while paused keep without clear_cache", {"mode": "keep", "clear_cache": "false"})
+    await reset_under("while paused keep", {"mode": "keep"})
+    await reset_under("while decoding", None)
+    await reset_under("while decoding, reset_running_requests", None, reset_running_requests="true")
+    await hits("after the forced reset")
+    await call("prefix: sleep", "/sleep", level=1)
+    await client.post(url + "/wake_up")
+    await hits("after a sleep")
+
+
 async def run_vllm_lora_script(url: str, model: str, work: Path,
                                sent: list[Sent] | None = None) -> dict[str, Observation]:
     """Runtime LoRA on an engine started with :data:`LORA_FLAGS`: an adapter loaded from disk, loaded again under its
@@ -567,6 +637,7 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
         await call("lora load a1 again in place", load, {"lora_name": "a1", "lora_path": a1, "load_inplace": True})
         await listed("v1/models with a1")
         await complete("completion with a1", "a1")
+        await lora_prefix_steps(call, out, model, work, trainer)
         await call("lora load rank 16 (above --max-lora-rank)", load,
                    {"lora_name": "big", "lora_path": adapter_dir("big", rank=16)})
         await call("lora load a missing path", load, {"lora_name": "gone", "lora_path": str(work / "gone")})
@@ -613,6 +684,30 @@ async def run_vllm_lora_script(url: str, model: str, work: Path,
         except (httpx.HTTPError, ValueError) as err:
             out["completion after a failed reload"] = {"status": None, "error": type(err).__name__}
     return {f"{step} (lora)": seen for step, seen in out.items()}
+
+
+async def lora_prefix_steps(call: Call, out: dict[str, Observation], model: str, work: Path, trainer: Any) -> None:
+    """An adapter's cached blocks across its reloads in place: keyed by its name and path
+    (``_gen_lora_extra_hash_keys``, 0.32.0), so a reload from the same path (new files written there) hits the KV
+    the old adapter computed, and one from another path does not."""
+    from conformance.reference.transports import write_checkpoint_atomic
+
+    def write(name: str, version: int) -> str:
+        adapter = trainer.lora(version, rank=2)
+        return str(write_checkpoint_atomic(work, name, adapter.tensors, adapter.config,
+                                           weights_file="adapter_model.safetensors", config_file="adapter_config.json"))
+
+    load = "/v1/load_lora_adapter"
+    await call("prefix lora: load p", load, {"lora_name": "p", "lora_path": write("p", 1)})
+    await cached_tokens(call, out, "prefix lora: first", "p")
+    await cached_tokens(call, out, "prefix lora: again", "p")
+    await call("prefix lora: reload p in place, same path", load,
+               {"lora_name": "p", "lora_path": write("p", 2), "load_inplace": True})
+    await cached_tokens(call, out, "prefix lora: after a reload in place from the same path", "p")
+    await call("prefix lora: reload p in place, another path", load,
+               {"lora_name": "p", "lora_path": write("p-other", 3), "load_inplace": True})
+    await cached_tokens(call, out, "prefix lora: after a reload in place from another path", "p")
+    await call("prefix lora: unload p", "/v1/unload_lora_adapter", {"lora_name": "p"})
 
 
 async def native_transfer(call: Call, client: httpx.AsyncClient, url: str, out: dict[str, Observation],
@@ -678,8 +773,9 @@ async def native_transfer(call: Call, client: httpx.AsyncClient, url: str, out: 
 
 FAKE_PROGRAM = ("-m", "fakes.vllm.launch_server")
 """The fake vLLM, a drop-in for ``vllm.entrypoints.openai.api_server``."""
-LAUNCH_FLAGS = ("--enable-scale-out",)
-"""Beyond the CPU flags: the token-in/token-out route, the one that answers version spans."""
+LAUNCH_FLAGS = ("--enable-scale-out", "--enable-prompt-tokens-details")
+"""Beyond the CPU flags: the token-in/token-out route, the one that answers version spans, and the prompt tokens the
+prefix cache served in every usage."""
 LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "8", "--max-loras", "2")
 """The LoRA lifetime's server: a second one, started with runtime LoRA on (rank 8 at most) and the gloo weight-transfer
 engine (:data:`gpu.vllm_setup.GLOO_TRANSFER`: its native transfer runs there, :func:`native_transfer`)."""

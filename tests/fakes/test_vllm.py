@@ -28,6 +28,12 @@ def _completion(engine: FakeVLLMEngine, max_tokens: int = 50, **extra: object) -
             "return_token_ids": True, **extra}
 
 
+def gauge(engine: FakeVLLMEngine, name: str) -> float:
+    """One gauge of the engine's ``/metrics``."""
+    line = next(line for line in engine.metrics().splitlines() if line.startswith(name + "{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
 async def _running(wire, max_tokens: int = 50) -> asyncio.Task:
     """A completion the engine is decoding (admitted, one token out)."""
     task = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, max_tokens))
@@ -48,13 +54,30 @@ async def test_the_default_pause_aborts_the_request_in_flight_with_the_tokens_it
 
 
 @pytest.mark.asyncio
-async def test_keep_freezes_the_request_and_it_completes_after_resume(connect) -> None:
+async def test_keep_without_clear_cache_freezes_the_request_and_it_completes_after_resume(connect) -> None:
+    wire = await connect(FakeVLLMEngine())
+    task = await _running(wire)
+    await wire.post("/pause", params={"mode": "keep", "clear_cache": "false"})
+    before = len(wire.engine.scheduler.running[0].output_ids)
+    await wire.engine.step(10)
+    assert len(wire.engine.scheduler.running[0].output_ids) == before  # frozen on its blocks: no token while kept
+    assert (await wire.post("/reset_prefix_cache")).json() == {"success": False}  # its blocks are held
+    await wire.post("/resume")
+    choice = (await wire.step_until_done([task]))[0].json()["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 50
+
+
+@pytest.mark.asyncio
+async def test_keep_clearing_the_caches_preempts_the_request_and_it_completes_after_resume(connect) -> None:
+    """``clear_cache`` (true by default, in every mode: ``EngineCore._finish_pause``, 0.32.0) preempts what runs, so
+    a reset while paused succeeds; the request is recomputed on resume and ends as it would have. ``/metrics`` still
+    counts it running until the engine steps again (measured: its gauges move only as it steps)."""
     wire = await connect(FakeVLLMEngine())
     task = await _running(wire)
     await wire.post("/pause", params={"mode": "keep"})
-    before = len(wire.engine.scheduler.running[0].output_ids)
-    await wire.engine.step(10)
-    assert len(wire.engine.scheduler.running[0].output_ids) == before  # frozen: no token while kept
+    assert not wire.engine.scheduler.running and wire.engine.scheduler.waiting[0].retractions == 1
+    assert gauge(wire.engine, "vllm:num_requests_running") == 1.0
+    assert (await wire.post("/reset_prefix_cache")).json() == {"success": True}
     await wire.post("/resume")
     choice = (await wire.step_until_done([task]))[0].json()["choices"][0]
     assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 50

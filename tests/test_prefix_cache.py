@@ -1,0 +1,56 @@
+"""C3 on the fake vLLM: what the wire attributes to the prefix cache agrees with the engine's own truth (which cached
+tokens the old weights computed), the reference passes in both its pause modes (``in_place`` salts its requests
+apart from the KV its cache kept), the mutant that keeps the cache across loads fails with a witness, and SGLang,
+whose fake keeps no radix cache, skips the scenario saying so."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conformance.backends import FakeBackend, FakeBackendConfig
+from conformance.cases import run_one
+from conformance.dialect import VllmDialect
+from conformance.history import History
+from conformance.mutants import VLLM_MUTANTS
+from conformance.reference import integration as reference, vllm
+from conformance.situations.prefix import prefix_hits
+
+pytestmark = pytest.mark.cpu
+
+
+def _vllm() -> FakeBackend:
+    return FakeBackend(FakeBackendConfig(engine="vllm"))
+
+
+def _stale_in_truth(h: History) -> set[str]:
+    """The rids the fake's engines served KV of older weights to (``prefix.hit`` events)."""
+    dialect = VllmDialect()
+    return {dialect.rid(e["fields"]["rid"]) for events in h.engine_truth["engine_events"] for e in events
+            if e["kind"] == "prefix.hit" and e["fields"]["stale_tokens"]}
+
+
+@pytest.mark.parametrize("integration, fails", [
+    (vllm, False),
+    (replace(vllm, capabilities=replace(vllm.capabilities, pause_modes=frozenset({"in_place"}))), False),
+    (VLLM_MUTANTS["vllm_prefix_cache_kept"].integration, True)], ids=["retract", "in_place", "mutant"])
+def test_the_wire_attribution_is_the_engines_truth(integration, fails: bool) -> None:
+    result = run_one("prefix-reuse", integration, _vllm, 0)
+    h = result.history
+    assert h is not None and not result.skipped
+    hits = prefix_hits(h)
+    judged = {hit.call.payload["rid"] for hit in hits}
+    assert hits and all(hit.computed_by is not None for hit in hits)  # every hit attributed on the wire
+    assert {hit.call.payload["rid"] for hit in hits if hit.stale} == _stale_in_truth(h) & judged
+    verdict = result.verdicts["C3"]
+    assert verdict.status == ("fail" if fails else "pass"), verdict.explain()
+    if fails:
+        assert "served" in verdict.witness[0] and "before the weights were loaded" in verdict.witness[0]
+    others = {c: v.status for c, v in result.verdicts.items() if c != "C3" and not v.passed}
+    assert others == {}, others
+
+
+def test_sglang_skips_the_scenario_saying_why() -> None:
+    result = run_one("prefix-reuse", reference, lambda: FakeBackend(FakeBackendConfig()), 0)
+    assert result.skipped and "keeps no radix cache" in result.skipped

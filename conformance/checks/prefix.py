@@ -26,20 +26,23 @@ def no_stale_prefix(h: History) -> Verdict:
     computed before that load, with no reset between (NeMo-RL#4018: vLLM keeps its prefix cache across
     ``reload_weights`` and the weight-transfer engine's updates, so the new weights answer over the old ones' KV; a
     pause clears it unless sent with ``clear_cache=false``). Attributed from the wire
-    (:func:`conformance.situations.prefix.prefix_hits`): a hit no request on the wire computed is not judged."""
+    (:func:`conformance.situations.prefix.prefix_hits`): a hit no request on the wire computed, or computed by one
+    that may have been scheduled on either side of the load, is not judged."""
     hits = prefix_hits(h)
     failures = []
     for hit in (x for x in hits if x.stale):
-        assert hit.computed_by is not None and hit.computed_at is not None
+        assert hit.computed_by is not None and hit.computed is not None
         call, load, first = hit.call, hit.load, hit.computed_by
         failures.append(Anomaly(
             "stale-prefix",
-            f"engine {call.engine}: request {_rid(call)} (scheduled t={hit.scheduled_at:.3f}s) was served {hit.cached} "
-            f"prompt tokens from the prefix cache, computed by request {_rid(first)} (scheduled "
-            f"t={hit.computed_at:.3f}s) before the weights were loaded ({load.sent_as or load.path} at "
-            f"t={load.t_start:.3f}s), with no reset of the cache since: the new weights answered over the old "
-            f"ones' KV",
-            engine=call.engine, rids=(_rid(call), _rid(first)), times=(hit.computed_at, load.t_start, call.t_start)))
-    attributed = [x for x in hits if x.computed_by is not None or x.reset is not None]
-    return verdict(failures[:5], metrics={"hits_after_load": len(hits), "attributed": len(attributed),
+            f"engine {call.engine}: request {_rid(call)} (sent t={call.t_start:.3f}s, scheduled from "
+            f"t={hit.scheduled.earliest:.3f}s) was served {hit.cached} prompt tokens from the prefix cache, computed "
+            f"by request {_rid(first)} (scheduled by t={hit.computed.latest:.3f}s) before the weights were loaded "
+            f"({load.sent_as or load.path} at t={load.t_start:.3f}s), with no reset of the cache since: the new "
+            f"weights answered over the old ones' KV",
+            engine=call.engine, rids=(_rid(call), _rid(first)),
+            times=(hit.computed.latest, load.t_start, call.t_start)))
+    decided = [x for x in hits if x.reset is not None or x.computed is not None and (
+        x.computed.latest < x.load.t_start or x.computed.earliest >= x.load.t_start)]
+    return verdict(failures[:5], metrics={"hits_after_load": len(hits), "decided": len(decided),
                                           "stale": len(failures)})

@@ -35,9 +35,11 @@ updates, and distributed ones through vLLM's native weight transfer (its gloo en
 ``retract`` cycles pause with ``wait``, which answers once every running request finished: such a cycle lasts as
 long as the longest request in flight)."""
 
-vllm_sleeping = replace(vllm, name="reference-vllm-sleeping", client_cls=VllmSleepingClient)
+vllm_sleeping = replace(vllm, name="reference-vllm-sleeping", client_cls=VllmSleepingClient,
+                        capabilities=replace(vllm.capabilities, pause_modes=frozenset({"retract"})))
 """The reference on vLLM with its engines asleep for each update (:class:`VllmSleepingClient`): colocated designs'
-``/sleep`` … ``/wake_up``, the weights woken before they are loaded."""
+``/sleep`` … ``/wake_up``, the weights woken before they are loaded. A level-1 sleep clears the caches, which
+preempts the requests in flight: it pauses in ``retract`` only."""
 
 __all__ = [
     "DiskTransport", "DistributedTransport", "EngineError", "HttpEngineClient", "LoraTransport", "NegativeStaleness",

@@ -32,6 +32,7 @@ Tensor updates do not exist on vLLM 0.32 on CPU (its tensor-moving engines are C
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -71,12 +72,18 @@ class VllmEngineClient(HttpEngineClient):
     """The checkpoint the engine serves, once a reload of this client's succeeded."""
     kept_pauses = 0
     """How many pauses kept the engine's caches (``in_place``): its requests' ``cache_salt`` since the last."""
+    _keeping: asyncio.Event | None = None
+    """Set once the last ``in_place`` pause was answered: requests wait for it, so none salted for the new weights
+    can be scheduled on the old ones."""
 
     async def generate(self, payload: Mapping[str, Any]) -> Any:
         """``/inference/v1/generate`` for an SGLang ``/generate`` payload; the answer as SGLang's output. After an
         ``in_place`` pause the prefix cache still holds the KV of the weights before (a reset is refused while the
-        frozen requests hold blocks), so every request sent since is salted apart from it (``cache_salt``, as
-        prime-rl and SkyRL salt per version): the engine queues it until it continues on the new weights."""
+        frozen requests hold blocks), so every request sent once the engine paused is salted apart from it
+        (``cache_salt``, as prime-rl and SkyRL salt per version): the engine queues it until it continues on the new
+        weights. A request made while the pause is on its way waits for its answer."""
+        if self._keeping is not None:
+            await asyncio.wait_for(self._keeping.wait(), self.generate_timeout_s)
         path, body = self._dialect.outgoing("/generate", dict(payload))
         if self.kept_pauses:
             body["cache_salt"] = f"pause-{self.kept_pauses}"
@@ -85,10 +92,16 @@ class VllmEngineClient(HttpEngineClient):
 
     async def pause(self, mode: str) -> None:
         """``/pause`` with the mode always sent (vLLM's default aborts every request in flight); ``in_place`` keeps
-        the caches (``keep&clear_cache=false``), and salts what is sent from then on apart from them."""
-        if mode == "in_place":
+        the caches (``keep&clear_cache=false``), and salts what is sent once it is answered apart from them."""
+        path = self._dialect.outgoing("/pause_generation", {"mode": mode})[0]
+        if mode != "in_place":
+            return await self._call(path)
+        self._keeping = keeping = asyncio.Event()
+        try:
+            await self._call(path)
+        finally:
             self.kept_pauses += 1
-        await self._call(self._dialect.outgoing("/pause_generation", {"mode": mode})[0])
+            keeping.set()
 
     async def resume(self) -> None:
         await self._call(self._dialect.outgoing("/continue_generation")[0])

@@ -32,27 +32,37 @@ TEMPLATE = PREAMBLE + PLAIN_TEMPLATE
 
 
 @dataclass(frozen=True)
+class Scheduled:
+    """When an engine could have scheduled a request, as the wire bounds it: when it was sent, or, sent while its
+    engine was paused (the pause answered: vLLM queues new requests), when the engine continued. Sent while a pause
+    was on its way (sent, not yet answered), either."""
+
+    earliest: float
+    latest: float
+
+
+@dataclass(frozen=True)
 class PrefixHit:
-    """One request the prefix cache served part of its prompt, after a weight load on its engine."""
+    """One request the prefix cache served part of its prompt, sent once its engine stopped admitting for a load."""
 
     call: WireCall
     cached: int
     """The prompt tokens the cache served (``meta_info.cached_tokens``)."""
-    scheduled_at: float
-    """When its engine could schedule it: sent, or (sent while its engine was paused) the continue."""
+    scheduled: Scheduled
     load: WireCall
-    """The last weight load on its engine begun before it was scheduled."""
+    """The last weight load on its engine begun before it could be scheduled."""
     reset: WireCall | None
-    """The last reset of its engine's cache (answered) before it was scheduled, when begun after ``load``."""
+    """The last reset of its engine's cache (answered) before it could be scheduled, when begun after ``load``."""
     computed_by: WireCall | None
     """In the cache's epoch, the first request whose tokens cover the prefix it was served (None: none on the wire)."""
-    computed_at: float | None
-    """When ``computed_by`` could be scheduled (sent, or the continue of the pause it was sent in)."""
+    computed: Scheduled | None
+    """When ``computed_by`` could have been scheduled."""
 
     @property
     def stale(self) -> bool:
-        """Served KV its engine computed before ``load``, on weights it no longer held."""
-        return self.reset is None and self.computed_at is not None and self.computed_at < self.load.t_start
+        """Served KV its engine computed before ``load``, on weights it no longer held (for certain: a request that
+        may have been scheduled on either side of the load is not judged)."""
+        return self.reset is None and self.computed is not None and self.computed.latest < self.load.t_start
 
 
 def _tokens(call: WireCall) -> list[int]:
@@ -82,9 +92,26 @@ def cached_tokens(call: WireCall) -> int:
 Windows = dict[int, list[tuple[WireCall, float]]]
 
 
-def _paused(windows: Windows, engine: int, t: float) -> tuple[float, float] | None:
-    """The accepted pause ``engine`` was under at ``t``: (when it was sent, when the engine continued)."""
-    return next(((pause.t_start, resumed) for pause, resumed in windows[engine] if pause.t_start <= t < resumed), None)
+def _paused(windows: Windows, engine: int, t: float) -> tuple[WireCall, float] | None:
+    """The accepted pause ``engine`` was under (or on its way to) at ``t``: the pause call, when the engine
+    continued."""
+    return next(((pause, resumed) for pause, resumed in windows[engine] if pause.t_start <= t < resumed), None)
+
+
+def _scheduled(windows: Windows, call: WireCall) -> Scheduled:
+    window = _paused(windows, call.engine, call.t_start)
+    if window is None:
+        return Scheduled(call.t_start, call.t_start)
+    pause, resumed = window
+    answered = pause.t_end is not None and pause.t_end <= call.t_start
+    return Scheduled(resumed if answered else call.t_start, resumed)
+
+
+def _stopped(windows: Windows, load: WireCall) -> float:
+    """From when requests sent to ``load``'s engine are scheduled after it: its pause answered, or the load itself
+    where nothing paused the engine."""
+    window = _paused(windows, load.engine, load.t_start)
+    return load.t_start if window is None or window[0].t_end is None else window[0].t_end
 
 
 def _resets(h: History, engine: int) -> list[WireCall]:
@@ -105,28 +132,29 @@ def _loads(h: History, call: WireCall) -> list[WireCall]:
 
 
 def prefix_hits(h: History) -> list[PrefixHit]:
-    """Every integration request sent once its engine stopped admitting for a weight load (the load's pause, or the
-    load itself where nothing paused), served from the prefix cache, attributed. A request in flight at the update is
-    the pause mode's (``in_place`` keeps it on the KV it has): not here."""
+    """Every integration request sent once its engine stopped admitting for a weight load (the load's pause answered,
+    or the load itself where nothing paused), served from the prefix cache, attributed. A request in flight at the
+    update is the pause mode's (``in_place`` keeps it on the KV it has): not here."""
     generates = [w for w in h.wire if w.path == "/generate"]
     served = [(w, cached_tokens(w)) for w in generates if w.origin == "integration"]
     if not any(cached for _, cached in served):
         return []
     windows: Windows = {engine: h.pause_windows(engine) for engine in {w.engine for w in generates}}
-    at = {id(w): (_paused(windows, w.engine, w.t_start) or (0.0, w.t_start))[1] for w in generates}
+    at = {id(w): _scheduled(windows, w) for w in generates}
     hits = []
     for call, cached in served:
-        load = next((w for w in reversed(_loads(h, call)) if w.t_start < at[id(call)]), None) if cached else None
-        if load is None or call.t_start < (_paused(windows, call.engine, load.t_start) or (load.t_start,))[0]:
+        when = at[id(call)]
+        load = next((w for w in reversed(_loads(h, call)) if w.t_start < when.earliest), None) if cached else None
+        if load is None or call.t_start < _stopped(windows, load):
             continue
-        reset = next((w for w in reversed(_resets(h, call.engine)) if (w.t_end or 0.0) <= at[id(call)]), None)
+        reset = next((w for w in reversed(_resets(h, call.engine)) if (w.t_end or 0.0) <= when.earliest), None)
         since = reset.t_end if reset is not None else float("-inf")
         prefix, key = _tokens(call)[:cached], _key(call)
         computed_by = next((w for w in generates if w is not call and w.engine == call.engine and _key(w) == key
-                            and since < at[id(w)] <= at[id(call)] and w.t_start < call.t_start
-                            and _covered(w)[:cached] == prefix), None)
+                            and since < at[id(w)].earliest and at[id(w)].earliest <= when.earliest
+                            and w.t_start < call.t_start and _covered(w)[:cached] == prefix), None)
         after_load = reset if reset is not None and reset.t_start >= load.t_start else None
-        hits.append(PrefixHit(call, cached, at[id(call)], load, after_load, computed_by,
+        hits.append(PrefixHit(call, cached, when, load, after_load, computed_by,
                               None if computed_by is None else at[id(computed_by)]))
     return hits
 

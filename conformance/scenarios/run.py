@@ -174,10 +174,13 @@ class Run:
         return returned
 
     async def _fed(self) -> None:
-        """Wait for the batch a failed cycle's feeder was still taking (bounded by its own drain deadline)."""
-        feeding, self._feeding = self._feeding, None
-        if feeding is not None:
-            await feeding
+        """Wait for the batch a failed cycle's feeder was still taking (bounded by its own drain deadline); the feeder
+        itself draining waits for nothing (it awaited itself when the cycle failed before its drain began)."""
+        feeding = self._feeding
+        if feeding is None or feeding is asyncio.current_task():
+            return
+        self._feeding = None
+        await feeding
 
     async def drain(self, n: int = 1) -> None:
         """Consume ``n`` batches, recording the truth at consumption."""

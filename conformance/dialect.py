@@ -157,7 +157,8 @@ class VllmDialect(Dialect):
     def recorded(self, method: str, path: str, query: str, payload: Any) -> tuple[str, Any]:
         body = payload if isinstance(payload, dict) else {}
         if path == "/pause":
-            return "/pause_generation", _paused(parse_qs(query), _flag(parse_qs(query), "clear_cache"))
+            query_of = parse_qs(query)
+            return "/pause_generation", _paused(query_of, _flag(query_of, "clear_cache"))
         if path == "/sleep":
             query_of = parse_qs(query)
             asleep = (query_of.get("level") or ["1"])[0] != "0"

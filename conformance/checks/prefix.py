@@ -42,7 +42,5 @@ def no_stale_prefix(h: History) -> Verdict:
             f"weights answered over the old ones' KV",
             engine=call.engine, rids=(_rid(call), _rid(first)),
             times=(hit.computed.latest, load.t_start, call.t_start)))
-    decided = [x for x in hits if x.reset is not None or x.computed is not None and (
-        x.computed.latest < x.load.t_start or x.computed.earliest >= x.load.t_start)]
-    return verdict(failures[:5], metrics={"hits_after_load": len(hits), "decided": len(decided),
+    return verdict(failures[:5], metrics={"hits_after_load": len(hits), "decided": sum(x.decided for x in hits),
                                           "stale": len(failures)})

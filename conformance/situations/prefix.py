@@ -64,6 +64,13 @@ class PrefixHit:
         may have been scheduled on either side of the load is not judged)."""
         return self.reset is None and self.computed is not None and self.computed.latest < self.load.t_start
 
+    @property
+    def decided(self) -> bool:
+        """Whether the wire settles it: a reset after the load, or a computing request scheduled for certain on one
+        side of the load."""
+        return self.reset is not None or self.computed is not None and (
+            self.computed.latest < self.load.t_start or self.computed.earliest >= self.load.t_start)
+
 
 def _tokens(call: WireCall) -> list[int]:
     """The request's prompt as token ids (the text as the byte tokenizer of the fake and the tiny model writes it)."""
@@ -122,10 +129,10 @@ def _resets(h: History, engine: int) -> list[WireCall]:
         or w.path == "/pause_generation" and isinstance(w.payload, dict) and w.payload.get("flush_cache") is True)]
 
 
-def _loads(h: History, call: WireCall) -> list[WireCall]:
-    """The successful loads of what ``call`` runs on: full weights, and its adapter's."""
-    adapter = _key(call)[1]
-    return [w for w in h.integration_calls(engine=call.engine) if w.ok and (
+def _loads(h: History, engine: int, adapter: Any) -> list[WireCall]:
+    """The successful loads into ``engine`` of what a request naming ``adapter`` runs on: full weights, and the
+    adapter's."""
+    return [w for w in h.integration_calls(engine=engine) if w.ok and (
         w.path in WEIGHT_LOAD_PATHS
         or adapter is not None and w.path in LORA_LOAD_PATHS and isinstance(w.payload, dict)
         and w.payload.get("lora_name") == adapter)]
@@ -141,15 +148,19 @@ def prefix_hits(h: History) -> list[PrefixHit]:
         return []
     windows: Windows = {engine: h.pause_windows(engine) for engine in {w.engine for w in generates}}
     at = {id(w): _scheduled(windows, w) for w in generates}
+    resets = {engine: _resets(h, engine) for engine in windows}
+    loads: dict[tuple[int, Any], list[WireCall]] = {}
     hits = []
-    for call, cached in served:
-        when = at[id(call)]
-        load = next((w for w in reversed(_loads(h, call)) if w.t_start < when.earliest), None) if cached else None
+    for call, cached in ((c, n) for c, n in served if n):
+        when, key = at[id(call)], _key(call)
+        if (call.engine, key[1]) not in loads:
+            loads[call.engine, key[1]] = _loads(h, call.engine, key[1])
+        load = next((w for w in reversed(loads[call.engine, key[1]]) if w.t_start < when.earliest), None)
         if load is None or call.t_start < _stopped(windows, load):
             continue
-        reset = next((w for w in reversed(_resets(h, call.engine)) if (w.t_end or 0.0) <= when.earliest), None)
+        reset = next((w for w in reversed(resets[call.engine]) if (w.t_end or 0.0) <= when.earliest), None)
         since = reset.t_end if reset is not None else float("-inf")
-        prefix, key = _tokens(call)[:cached], _key(call)
+        prefix = _tokens(call)[:cached]
         computed_by = next((w for w in generates if w is not call and w.engine == call.engine and _key(w) == key
                             and since < at[id(w)].earliest and at[id(w)].earliest <= when.earliest
                             and w.t_start < call.t_start and _covered(w)[:cached] == prefix), None)

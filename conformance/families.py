@@ -92,12 +92,14 @@ def _fake_sglang(o: FakeOptions) -> Any:
                       engine_id=o.engine_id)
 
 
-def _fake_vllm(o: FakeOptions) -> Any:
+def _fake_vllm(o: FakeOptions, **launch: Any) -> Any:
+    """One fake vLLM server as the suite launches real ones (``launch``: more of its flags, e.g.
+    ``data_parallel_size``)."""
     from fakes.vllm import FakeVLLMEngine
 
     return FakeVLLMEngine(tokens_per_second=o.tokens_per_second, max_num_seqs=o.max_running_requests,
                           enable_lora=o.enable_lora, enable_scale_out=True, seed=o.seed, engine_id=o.engine_id,
-                          weight_transfer_config='{"backend": "gloo"}', enable_prompt_tokens_details=True)
+                          weight_transfer_config='{"backend": "gloo"}', enable_prompt_tokens_details=True, **launch)
 
 
 FAMILIES: dict[str, Family] = {}

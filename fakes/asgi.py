@@ -53,6 +53,8 @@ class HTTPRequest:
     receive: Receive
     raw_query: str = ""
     """The query string as sent (a parameter given several times: ``urllib.parse.parse_qs``)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """The request's headers, names in lower case (a header sent twice: its last value)."""
 
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -162,8 +164,9 @@ class Router:
 def request_from_scope(scope: Scope, body: bytes, receive: Receive) -> HTTPRequest:
     raw_query = scope.get("query_string", b"")
     query = dict(parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True)) if raw_query else {}
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or ()}
     return HTTPRequest(method=scope["method"], path=scope["path"], query=query, body=body, receive=receive,
-                       raw_query=raw_query.decode("latin-1"))
+                       raw_query=raw_query.decode("latin-1"), headers=headers)
 
 
 async def lifespan(receive: Receive, send: Send, on_shutdown: Callable[[], Awaitable[None]] | None = None) -> None:

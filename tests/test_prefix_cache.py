@@ -6,12 +6,14 @@ whose fake keeps no radix cache, skips the scenario saying so."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
 from conformance.backends import FakeBackend, FakeBackendConfig
 from conformance.cases import run_one
 from conformance.dialect import VllmDialect
+from conformance.families import FAMILIES, VLLM_FAMILY
 from conformance.history import History
 from conformance.mutants import VLLM_MUTANTS
 from conformance.reference import integration as reference, vllm
@@ -31,10 +33,12 @@ def _stale_in_truth(h: History) -> set[str]:
             if e["kind"] == "prefix.hit" and e["fields"]["stale_tokens"]}
 
 
-@pytest.mark.parametrize("integration, fails", [
-    (vllm, False),
-    (replace(vllm, capabilities=replace(vllm.capabilities, pause_modes=frozenset({"in_place"}))), False),
-    (VLLM_MUTANTS["vllm_prefix_cache_kept"].integration, True)], ids=["retract", "in_place", "mutant"])
+DESIGNS = [(vllm, False),
+           (replace(vllm, capabilities=replace(vllm.capabilities, pause_modes=frozenset({"in_place"}))), False),
+           (VLLM_MUTANTS["vllm_prefix_cache_kept"].integration, True)]
+
+
+@pytest.mark.parametrize("integration, fails", DESIGNS, ids=["retract", "in_place", "mutant"])
 def test_the_wire_attribution_is_the_engines_truth(integration, fails: bool) -> None:
     result = run_one("prefix-reuse", integration, _vllm, 0)
     h = result.history
@@ -43,6 +47,25 @@ def test_the_wire_attribution_is_the_engines_truth(integration, fails: bool) -> 
     judged = {hit.call.payload["rid"] for hit in hits}
     assert hits and all(hit.computed_by is not None for hit in hits)  # every hit attributed on the wire
     assert {hit.call.payload["rid"] for hit in hits if hit.stale} == _stale_in_truth(h) & judged
+    _judged_as(result, fails)
+
+
+@pytest.mark.slow  # three more scenario runs: the one-rank ones above keep the README command's tier
+@pytest.mark.parametrize("integration, fails", DESIGNS, ids=["retract", "in_place", "mutant"])
+def test_two_data_parallel_ranks_per_server_judge_the_same(integration, fails: bool, monkeypatch) -> None:
+    """Each server with two ranks, each its own prefix cache, which the wire does not name: what the wire calls stale
+    is stale in truth, and every verdict is as on one rank."""
+    monkeypatch.setitem(FAMILIES, "vllm", replace(VLLM_FAMILY, fake=partial(VLLM_FAMILY.fake, data_parallel_size=2)))
+    result = run_one("prefix-reuse", integration, _vllm, 0)
+    h = result.history
+    assert h is not None and not result.skipped
+    assert {e["fields"].get("rank") for events in h.engine_truth["engine_events"] for e in events
+            if e["kind"] == "prefix.hit"} == {0, 1}  # both ranks served hits
+    assert {hit.call.payload["rid"] for hit in prefix_hits(h) if hit.stale} <= _stale_in_truth(h)
+    _judged_as(result, fails)
+
+
+def _judged_as(result, fails: bool) -> None:
     verdict = result.verdicts["C3"]
     assert verdict.status == ("fail" if fails else "pass"), verdict.explain()
     if fails:

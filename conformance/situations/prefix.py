@@ -8,7 +8,10 @@ request sent once its engine stopped admitting for a load (a request in flight a
 ``in_place`` keeps it on the KV it has). Each such hit is attributed from the wire alone (:func:`prefix_hits`): the
 cache's epoch is the time since its engine's last reset (a flush, or a pause that clears the caches), and in that
 epoch the first request whose tokens cover the prefix computed it. Where no request on the wire covers it, the hit is
-not attributed (never judged).
+not attributed (never judged). A server with data-parallel ranks keeps a cache per rank, and the wire does not say
+which rank served a request: a request that computed part of the prefix again (its own answer served it fewer cached
+tokens) may have filled the hit's rank, so where one may have been scheduled after the load, the hit is not judged
+either (the same holds for blocks evicted and computed again).
 """
 
 from __future__ import annotations
@@ -57,19 +60,28 @@ class PrefixHit:
     """In the cache's epoch, the first request whose tokens cover the prefix it was served (None: none on the wire)."""
     computed: Scheduled | None
     """When ``computed_by`` could have been scheduled."""
+    recomputed_by: WireCall | None = None
+    """A later request of the epoch that computed part of the prefix again and may have been scheduled after the load
+    (on another data-parallel rank than ``computed_by``, or over evicted blocks): it may have filled the cache the hit
+    read."""
+
+    @property
+    def _before_load(self) -> bool:
+        """Every request of the epoch that computed the prefix was scheduled before the load, for certain."""
+        return self.computed is not None and self.computed.latest < self.load.t_start and self.recomputed_by is None
 
     @property
     def stale(self) -> bool:
         """Served KV its engine computed before ``load``, on weights it no longer held (for certain: a request that
         may have been scheduled on either side of the load is not judged)."""
-        return self.reset is None and self.computed is not None and self.computed.latest < self.load.t_start
+        return self.reset is None and self._before_load
 
     @property
     def decided(self) -> bool:
-        """Whether the wire settles it: a reset after the load, or a computing request scheduled for certain on one
-        side of the load."""
-        return self.reset is not None or self.computed is not None and (
-            self.computed.latest < self.load.t_start or self.computed.earliest >= self.load.t_start)
+        """Whether the wire settles it: a reset after the load, every computing request scheduled for certain before
+        the load, or the first one for certain after it."""
+        return self.reset is not None or self._before_load or (
+            self.computed is not None and self.computed.earliest >= self.load.t_start)
 
 
 def _tokens(call: WireCall) -> list[int]:
@@ -161,12 +173,15 @@ def prefix_hits(h: History) -> list[PrefixHit]:
         reset = next((w for w in reversed(resets[call.engine]) if (w.t_end or 0.0) <= when.earliest), None)
         since = reset.t_end if reset is not None else float("-inf")
         prefix = _tokens(call)[:cached]
-        computed_by = next((w for w in generates if w is not call and w.engine == call.engine and _key(w) == key
-                            and since < at[id(w)].earliest and at[id(w)].earliest <= when.earliest
-                            and w.t_start < call.t_start and _covered(w)[:cached] == prefix), None)
+        covering = [w for w in generates if w is not call and w.engine == call.engine and _key(w) == key
+                    and since < at[id(w)].earliest and at[id(w)].earliest <= when.earliest
+                    and w.t_start < call.t_start and _covered(w)[:cached] == prefix]
+        computed_by = covering[0] if covering else None
+        recomputed_by = next((w for w in covering[1:] if cached_tokens(w) < cached
+                              and at[id(w)].latest >= load.t_start), None)
         after_load = reset if reset is not None and reset.t_start >= load.t_start else None
         hits.append(PrefixHit(call, cached, when, load, after_load, computed_by,
-                              None if computed_by is None else at[id(computed_by)]))
+                              None if computed_by is None else at[id(computed_by)], recomputed_by))
     return hits
 
 

@@ -91,6 +91,10 @@ _ANSWERS: dict[str, Answer] = {
     "no_prompt": Answer(
         400, "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
         "entrypoints/openai/completion/protocol.py"),
+    "dp_rank_out_of_range": Answer(
+        400, "data_parallel_rank {rank} is out of range [0, {ranks}).",
+        "v1/engine/input_processor.py process_inputs (the X-data-parallel-rank header: "
+        "entrypoints/generate/base/serving.py _get_data_parallel_rank)"),
     "missing_rpc_method": Answer(
         400, "Missing 'method' in request body", "entrypoints/serve/dev/rpc/api_router.py"),
     "invalid_json": Answer(

@@ -289,12 +289,13 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     if not prompt:
         return answer("no_prompt", param="prompt")
     stream = bool(body.get("stream"))
-    refused = over_limit(logprobs, e.vocab_size, e.max_logprobs)
+    rank = _dp_rank(req)
+    refused = over_limit(logprobs, e.vocab_size, e.max_logprobs) or e.refuses_rank(rank)
     if refused is not None:
         return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
     rid = _request_id(e, req, body)
-    request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, stream, salt)
+    request, call = e.submit(prompt, _sampling(body), f"{rid}-0", lora, stream, salt, rank)
     ids = bool(body.get("return_token_ids"))
     model = body.get("model") or e.served_model_name
     if stream:
@@ -369,6 +370,16 @@ async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: st
         yield chunk
 
 
+def _dp_rank(req: HTTPRequest) -> int | None:
+    """The rank an ``X-data-parallel-rank`` header pins the request to (``_get_data_parallel_rank``,
+    ``entrypoints/generate/base/serving.py``, 0.32.0: what ``int()`` does not read is ignored); None without one."""
+    value = req.headers.get("x-data-parallel-rank")
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
 def _request_id(e: FakeVLLMEngine, req: HTTPRequest, body: dict[str, Any]) -> str:
     """The id vLLM knows the request by (fact ``request_id_prefix``): the route's prefix, then the body's
     ``request_id``, else a random one. (vLLM's ``X-Request-Id`` header, which takes precedence, is not modelled.)"""
@@ -396,12 +407,13 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     if wrong is not None:
         return wrong
     stream = bool(body.get("stream"))
-    refused = over_limit(logprobs, e.vocab_size, e.max_logprobs)
+    rank = _dp_rank(req)
+    refused = over_limit(logprobs, e.vocab_size, e.max_logprobs) or e.refuses_rank(rank)
     if refused is not None:
         return Reply(200, stream=_error_event(refused)) if stream else refused
     lora = body.get("model") if body.get("model") in e.adapters else None
     prompt_ids = bool(body.get("return_token_ids"))
-    request, call = e.submit(ids, sampling, rid, lora, stream, salt)
+    request, call = e.submit(ids, sampling, rid, lora, stream, salt, rank)
     if stream:
         return Reply(200, stream=_generate_stream(e, request, call, rid, logprobs, prompt_ids))
     out = await e.finished(request, call)
@@ -441,6 +453,12 @@ async def _generate_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str,
         yield chunk
 
 
+def _world_size(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
+    """``/get_world_size``: TP × PP × DP, or without DP given ``include_dp=false`` (``entrypoints/rl/online/
+    api_router.py``, 0.32.0); one process per rank (TP = PP = 1)."""
+    return Reply(200, {"world_size": e.data_parallel_size if _bool_query(req, "include_dp", True) else 1})
+
+
 def _models(e: FakeVLLMEngine) -> dict[str, Any]:
     def card(name: str, root: str, parent: str | None) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": e.now(), "owned_by": "vllm", "root": root,
@@ -472,7 +490,7 @@ ROUTES: dict[str, tuple[tuple[str, ...], Handler]] = {
     "/abort_requests": (("POST",), _abort_requests),
     "/update_weight_version": (("POST",), _update_weight_version),
     "/weight_info": (("GET",), _sync(lambda e, r: Reply(200, {"weight_version": e.weight_version}))),
-    "/get_world_size": (("GET",), _sync(lambda e, r: Reply(200, {"world_size": 1}))),
+    "/get_world_size": (("GET",), _sync(_world_size)),
     "/init_weight_transfer_engine": (("POST",), _weight_transfer),
     "/start_weight_update": (("POST",), _weight_transfer),
     "/start_draft_weight_update": (("POST",), _weight_transfer),

@@ -19,6 +19,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Hashable, Mapping
 
@@ -35,7 +36,7 @@ from ..served_model import BUILTIN_MODEL_PATH, ServedModel, builtin_model, load_
 from .app import make_app
 from .errors import answer, error_reply, worker_failed
 from .logprobs import MAX_LOGPROBS
-from .prefix_cache import BLOCK_SIZE, Hit, PrefixCache
+from .prefix_cache import BLOCK_SIZE, PrefixCache
 from .weight_transfer import WeightTransfer, parse_config
 
 _STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
@@ -56,6 +57,8 @@ class _Prefill:
     salt: str | None
     adapter: Hashable
     """``(name, path)`` of its LoRA adapter, or None."""
+    rank: int = 0
+    """The data-parallel rank it runs on (each has its own scheduler and prefix cache)."""
     kv: list[Hashable] = field(default_factory=list)
     """Per position computed at its last scheduling, the weights it was computed on (a hit's: the block's)."""
 
@@ -70,11 +73,13 @@ class FakeVLLMEngine(EngineLoop):
                  enable_scale_out: bool = False, max_model_len: int | None = None, max_lora_rank: int = 16,
                  max_logprobs: int = MAX_LOGPROBS, weight_transfer_config: str | dict | None = None,
                  block_size: int = BLOCK_SIZE, enable_prefix_caching: bool = True,
-                 enable_prompt_tokens_details: bool = False) -> None:
+                 enable_prompt_tokens_details: bool = False, data_parallel_size: int = 1) -> None:
         if release not in VLLM.releases:
             raise ValueError(f"unknown vLLM release {release!r}; known: {', '.join(VLLM.releases)}")
         if tokens_per_second is not None and tokens_per_second <= 0:
             raise ValueError(f"tokens_per_second must be > 0 or None (manual clock), got {tokens_per_second}")
+        if data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
         self.release = release
         self.tokens_per_second = tokens_per_second
         self.clock: Clock = clock or (ManualClock() if tokens_per_second is None else RealClock())
@@ -100,21 +105,28 @@ class FakeVLLMEngine(EngineLoop):
             f"{self.model_path}:{self.max_model_len}".encode()).hexdigest()[:8])
         """``get_system_fingerprint`` (``entrypoints/serve/utils/fingerprint.py``, 0.32.0, mode ``full``, one
         process): ``vllm-<release>-<hash8>`` of the config; on non-streamed completions and a stream's last chunk."""
-        self.scheduler = Scheduler(None, max_num_seqs, self.clock, seed,
+        self.data_parallel_size = data_parallel_size
+        """``--data-parallel-size``: engine cores behind this one server, each with its own requests and prefix cache
+        (``DPLBAsyncMPClient``); every control call reaches all of them, and a collective RPC or the weight checker
+        answers rank 0's result. The fake decodes them in one batch: each rank's ``max_num_seqs`` is the batch's
+        share (a rank over it while another has room is not modelled)."""
+        self._next_rank = 0
+        """Where the load balancer's scan starts (``eng_start_index``: moves on by one each routed request)."""
+        self.scheduler = Scheduler(None, max_num_seqs * data_parallel_size, self.clock, seed,
                                    version=VLLM.fact("initial_weight_version", release), events=self.events,
                                    engine_id=engine_id)
         self.adapters: dict[str, str] = {}
         """Loaded LoRA adapters: name → path (``OpenAIServingModels.lora_requests``)."""
         self._adapter_loads: dict[str, int] = {}
         """Per adapter name, how many loads it has had (the weights its cached blocks were computed on)."""
-        self.prefix = PrefixCache(block_size, enable_prefix_caching)
-        """The prefix cache (:mod:`fakes.vllm.prefix_cache`)."""
+        self.prefixes = [PrefixCache(block_size, enable_prefix_caching) for _ in range(data_parallel_size)]
+        """Each rank's prefix cache (:mod:`fakes.vllm.prefix_cache`)."""
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         """``--enable-prompt-tokens-details``: usage answers ``prompt_tokens_details.cached_tokens``."""
         self._prefill: dict[Request, _Prefill] = {}
-        self._unstepped = 0
-        """Requests a cache clear preempted since the last step: ``/metrics`` still counts them running (its gauges
-        move only as the engine steps, and a paused engine does not: measured, ``gpu/fidelity/vllm.py``)."""
+        self._unstepped: Counter[int] = Counter()
+        """Per rank, requests a cache clear preempted since the last step: ``/metrics`` still counts them running (its
+        gauges move only as the engine steps, and a paused engine does not: measured, ``gpu/fidelity/vllm.py``)."""
         self.asleep: set[str] = set()
         """The executor's sleeping memory (``sleeping_tags``: ``weights``, ``kv_cache``; ``v1/executor/abstract.py``)."""
         self.crashed, self.closed = False, False
@@ -166,7 +178,7 @@ class FakeVLLMEngine(EngineLoop):
 
     # -- output delivery (EngineLoop steps the scheduler and hands each step's result here) --------------------------
     def _deliver(self, result: StepResult) -> None:
-        self._unstepped = 0
+        self._unstepped.clear()
         for req in result.admitted:
             self._scheduled(req)
         for req in result.emitted:
@@ -197,12 +209,14 @@ class FakeVLLMEngine(EngineLoop):
             return
         weights = self._weights_of(req)
         if req.retractions == 0 and not pre.kv:
-            hit = self.prefix.lookup(req.input_ids, pre.salt, pre.adapter, weights)
+            cache = self.prefixes[pre.rank]
+            hit = cache.lookup(req.input_ids, pre.salt, pre.adapter, weights)
             req.cached_tokens = hit.cached
             pre.kv = [*hit.weights, *[weights] * (len(req.input_ids) - hit.cached)]
-            self.prefix.store(req.input_ids, pre.salt, pre.adapter, pre.kv)
+            cache.store(req.input_ids, pre.salt, pre.adapter, pre.kv)
             if hit.cached:
-                self._event("prefix.hit", rid=req.rid, cached_tokens=hit.cached, stale_tokens=hit.stale)
+                self._event("prefix.hit", rid=req.rid, cached_tokens=hit.cached, stale_tokens=hit.stale,
+                            rank=pre.rank)
         else:
             pre.kv = [weights] * (len(req.input_ids) + len(req.output_ids))
 
@@ -215,21 +229,50 @@ class FakeVLLMEngine(EngineLoop):
         tokens = [*req.input_ids, *req.output_ids[:-1]]
         first = len(pre.kv) - len(req.input_ids)  # output tokens computed at its last scheduling
         kv = [*pre.kv, *req.token_weights[first + 1:]][:len(tokens)]
-        self.prefix.store(tokens[:len(kv)], pre.salt, pre.adapter, kv)
+        self.prefixes[pre.rank].store(tokens[:len(kv)], pre.salt, pre.adapter, kv)
 
     def _clear_caches(self) -> bool:
-        """``EngineCore._reset_caches`` (a pause's ``clear_cache``, a sleep): every running request preempted (its KV
-        recomputed when it is scheduled again), the prefix cache dropped."""
-        self._unstepped += len(self.scheduler.retract_all())
+        """``EngineCore._reset_caches`` (a pause's ``clear_cache``, a sleep; on every rank): every running request
+        preempted (its KV recomputed when it is scheduled again), the prefix caches dropped."""
+        self._preempt_running()
         return self._reset_prefix()
 
+    def _preempt_running(self) -> None:
+        self._unstepped.update(self._rank_of(r) for r in self.scheduler.retract_all())
+
     def _reset_prefix(self) -> bool:
-        """``Scheduler.reset_prefix_cache``: refused (False) while a running request holds blocks."""
-        if self.scheduler.running:
-            return False
-        self.prefix.reset()
-        self._event("prefix.reset")
-        return True
+        """``Scheduler.reset_prefix_cache`` on every rank: a rank with a running request on its blocks refuses and
+        keeps its cache, the others drop theirs; the answer is whether every rank did
+        (``AsyncMPClient.reset_prefix_cache_async``, ``v1/engine/core_client.py``, 0.32.0: ``all`` of the ranks')."""
+        busy = {self._rank_of(r) for r in self.scheduler.running}
+        ranks = [rank for rank in range(self.data_parallel_size) if rank not in busy]
+        for rank in ranks:
+            self.prefixes[rank].reset()
+        if ranks:
+            self._event("prefix.reset", ranks=ranks)
+        return not busy
+
+    def _rank_of(self, req: Request) -> int:
+        pre = self._prefill.get(req)
+        return 0 if pre is None else pre.rank
+
+    def _route(self, rank: int | None) -> int:
+        """The rank a request runs on: the one it names (``X-data-parallel-rank``), else the load balancer's choice
+        (``DPLBAsyncMPClient.get_core_engine_for_request``, ``v1/engine/core_client.py``, 0.32.0): the fewest
+        requests in flight, ties to the first from a start that moves on by one each routed request (one idle
+        server answers a prompt sent twice from rank 0, then rank 1: measured, the second misses the cache)."""
+        if rank is not None:
+            return rank
+        ranks, start = self.data_parallel_size, self._next_rank
+        self._next_rank = (start + 1) % ranks
+        inflight = Counter(p.rank for p in self._prefill.values())
+        return min(((start + i) % ranks for i in range(ranks)), key=lambda r: inflight[r])
+
+    def refuses_rank(self, rank: int | None) -> Reply | None:
+        """The answer to a request naming a rank the server has not (``InputProcessor.process_inputs``), else None."""
+        if rank is not None and not 0 <= rank < self.data_parallel_size:
+            return answer("dp_rank_out_of_range", rank=rank, ranks=self.data_parallel_size)
+        return None
 
     # -- generation --------------------------------------------------------------------------------------------------
     def check_model(self, name: Any) -> Reply | None:
@@ -239,8 +282,9 @@ class FakeVLLMEngine(EngineLoop):
         return answer("unknown_model", param="model", model=name, aliases=self.served_model_name)
 
     def submit(self, prompt: list[int], sampling: Mapping[str, Any], rid: str, lora: str | None,
-               stream: bool, cache_salt: str | None = None) -> tuple[Request, _Call]:
-        """Queue one request (the scheduler admits it unless a pause holds new requests)."""
+               stream: bool, cache_salt: str | None = None, rank: int | None = None) -> tuple[Request, _Call]:
+        """Queue one request on ``rank`` (None: the load balancer's; the scheduler admits it unless a pause holds new
+        requests)."""
         self._bind()
         self._raise_if_dead()
         stop_ids = () if sampling.get("ignore_eos") else tuple(sampling.get("stop_token_ids") or ())
@@ -249,7 +293,8 @@ class FakeVLLMEngine(EngineLoop):
         call = _Call()
         self._calls.add(call)
         self._sinks[req] = _Sink(call, 0)
-        self._prefill[req] = _Prefill(cache_salt, None if lora is None else (lora, self.adapters.get(lora)))
+        self._prefill[req] = _Prefill(cache_salt, None if lora is None else (lora, self.adapters.get(lora)),
+                                      self._route(rank))
         self.scheduler.submit(req)
         self._touch()
         return req, call
@@ -441,17 +486,21 @@ class FakeVLLMEngine(EngineLoop):
     def metrics(self) -> str:
         """``/metrics`` (Prometheus text): the scheduler gauges a client reads to know what the engine holds
         (``v1/metrics/loggers.py``)."""
-        labels = f'{{engine="0",model_name="{self.served_model_name}"}}'
-        running, waiting = len(self.scheduler.running) + self._unstepped, len(self.scheduler.waiting) - self._unstepped
-        return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} "
-                f"{float(running)}\n# TYPE vllm:num_requests_waiting gauge\n"
-                f"vllm:num_requests_waiting{labels} {float(waiting)}\n")
+        running = Counter(self._rank_of(r) for r in self.scheduler.running) + self._unstepped
+        waiting = Counter(self._rank_of(r) for r in self.scheduler.waiting)
+        waiting.subtract(self._unstepped)
+        lines = []
+        for name, counts in (("num_requests_running", running), ("num_requests_waiting", waiting)):
+            lines.append(f"# TYPE vllm:{name} gauge")
+            lines += [f'vllm:{name}{{engine="{rank}",model_name="{self.served_model_name}"}} {float(counts[rank])}'
+                      for rank in range(self.data_parallel_size)]
+        return "\n".join(lines) + "\n"
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> Reply:
         """``/reset_prefix_cache``: fails (``success: false``) while running requests hold blocks, unless
         ``reset_running_requests`` preempts them first (``Scheduler.reset_prefix_cache``, 0.32.0)."""
         if reset_running_requests:
-            self._unstepped += len(self.scheduler.retract_all())
+            self._preempt_running()
             self._touch()
         return Reply(200, {"success": self._reset_prefix()})
 

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--data-parallel-size", type=int, default=1,
+                        help="engine cores behind the server, each with its own requests and prefix cache")
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--enable-scale-out", action="store_true")
@@ -79,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 max_lora_rank=args.max_lora_rank, max_logprobs=args.max_logprobs,
                                 weight_transfer_config=args.weight_transfer_config, block_size=args.block_size,
                                 enable_prefix_caching=args.enable_prefix_caching,
-                                enable_prompt_tokens_details=args.enable_prompt_tokens_details)
+                                enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                                data_parallel_size=args.data_parallel_size)
     except ValueError as e:  # an unknown weight-transfer backend: vLLM's factory stops the start-up
         parser.exit(1, f"{parser.prog}: error: {e}\n")
     try:

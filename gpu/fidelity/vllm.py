@@ -239,8 +239,10 @@ class Held:
     engine decodes it is read on its ``/metrics`` (:func:`until_running`)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS,
-                 request_id: str | None = None) -> None:
+                 request_id: str | None = None, rank: str | None = None) -> None:
         self.budget, self.request_id = budget, request_id
+        self.headers = {} if rank is None else {"X-data-parallel-rank": rank}
+        """``rank``: the data-parallel rank it is pinned to."""
         self.answer: httpx.Response | None = None
         self.task = asyncio.ensure_future(self._run(client, url))
 
@@ -250,7 +252,7 @@ class Held:
         if self.request_id is not None:
             body["request_id"] = self.request_id
         try:
-            self.answer = await client.post(url + "/inference/v1/generate", json=body)
+            self.answer = await client.post(url + "/inference/v1/generate", json=body, headers=self.headers)
         except httpx.HTTPError:
             pass  # the server went away mid-answer: result() shows it unfinished
 
@@ -308,11 +310,12 @@ Call = Callable[..., Awaitable[httpx.Response]]
 
 def recording(client: httpx.AsyncClient, url: str, out: dict[str, Observation]) -> Call:
     """``call(step, path, body=None, method="POST", **query)``: send, and record the normalised answer as ``step``."""
-    async def call(step: str, path: str, body: Any = None, method: str = "POST", **params: Any) -> httpx.Response:
+    async def call(step: str, path: str, body: Any = None, method: str = "POST", headers: dict[str, str] | None = None,
+                   **params: Any) -> httpx.Response:
         kwargs: dict[str, Any] = {"params": params} if params else {}
         if body is not None:
             kwargs["json"] = body
-        response = await client.request(method, url + path, **kwargs)
+        response = await client.request(method, url + path, headers=headers, **kwargs)
         out[step] = normalise(response)
         return response
     return call
@@ -532,13 +535,13 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
 
 
 async def cached_tokens(call: Call, out: dict[str, Observation], step: str, model: str, route: str = "/v1/completions",
-                        prompt: list[int] = LONG_PROMPT, **extra: Any) -> None:
-    """One short request of ``prompt``, observed with the prompt tokens the prefix cache served
-    (``usage.prompt_tokens_details.cached_tokens``, answered with ``--enable-prompt-tokens-details``)."""
+                        prompt: list[int] = LONG_PROMPT, rank: str | None = None, **extra: Any) -> None:
+    """One short request of ``prompt`` (``rank``: its ``X-data-parallel-rank`` header), observed with the prompt tokens
+    the prefix cache served (``usage.prompt_tokens_details.cached_tokens``, with ``--enable-prompt-tokens-details``)."""
     body: dict[str, Any] = ({"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0, **extra}
                             if route == "/v1/completions" else
                             {"token_ids": prompt, "sampling_params": {"max_tokens": 2, "temperature": 0}, **extra})
-    response = await call(step, route, body)
+    response = await call(step, route, body, headers=None if rank is None else {"X-data-parallel-rank": rank})
     usage = response.json().get("usage") if response.status_code == 200 else None
     out[step]["cached_tokens"] = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
 
@@ -561,6 +564,9 @@ async def prefix_cache_steps(call: Call, client: httpx.AsyncClient, url: str, mo
     await hits("an empty salt", cache_salt="")
     await hits("a salt with a slash", cache_salt="a/b")
     await hits("token-in/token-out with an empty salt", route="/inference/v1/generate", cache_salt="")
+    await hits("pinned to rank 0 (one rank)", rank="0")
+    await hits("pinned to rank 1 (one rank)", rank="1")
+    await hits("token-in/token-out pinned to rank 1 (one rank)", route="/inference/v1/generate", rank="1")
     await client.post(url + "/update_weight_version", json={"new_version": "v-prefix"})
     await hits("after a relabel")
     await client.post(url + "/collective_rpc", json={"method": "reload_weights"})
@@ -595,6 +601,77 @@ async def prefix_cache_steps(call: Call, client: httpx.AsyncClient, url: str, mo
     await call("prefix: sleep", "/sleep", level=1)
     await client.post(url + "/wake_up")
     await hits("after a sleep")
+
+
+DP_FLAGS = ("--data-parallel-size", "2")
+"""The data-parallel server: two engine cores behind one API server."""
+DP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|0"}
+"""Both ranks' workers on core 0, one bind list per rank (with the one-rank ``0``, rank 1 asserts at start-up that its
+list is empty; with ``0|1`` both cores decode and the API server answered ``/metrics`` 19 s late, after the requests
+it was to observe had ended)."""
+
+
+async def rank_gauges(client: httpx.AsyncClient, url: str, until: Callable[[list[float]], bool],
+                      within_s: float = 10.0) -> list[float]:
+    """Per rank (``engine`` label), ``vllm:num_requests_running``, polled until ``until`` holds of them (at most
+    ``within_s``)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        gauges: dict[str, float] = {}
+        for line in (await client.get(url + "/metrics")).text.splitlines():
+            if line.startswith("vllm:num_requests_running{"):
+                gauges[line.split('engine="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+        running = [gauges[k] for k in sorted(gauges)]
+        if until(running) or asyncio.get_running_loop().time() >= deadline:
+            return running
+        await asyncio.sleep(0.01)  # polling the engine's own gauges, bounded by the deadline
+
+
+async def run_vllm_dp_script(url: str, model: str, sent: list[Sent] | None = None) -> dict[str, Observation]:
+    """Two data-parallel ranks behind one server: the world size, where the load balancer sends a prompt sent again
+    (each rank has its own prefix cache), a rank named by ``X-data-parallel-rank`` (in range, out of it, not a
+    number), the per-rank gauges with three requests decoding, a reset and a clearing pause over both ranks, and a
+    second resume (verl#7846: both ranks serve after it)."""
+    out: dict[str, Observation] = {}
+    async with script_client(sent) as client:
+        call = recording(client, url, out)
+
+        async def hits(step: str, prompt: list[int] = LONG_PROMPT, **extra: Any) -> None:
+            await cached_tokens(call, out, "dp: " + step, model, prompt=prompt, **extra)
+
+        for step, query in (("world size", {}), ("world size without dp", {"include_dp": "false"})):
+            response = await call("dp: " + step, "/get_world_size", method="GET", **query)
+            out["dp: " + step]["world_size"] = response.json().get("world_size")
+        for i in range(4):
+            await hits(f"a prompt sent again, {i + 1}")
+        other = LONG_PROMPT[1:]
+        for step, rank in (("on rank 1", "1"), ("again on rank 1", "1"), ("on rank 0", "0"), ("again on rank 0", "0")):
+            await hits("pinned " + step, prompt=other, rank=rank)
+        for step, rank in (("rank 2", "2"), ("rank -1", "-1"), ("a rank not a number", "x")):
+            await hits(step, prompt=LONG_PROMPT[2:], rank=rank)
+        await hits("token-in/token-out rank 2", prompt=LONG_PROMPT[2:], route="/inference/v1/generate", rank="2")
+        held = [Held(client, url) for _ in range(3)]
+        out["dp: three requests decoding"] = {"running per rank": await rank_gauges(client, url, lambda g: sum(g) >= 3)}
+        await call("dp: reset while both ranks decode", "/reset_prefix_cache")
+        await call("dp: pause keep", "/pause", mode="keep")
+        await call("dp: resume", "/resume")
+        await call("dp: resume again (verl#7846)", "/resume")
+        paused = await call("dp: paused after two resumes", "/is_paused", method="GET")
+        out["dp: paused after two resumes"]["is_paused"] = paused.json().get("is_paused")
+        await client.post(url + "/abort_requests", json={})
+        for h in held:
+            await h.result()
+        await hits("after the pause, rank 0", prompt=other, rank="0")
+        await hits("after the pause, rank 1", prompt=other, rank="1")
+        one = Held(client, url, rank="1")
+        gauges = await rank_gauges(client, url, lambda g: g == [0.0, 1.0])
+        await call("dp: reset while rank 1 decodes", "/reset_prefix_cache")
+        out["dp: reset while rank 1 decodes"]["running per rank"] = gauges
+        await client.post(url + "/abort_requests", json={})
+        await one.result()
+        await hits("rank 0 after the reset rank 1 refused", prompt=other, rank="0")
+        await hits("rank 1 after the reset it refused", prompt=other, rank="1")
+    return out
 
 
 async def run_vllm_lora_script(url: str, model: str, work: Path,
@@ -801,16 +878,20 @@ def script_digest() -> str:
 
 
 def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lora: bool = False,
-               sent: list[Sent] | None = None) -> tuple[dict[str, Observation], float]:
-    """Start the fake or real vLLM on ``model_dir`` with the same flags (with ``lora``, :data:`LORA_FLAGS` too), run
-    the script (or the LoRA script), stop it; the observations and the start time."""
+               sent: list[Sent] | None = None, dp: bool = False) -> tuple[dict[str, Observation], float]:
+    """Start the fake or real vLLM on ``model_dir`` with the same flags (with ``lora``, :data:`LORA_FLAGS` too; with
+    ``dp``, :data:`DP_FLAGS`), run the script (or the LoRA or data-parallel script), stop it; the observations and
+    the start time."""
     from gpu.engine import EXIT_WAIT_S, EngineProcess
     from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, PROGRAM, python_of
     from gpu.vllm_setup import GLOO_TRANSFER, REPO
 
-    extra = (*(LORA_FLAGS + GLOO_TRANSFER if lora else ()), *(("--fake-release", release, *FAKE_SPEED) if fake else ()))
-    engine = EngineProcess(None, FAKE_PROGRAM if fake else PROGRAM, env={**CPU_ENV, "PYTHONPATH": str(REPO)},
-                           name=f"fidelity-vllm-{'fake' if fake else 'real'}-{release}{'-lora' if lora else ''}",
+    extra = (*(LORA_FLAGS + GLOO_TRANSFER if lora else ()), *(DP_FLAGS if dp else ()),
+             *(("--fake-release", release, *FAKE_SPEED) if fake else ()))
+    engine = EngineProcess(None, FAKE_PROGRAM if fake else PROGRAM,
+                           env={**CPU_ENV, "PYTHONPATH": str(REPO), **(DP_ENV if dp else {})},
+                           name=f"fidelity-vllm-{'fake' if fake else 'real'}-{release}{'-lora' if lora else ''}"
+                                f"{'-dp' if dp else ''}",
                            python=None if fake or venv is None else str(python_of(venv)),
                            args=lambda host, port: ["--model", str(model_dir), "--host", host, "--port", str(port),
                                                     *CPU_FLAGS, "--max-model-len", str(MODEL_LEN), *LAUNCH_FLAGS,
@@ -821,6 +902,7 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lor
         start_s = time.monotonic() - started
         work = model_dir.parent / f"lora-{'fake' if fake else 'real'}"
         script = (run_vllm_lora_script(engine.url, str(model_dir), work, sent) if lora
+                  else run_vllm_dp_script(engine.url, str(model_dir), sent) if dp
                   else run_vllm_script(engine.url, str(model_dir), sent))
         out = asyncio.run(script)
         if lora:
@@ -893,6 +975,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             real, real_start = run_engine(model_dir, args.release, False, env.venv)
             fake.update(run_engine(model_dir, args.release, True, None, lora=True)[0])
             real.update(run_engine(model_dir, args.release, False, env.venv, lora=True)[0])
+            fake.update(run_engine(model_dir, args.release, True, None, dp=True)[0])
+            real.update(run_engine(model_dir, args.release, False, env.venv, dp=True)[0])
         except EngineStartError as error:
             print(f"gpu.fidelity: an engine did not start: {str(error).splitlines()[0]}", file=sys.stderr)
             return 1

@@ -12,7 +12,7 @@ from conformance import DEFAULT_INTEGRATION
 from conformance.cases import fake_backend_factory, load_integration
 from conformance.scenarios import SCENARIOS, Run, run_scenario
 from conformance.situations.producer import until_next_call, until_producer_blocked
-from conformance.situations.resident import holds_any
+from conformance.situations.resident import holds_any, holds_young
 from conformance.situations.waiting import wait_for
 
 pytestmark = pytest.mark.cpu
@@ -127,6 +127,30 @@ def test_a_held_call_waits_out_a_resident_request_near_its_end() -> None:
     assert old.t_end is None and not holds_any(run, 0)
     resident(0.001)
     assert not holds_any(run, 0), "a request not yet settled at its recorder counted"
+
+
+def test_a_held_call_on_a_real_engine_takes_its_last_chance_before_the_resident_request_ends() -> None:
+    """Regression (real vLLM 0.32.0 in CI, I1-I2 unknown): the vLLM reference pausing in place sends no request while
+    its pause is held, so a hold waiting for a young request let every resident one end. On an engine that cannot be
+    stalled the held call goes on while the youngest resident request has a quarter to 40% of its decode time left
+    (and what the scenario needs after the call); on the fake, which stalls while a call is held, it waits on."""
+    from types import SimpleNamespace
+
+    from conformance.wire import WireLog
+    from conformance.wire_control import WireControl
+
+    wire = WireLog()
+    run = object.__new__(Run)
+    run.backend = SimpleNamespace(wire=wire, control=WireControl(), decode_tokens_per_s=100.0, sentinel_tokens=300)
+    run.rollout = SimpleNamespace(max_new_tokens=100)  # one second of decoding
+    call = wire.open(0, "POST", "/generate", {"sampling_params": {"max_new_tokens": 100}}, "integration")
+    for age_s, goes in ((0.3, True), (0.55, False), (0.7, True), (0.8, False)):
+        call.t_start = wire.clock() - age_s
+        assert holds_young(run, 0) == goes, f"a request {age_s:.0%} through its decode: goes on {not goes}"
+    call.t_start = wire.clock() - 0.7
+    assert not holds_young(run, 0, keep_s=0.5), "went on with less left than the scenario needs after the call"
+    run.backend.control.freeze = lambda frozen: None
+    assert not holds_young(run, 0), "the fake, stalled while the call is held, took a last chance"
 
 
 async def wait_until(condition, timeout_s: float) -> bool:

@@ -19,7 +19,7 @@ from ..situations.refused import check_used, refuse as refuse_transfer
 from ..situations.resident import hold as hold_disturbing, keep_resident, record_expired, until_resident
 from ..situations.slow import hold as hold_slow, record as record_window
 from ..situations.sentinels import Sentinels, adapters_in_use
-from ..situations.timing import DEADLINES, Deadlines
+from ..situations.timing import DEADLINES, DRAIN_S, Deadlines
 from .trainer import Trainer
 
 
@@ -103,7 +103,7 @@ class Run:
             raise ScenarioTimeout(str(exc)) from None
         refused = [refuse_transfer(self, engine, transport, lora) for engine in refuse]
         if not gate:
-            hold_disturbing(self, resident)
+            hold_disturbing(self, resident, DRAIN_S if stall else 0.0)
         window, unfollow_window = hold_slow(self, slow, transport, lora) if slow else (None, lambda: None)
         unstall = stall_drain(self) if stall else (lambda: None)
         feeder = asyncio.create_task(feed_held(self)) if resident else None

@@ -13,7 +13,7 @@ from ..history import DISTURBING_PATHS, History, Injected, WireCall, resident_at
 from ..wire_control import Expired
 from .producer import Producer, busy_everywhere
 from .scene import Scene, Situation, generates, turn
-from .timing import SETTLE_S, SPARE, START_TIMEOUT_S, decode_rate
+from .timing import LAST_CHANCE, SETTLE_S, SPARE, START_TIMEOUT_S, decode_rate
 from .waiting import wait_until
 
 
@@ -30,15 +30,18 @@ SITUATION = Situation("resident", "update cycle whose first pause, bump or trans
                       "the integration's requests was decoding there", _shown)
 
 
-def young(scene: Scene, call: WireCall, now: float, fraction: float = 0.5) -> bool:
-    """Whether ``call`` is resident at ``now`` and was sent less than ``fraction`` of its decode time ago (its
-    ``max_new_tokens`` at :func:`~.timing.decode_rate`), counting only the time the engines decoded
-    (``WireControl.decode_time``)."""
+def lasts(scene: Scene, call: WireCall) -> float:
+    """How long ``call`` decodes: its ``max_new_tokens`` (else the scenario's) at :func:`~.timing.decode_rate`."""
     params = call.payload.get("sampling_params") if isinstance(call.payload, dict) else None
     budget = params.get("max_new_tokens") if isinstance(params, dict) else None
-    lasts = (budget if isinstance(budget, int) else scene.rollout.max_new_tokens) / decode_rate(scene.backend)
+    return (budget if isinstance(budget, int) else scene.rollout.max_new_tokens) / decode_rate(scene.backend)
+
+
+def young(scene: Scene, call: WireCall, now: float, fraction: float = 0.5) -> bool:
+    """Whether ``call`` is resident at ``now`` and was sent less than ``fraction`` of its decode time ago
+    (:func:`lasts`), counting only the time the engines decoded (``WireControl.decode_time``)."""
     return bool(resident_at([call], call.engine, now)) and \
-        scene.backend.control.decode_time(call.t_start, now) <= lasts * fraction
+        scene.backend.control.decode_time(call.t_start, now) <= lasts(scene, call) * fraction
 
 
 def holds_any(scene: Scene, engine: int) -> bool:
@@ -53,14 +56,35 @@ def holds_any(scene: Scene, engine: int) -> bool:
     return any(young(scene, c, now, 1.0 - SPARE) for c in resident_at(wire.open_calls(), engine, now - SETTLE_S))
 
 
-def holds_young(scene: Scene, engine: int, another_went: bool = False) -> bool:
+def last_chance(scene: Scene, engine: int, keep_s: float = 0.0) -> bool:
+    """Whether the youngest of the integration's requests resident on ``engine`` has just enough decode time left:
+    :data:`~.timing.SPARE` of its decode time and ``keep_s`` (what the situation needs after the call), and less than
+    :data:`~.timing.LAST_CHANCE` of it more."""
+    now = scene.backend.wire.clock()
+    left = [(lasts(scene, c) - scene.backend.control.decode_time(c.t_start, now), lasts(scene, c))
+            for c in resident_at(generates(scene), engine, now)]
+    if not left:
+        return False
+    best, whole = max(left)
+    need = max(SPARE * whole, keep_s)
+    return need <= best < need + LAST_CHANCE * whole
+
+
+def holds_young(scene: Scene, engine: int, another_went: bool = False, keep_s: float = 0.0) -> bool:
     """Whether the cycle's first pause, bump or transfer may go on to ``engine`` (or it is not one the integration
     uses, so none of its requests will come): one of the integration's requests is resident there, sent less than half
     its decode time ago, while every other engine it uses holds one with at least :data:`~.timing.SPARE` of its decode
     time left (a cycle that goes from engine to engine reaches them soon after; two engines whose samples chain turns
     out of phase always meet such a moment). Once another engine's call went on, any of its requests resident there is
     enough: a cycle that pauses engine after engine can leave every group waiting on the paused one, so no younger
-    request comes."""
+    request comes.
+
+    On engines that cannot be stalled (real ones) the held call also goes on at the last moment its engine's youngest
+    resident request of the integration still has :data:`~.timing.SPARE` of its decode time left, and ``keep_s``
+    (:func:`last_chance`): no younger one came, and waiting longer loses the one there. An integration whose
+    requests wait for its pause's answer (the vLLM reference pausing in place) sends none while the pause is held, so
+    on real vLLM 0.32.0, whose turns last 0.15 s, the hold otherwise let every one end (I1-I2 unknown in CI). The fake
+    is stalled while a call is held, so its requests do not age there and it waits for a young one as before."""
     now, calls = scene.backend.wire.clock(), generates(scene)
     used = {c.engine for c in calls}
 
@@ -70,6 +94,8 @@ def holds_young(scene: Scene, engine: int, another_went: bool = False) -> bool:
         return True
     if another_went:
         return holds(engine, math.inf)
+    if not scene.backend.control.can_stall and last_chance(scene, engine, keep_s):
+        return True
     return holds(engine, 0.5) and all(holds(e, 1.0 - SPARE) for e in used - {engine})
 
 
@@ -102,14 +128,14 @@ async def until_resident(scene: Scene, cycle: int) -> None:
                     f"own requests in flight is not shown")
 
 
-def hold(scene: Scene, resident: bool) -> None:
+def hold(scene: Scene, resident: bool, keep_s: float = 0.0) -> None:
     """Hold the cycle's first pause, bump or transfer on each engine at the wire: with ``resident`` until
-    :func:`holds_young` (for at most two turns, at least 0.5 s, at most a quarter of the update deadline), then until
-    :func:`holds_any`; otherwise until :func:`holds_any` (a long-lived request that just ended is sent again
-    meanwhile), at most :data:`~.timing.START_TIMEOUT_S`."""
+    :func:`holds_young` (a request there keeping ``keep_s`` of decoding after it; for at most two turns, at least
+    0.5 s, at most a quarter of the update deadline), then until :func:`holds_any`; otherwise until :func:`holds_any`
+    (a long-lived request that just ended is sent again meanwhile), at most :data:`~.timing.START_TIMEOUT_S`."""
     control = scene.backend.control
     if resident:
-        control.hold_first(DISTURBING_PATHS, lambda engine, went: holds_young(scene, engine, went),
+        control.hold_first(DISTURBING_PATHS, lambda engine, went: holds_young(scene, engine, went, keep_s),
                            min(max(0.5, 2 * turn(scene)), scene.deadlines.update_s / 4),
                            then=lambda engine: holds_any(scene, engine), then_timeout_s=START_TIMEOUT_S)
     else:

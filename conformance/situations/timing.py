@@ -68,6 +68,9 @@ QUIET_S = 0.1
 SPARE = 0.25
 """The share of its decode time a request on another engine still has to go when a resident cycle's first disturbing
 call goes on."""
+LAST_CHANCE = 0.15
+"""The share of its decode time, just above :data:`SPARE`, in which a request resident on a real engine is taken for
+a held resident cycle's first call when no younger one came: past it, too little of its decode is left."""
 TURN_S = 0.15
 """How long one of the integration's turns decodes, at least (the scenarios raise ``max_new_tokens`` to that at the
 backend's decode speed): a request sent at most half of it before a cycle starts is still decoding when the cycle

@@ -57,9 +57,9 @@ def holds_any(scene: Scene, engine: int) -> bool:
 
 
 def last_chance(scene: Scene, engine: int, keep_s: float = 0.0) -> bool:
-    """Whether the youngest of the integration's requests resident on ``engine`` has just enough decode time left:
-    :data:`~.timing.SPARE` of its decode time and ``keep_s`` (what the situation needs after the call), and less than
-    :data:`~.timing.LAST_CHANCE` of it more."""
+    """Whether, of the integration's requests resident on ``engine``, the one with the most decode time left has just
+    enough left: :data:`~.timing.SPARE` of its decode time and ``keep_s`` (what the situation needs after the call),
+    and less than :data:`~.timing.LAST_CHANCE` of it more."""
     now = scene.backend.wire.clock()
     left = [(lasts(scene, c) - scene.backend.control.decode_time(c.t_start, now), lasts(scene, c))
             for c in resident_at(generates(scene), engine, now)]
@@ -79,8 +79,8 @@ def holds_young(scene: Scene, engine: int, another_went: bool = False, keep_s: f
     enough: a cycle that pauses engine after engine can leave every group waiting on the paused one, so no younger
     request comes.
 
-    On engines that cannot be stalled (real ones) the held call also goes on at the last moment its engine's youngest
-    resident request of the integration still has :data:`~.timing.SPARE` of its decode time left, and ``keep_s``
+    On engines that cannot be stalled (real ones) the held call also goes on at the last moment the integration's
+    request resident there with the most decode time left still has :data:`~.timing.SPARE` of it left, and ``keep_s``
     (:func:`last_chance`): no younger one came, and waiting longer loses the one there. An integration whose
     requests wait for its pause's answer (the vLLM reference pausing in place) sends none while the pause is held, so
     on real vLLM 0.32.0, whose turns last 0.15 s, the hold otherwise let every one end (I1-I2 unknown in CI). The fake

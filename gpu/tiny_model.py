@@ -5,6 +5,13 @@ Writes a directory real SGLang serves and the fake serves through ``--model-path
 ``tokenizer.json`` built with the ``tokenizers`` package (every byte is a token, so any text encodes; no merges, so
 nothing needs training data), ``tokenizer_config.json``, ``special_tokens_map.json`` and ``generation_config.json``.
 
+The model has no end-of-sequence token (``eos_token_id`` null in ``config.json`` and ``generation_config.json``, no
+``eos_token`` in the tokenizer; ``<|end_of_text|>`` stays in the vocabulary as the padding token), so real engines end
+a request only at its ``max_new_tokens`` or a stop the request names, as the fake does: the suite sizes its turns in
+decode time, and a random model's EOS ended them early (on real vLLM 0.32, turns sized 4 s ended at a stop token after
+0.2–2.7 s, and no request was left to outlast a drain). ``null`` must be written: ``transformers.LlamaConfig`` reads a
+missing ``eos_token_id`` as 2, a byte token.
+
 The default shape keeps ``head_dim`` at 64 (``hidden_size // num_attention_heads``, which is also how SGLang's
 ``LlamaForCausalLM.get_weights_by_name`` slices q/k/v): attention kernels on GPUs support it everywhere.
 """
@@ -66,14 +73,14 @@ CPU_TEST_MODEL = TinyModelConfig(hidden_size=64, intermediate_size=128, num_hidd
 
 def hf_config(c: TinyModelConfig) -> dict[str, Any]:
     """``config.json`` as ``transformers.LlamaConfig`` writes it."""
-    bos, eos = 256, 257
+    bos = 256
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
             "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
             "head_dim": c.head_dim, "vocab_size": c.vocab_size, "max_position_embeddings": c.max_position_embeddings,
             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "hidden_act": "silu",
             "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "initializer_range": 0.02,
-            "tie_word_embeddings": False, "torch_dtype": c.dtype, "bos_token_id": bos, "eos_token_id": eos,
+            "tie_word_embeddings": False, "torch_dtype": c.dtype, "bos_token_id": bos, "eos_token_id": None,
             "use_cache": True}
 
 
@@ -137,13 +144,13 @@ def write_model(out: Path, config: TinyModelConfig = TinyModelConfig()) -> Path:
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     save_file(random_weights(config), str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save(str(out / "tokenizer.json"))
-    bos, eos = SPECIAL_TOKENS
+    bos, pad = SPECIAL_TOKENS
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos, "pad_token": eos,
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "pad_token": pad,
         "add_bos_token": False, "clean_up_tokenization_spaces": False,
         "model_max_length": config.max_position_embeddings},
         indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": bos, "eos_token": eos, "pad_token": eos},
+    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": bos, "pad_token": pad},
                                                             indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": cfg["bos_token_id"],
                                                             "eos_token_id": cfg["eos_token_id"]}, indent=2) + "\n")

@@ -307,7 +307,7 @@ async def _completions(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
         "choices": [{"index": 0, "text": e.text(output),
                      "logprobs": None if logprobs is None else completion_logprobs(output, logprobs, e.vocab_size,
                                                                                       e.text),
-                     "finish_reason": e.finish_reason(out), "stop_reason": None,
+                     "finish_reason": e.finish_reason(out), "stop_reason": e.stop_reason(out),
                      "token_ids": output if ids else None, "prompt_logprobs": None,
                      "prompt_token_ids": list(out.input_ids) if ids else None, "routed_experts": None}],
         "service_tier": None, "system_fingerprint": e.system_fingerprint, "usage": _usage(e, out),
@@ -361,7 +361,8 @@ async def _completion_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: st
         chunk: dict[str, Any] = {
             "id": rid, "object": "text_completion", "created": e.now(), "model": model,
             "choices": [{"index": 0, "text": e.text(new), "logprobs": lp,
-                         "finish_reason": e.finish_reason(out) if final else None, "stop_reason": None,
+                         "finish_reason": e.finish_reason(out) if final else None,
+                         "stop_reason": e.stop_reason(out) if final else None,
                          "prompt_token_ids": list(out.input_ids) if ids and sent == 0 else None,
                          "token_ids": new if ids else None}]}
         sent = len(out.output_ids)
@@ -421,7 +422,7 @@ async def _generate(e: FakeVLLMEngine, req: HTTPRequest) -> Reply:
     return Reply(200, {
         "request_id": rid, "created": e.now(), "model": body.get("model") or e.served_model_name,
         "output_mode": "tokens",
-        "choices": [{"index": 0, "finish_reason": e.finish_reason(out), "stop_reason": None,
+        "choices": [{"index": 0, "finish_reason": e.finish_reason(out), "stop_reason": e.stop_reason(out),
                      "token_ids": output,
                      "logprobs": None if logprobs is None else generate_logprobs(output, logprobs, e.vocab_size),
                      "routed_experts": None, "sampling_mask": None, "weight_versions": e.spans(out)}],
@@ -443,7 +444,8 @@ async def _generate_stream(e: FakeVLLMEngine, request: Any, call: Any, rid: str,
         chunk: dict[str, Any] = {
             "request_id": rid, "usage": None, "output_mode": "tokens",
             "choices": [{"index": 0, "finish_reason": e.finish_reason(out) if final else None,
-                         "stop_reason": None, "token_ids": new, "routed_experts": None, "sampling_mask": None,
+                         "stop_reason": e.stop_reason(out) if final else None, "token_ids": new,
+                         "routed_experts": None, "sampling_mask": None,
                          "weight_versions": e.spans(out) if final else None,
                          "logprobs": None if logprobs is None else generate_logprobs(new, logprobs, e.vocab_size,
                                                                                         sent)}]}

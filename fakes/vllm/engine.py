@@ -127,6 +127,9 @@ class FakeVLLMEngine(EngineLoop):
         self._unstepped: Counter[int] = Counter()
         """Per rank, requests a cache clear preempted since the last step: ``/metrics`` still counts them running (its
         gauges move only as the engine steps, and a paused engine does not: measured, ``gpu/fidelity/vllm.py``)."""
+        self._generated: Counter[int] = Counter()
+        """Per rank, tokens decoded since start (``vllm:generation_tokens_total``, a counter: it moves only as tokens
+        are decoded, so unlike the gauges it never shows a request that is gone)."""
         self.asleep: set[str] = set()
         """The executor's sleeping memory (``sleeping_tags``: ``weights``, ``kv_cache``; ``v1/executor/abstract.py``)."""
         self.crashed, self.closed = False, False
@@ -179,6 +182,7 @@ class FakeVLLMEngine(EngineLoop):
     # -- output delivery (EngineLoop steps the scheduler and hands each step's result here) --------------------------
     def _deliver(self, result: StepResult) -> None:
         self._unstepped.clear()
+        self._generated.update(self._rank_of(r) for r in (*result.emitted, *result.finished))
         for req in result.admitted:
             self._scheduled(req)
         for req in result.emitted:
@@ -287,9 +291,10 @@ class FakeVLLMEngine(EngineLoop):
         requests)."""
         self._bind()
         self._raise_if_dead()
-        stop_ids = () if sampling.get("ignore_eos") else tuple(sampling.get("stop_token_ids") or ())
+        # ignore_eos drops only the model's EOS: the request's own stop_token_ids still end it (check_stop,
+        # v1/core/sched/utils.py, 0.32.0; measured, gpu/fidelity/vllm.py). The fake's model has no EOS.
         req = Request(rid=rid, input_ids=list(prompt), max_new_tokens=int(sampling.get("max_tokens") or 16),
-                      stop_token_ids=stop_ids, lora=lora, stream=stream)
+                      stop_token_ids=tuple(sampling.get("stop_token_ids") or ()), lora=lora, stream=stream)
         call = _Call()
         self._calls.add(call)
         self._sinks[req] = _Sink(call, 0)
@@ -484,8 +489,8 @@ class FakeVLLMEngine(EngineLoop):
         return out
 
     def metrics(self) -> str:
-        """``/metrics`` (Prometheus text): the scheduler gauges a client reads to know what the engine holds
-        (``v1/metrics/loggers.py``)."""
+        """``/metrics`` (Prometheus text): the scheduler gauges a client reads to know what the engine holds, and the
+        generated-tokens counter (``v1/metrics/loggers.py``, 0.32.0)."""
         running = Counter(self._rank_of(r) for r in self.scheduler.running) + self._unstepped
         waiting = Counter(self._rank_of(r) for r in self.scheduler.waiting)
         waiting.subtract(self._unstepped)
@@ -494,6 +499,9 @@ class FakeVLLMEngine(EngineLoop):
             lines.append(f"# TYPE vllm:{name} gauge")
             lines += [f'vllm:{name}{{engine="{rank}",model_name="{self.served_model_name}"}} {float(counts[rank])}'
                       for rank in range(self.data_parallel_size)]
+        lines.append("# TYPE vllm:generation_tokens_total counter")
+        lines += [f'vllm:generation_tokens_total{{engine="{rank}",model_name="{self.served_model_name}"}} '
+                  f'{float(self._generated[rank])}' for rank in range(self.data_parallel_size)]
         return "\n".join(lines) + "\n"
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> Reply:
@@ -572,6 +580,13 @@ class FakeVLLMEngine(EngineLoop):
     def finish_reason(req: Request) -> str | None:
         """vLLM's ``finish_reason`` of a finished request: ``length``, ``stop`` or ``abort``."""
         return None if req.finish_reason is None else str(req.finish_reason.get("type"))
+
+    @staticmethod
+    def stop_reason(req: Request) -> int | str | None:
+        """vLLM's ``stop_reason``: the stop token id or stop string that ended the request, else None (an EOS or the
+        length; ``check_stop``, ``v1/core/sched/utils.py``, 0.32.0)."""
+        reason = req.finish_reason or {}
+        return reason.get("matched") if reason.get("type") == "stop" else None
 
     @staticmethod
     def text(ids: list[int]) -> str:

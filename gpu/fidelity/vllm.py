@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 
+from ..tiny_model import TinyModelConfig
 from .script import CALL_TIMEOUT_S, Observation, Sent, diff, during_decode, message_class, normalise, script_client
 
 LONG_TOKENS = 6000
@@ -32,6 +33,8 @@ HELD_ID = "fidelity-held"
 MODEL_LEN = 8192
 """The model's positions and ``--max-model-len`` for this script (the CPU flags' 4096 is under the held budget)."""
 PROMPT = [5, 6, 7, 8]
+VOCAB_SIZE = TinyModelConfig().vocab_size
+"""Token ids the served model can answer: ``0..VOCAB_SIZE-1``."""
 LONG_PROMPT = list(range(5, 305))
 """A prompt of two full blocks and more (vLLM's CPU block: 128 tokens), for the prefix-cache steps."""
 HELD_S = 1.0
@@ -236,7 +239,7 @@ async def logprobs_steps(call: Call, model: str, out: dict[str, Observation]) ->
 class Held:
     """A ``/inference/v1/generate`` kept running in the background, not streamed (a stream's per-token events load the
     API server, which then answers control calls seconds late); its answer carries the version spans. Whether the
-    engine decodes it is read on its ``/metrics`` (:func:`until_running`)."""
+    engine decodes it is read on its ``/metrics`` (:func:`decoding`)."""
 
     def __init__(self, client: httpx.AsyncClient, url: str, budget: int = LONG_TOKENS,
                  request_id: str | None = None, rank: str | None = None) -> None:
@@ -287,13 +290,26 @@ async def engine_running(client: httpx.AsyncClient, url: str) -> bool:
     return False
 
 
-async def decoding(client: httpx.AsyncClient, url: str, tries: int = 3,
-                   request_id: str | None = None) -> tuple[Held, bool]:
-    """A held request the engine is seen decoding (its ``/metrics``), started again (at most ``tries`` times) when
-    it was not: the situation a pause or abort step compares is made to happen, and whether it did is recorded."""
+async def generated_tokens(client: httpx.AsyncClient, url: str) -> float:
+    """Tokens the engine decoded since it started, every rank (``vllm:generation_tokens_total`` on ``/metrics``): a
+    counter moves only as tokens are decoded, where the running gauge of an idle engine still shows a request an
+    abort took (the gauges move only as the engine steps)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in (await client.get(url + "/metrics")).text.splitlines()
+               if line.split("{", 1)[0] == "vllm:generation_tokens_total")
+
+
+async def decoding(client: httpx.AsyncClient, url: str, tries: int = 3, request_id: str | None = None,
+                   within_s: float = 10.0) -> tuple[Held, bool]:
+    """A held request the engine is seen decoding (its generated-tokens counter moves past where it stood before the
+    request was sent, the script's only request then), started again (at most ``tries`` times) when it was not: the
+    situation a pause or abort step compares is made to happen, and whether it did is recorded."""
+    loop = asyncio.get_running_loop()
     for _ in range(tries):
-        held = Held(client, url, request_id=request_id)
-        if await until_running(client, url):
+        before = await generated_tokens(client, url)
+        held, deadline = Held(client, url, request_id=request_id), loop.time() + within_s
+        while not held.task.done() and await generated_tokens(client, url) <= before and loop.time() < deadline:
+            await asyncio.sleep(0.01)  # polling the engine's own counter, bounded by the deadline
+        if not held.task.done() and await generated_tokens(client, url) > before:
             return held, True
         await held.result()
     return held, False
@@ -355,6 +371,12 @@ async def run_vllm_script(url: str, model: str, sent: list[Sent] | None = None) 
         response = await call("generate", "/inference/v1/generate",
                               {"token_ids": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}})
         out["generate answer"] = choice(response.json())
+        every_token = list(range(VOCAB_SIZE))  # whatever the first token is, it is a stop token
+        response = await call("completion ignoring eos with stop_token_ids", "/v1/completions",
+                              completion(ignore_eos=True, stop_token_ids=every_token))
+        seen = choice(response.json())
+        seen["stop_reason"] = seen.get("stop_reason") in every_token  # the token, which differs from the fake's
+        out["completion ignoring eos with stop_token_ids answer"] = seen
         response = await call("completion unknown model", "/v1/completions", {**completion(), "model": "nope"})
         out["completion unknown model answer"] = choice(response.json())
         response = await call("completion without prompt", "/v1/completions", {"model": model, "max_tokens": 4})

@@ -84,6 +84,35 @@ async def test_keep_clearing_the_caches_preempts_the_request_and_it_completes_af
 
 
 @pytest.mark.asyncio
+async def test_ignore_eos_keeps_the_requests_own_stop_token_ids(connect) -> None:
+    """``ignore_eos`` drops only the model's EOS: a stop token the request names still ends it, and ``stop_reason``
+    is that token (``check_stop``, ``v1/core/sched/utils.py``, 0.32.0; measured, ``gpu/fidelity/vllm.py``)."""
+    wire = await connect(FakeVLLMEngine())
+    task = wire.spawn("POST", "/v1/completions", json=_completion(wire.engine, 8, stop_token_ids=list(range(320))))
+    choice = (await wire.step_until_done([task]))[0].json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and len(choice["token_ids"]) == 1
+    assert choice["stop_reason"] == choice["token_ids"][0]
+
+
+@pytest.mark.asyncio
+async def test_the_generated_tokens_counter_moves_only_as_tokens_are_decoded(connect) -> None:
+    """``vllm:generation_tokens_total`` counts every token decoded (``v1/metrics/loggers.py``, 0.32.0): it stands
+    still while a pause keeps the request, where the running gauge still shows a request the pause preempted."""
+    wire = await connect(FakeVLLMEngine())
+    assert gauge(wire.engine, "vllm:generation_tokens_total") == 0.0
+    task = await _running(wire, max_tokens=8)
+    decoded = gauge(wire.engine, "vllm:generation_tokens_total")
+    assert decoded == len(wire.engine.scheduler.running[0].output_ids) > 0
+    await wire.post("/pause", params={"mode": "keep"})
+    assert gauge(wire.engine, "vllm:num_requests_running") == 1.0  # preempted, the gauge not stepped since
+    await wire.engine.step(5)
+    assert gauge(wire.engine, "vllm:generation_tokens_total") == decoded
+    await wire.post("/resume")
+    await wire.step_until_done([task])
+    assert gauge(wire.engine, "vllm:generation_tokens_total") == 8.0
+
+
+@pytest.mark.asyncio
 async def test_wait_answers_once_the_batch_drained_and_holds_new_requests(connect) -> None:
     wire = await connect(FakeVLLMEngine())
     task = await _running(wire)

@@ -31,7 +31,18 @@ def test_the_directory_holds_config_weights_and_tokenizer(tmp_path: Path) -> Non
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (64, 64)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         assert (out / name).is_file()
-    assert json.loads((out / "tokenizer_config.json").read_text())["eos_token"] == SPECIAL_TOKENS[1]
+    assert json.loads((out / "tokenizer_config.json").read_text())["pad_token"] == SPECIAL_TOKENS[1]
+
+
+def test_the_model_has_no_end_of_sequence_token(tmp_path: Path) -> None:
+    """Real engines end a request only at its budget, as the fake does: ``eos_token_id`` is written as null (a missing
+    one reads as 2 in ``transformers.LlamaConfig``) and the tokenizer declares no ``eos_token``."""
+    out = write_model(tmp_path / "m", CPU_TEST_MODEL)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((out / name).read_text())
+        assert "eos_token_id" in config and config["eos_token_id"] is None, name
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        assert "eos_token" not in json.loads((out / name).read_text()), name
 
 
 def test_the_tokenizer_encodes_any_text_byte_by_byte(tmp_path: Path) -> None:
@@ -43,7 +54,7 @@ def test_the_tokenizer_encodes_any_text_byte_by_byte(tmp_path: Path) -> None:
     encoding = tokenizer.encode(text)
     assert encoding.ids == list(text.encode())
     assert tokenizer.decode(encoding.ids) == text
-    assert tokenizer.token_to_id(SPECIAL_TOKENS[1]) == json.loads((out / "config.json").read_text())["eos_token_id"]
+    assert tokenizer.token_to_id(SPECIAL_TOKENS[1]) == 257
     assert tokenizer.get_vocab_size() <= CPU_TEST_MODEL.vocab_size
 
 

@@ -117,6 +117,13 @@ class WireControl:
         once none is held: a fake backend stops its engines' decoding meanwhile, so the requests resident when a
         disturbing call arrived are resident when it goes on, however long the hold and however loaded the machine
         (real engines cannot)."""
+        self.keep_engines: Callable[[bool], None] | None = None
+        """Real engines' own pause that keeps their requests where they are (True), and its resume (False), called
+        past the wire: how :meth:`keep` stops engines that cannot :meth:`stall` (None: the backend has no such
+        pause)."""
+        self._kept_since: float | None = None
+        self.keep_failed: str | None = None
+        """Why the last :meth:`keep` on real engines failed to pause or resume them (None: it did not)."""
 
     def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1,
                rewrite: Rewrite | None = None) -> None:
@@ -185,20 +192,40 @@ class WireControl:
         the backend cannot stall (:attr:`can_stall`)."""
         if not self.can_stall:
             return None
-        ended = threading.Event()
-
-        def end() -> None:
-            with self._lock:
-                first = not ended.is_set()
-                ended.set()
-            if first:
-                timer.cancel()
-                self._held_one(-1)
-        timer = threading.Timer(seconds, end)
-        timer.daemon = True
         self._held_one(+1)
-        timer.start()
-        return end
+        return _once_within(seconds, lambda: self._held_one(-1))
+
+    def keep(self, seconds: float) -> Callable[[], None] | None:
+        """Stop every engine's decoding for at most ``seconds``, keeping its requests where they are: :meth:`stall`
+        where the backend can, else the engines' own keep-pause (:attr:`keep_engines`; a pause that failed is
+        resumed). Returns the function that ends it sooner (the resume is answered when it returns), or None where
+        neither is possible."""
+        if self.can_stall:
+            return self.stall(seconds)
+        hook, self.keep_failed = self.keep_engines, None
+        if hook is None:
+            return None
+        try:
+            hook(True)
+        except Exception as exc:  # an engine that could not be paused: none stays paused, the builder aims as it can
+            self.keep_failed = f"the engines' keep-pause failed ({type(exc).__name__}: {exc})"
+            self._resume(hook)
+            return None
+        with self._lock:
+            self._kept_since = self.clock()
+
+        def unkeep() -> None:
+            self._resume(hook)
+            with self._lock:
+                self._frozen.append((self._kept_since, self.clock()))  # type: ignore[arg-type]
+                self._kept_since = None
+        return _once_within(seconds, unkeep)
+
+    def _resume(self, hook: Callable[[bool], None]) -> None:
+        try:
+            hook(False)
+        except Exception as exc:  # said by keep_failed: the engine left paused is the suite's doing
+            self.keep_failed = f"the engines' resume after a keep-pause failed ({type(exc).__name__}: {exc})"
 
     def release_holds(self) -> dict[int, Expired]:
         """End every hold; the engines whose first call :meth:`hold_first` held went on at its bound, not ready (and
@@ -267,8 +294,38 @@ class WireControl:
             self.freeze(frozen)  # type: ignore[misc]  (edge implies a hook)
 
     def decode_time(self, t0: float, t1: float) -> float:
-        """Seconds of ``[t0, t1]`` in which the engines decoded: less the time :attr:`freeze` stopped them (a
-        request sent at ``t0`` has decoded this long at ``t1``, as far as the clock can tell)."""
+        """Seconds of ``[t0, t1]`` in which the engines decoded: less the time :attr:`freeze` or :meth:`keep` stopped
+        them (a request sent at ``t0`` has decoded this long at ``t1``, as far as the clock can tell)."""
         with self._lock:
-            spans = [*self._frozen, *([(self._frozen_since, t1)] if self._frozen_since is not None else [])]
+            spans = [*self._frozen, *[(since, t1) for since in (self._frozen_since, self._kept_since)
+                                      if since is not None]]
         return (t1 - t0) - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
+
+
+def _once_within(seconds: float, finish: Callable[[], None]) -> Callable[[], None]:
+    """``finish`` run once: by the function returned, or after ``seconds`` (a daemon timer) if that is not called
+    first. Every call returns once ``finish`` has returned: a recorder thread that ends a keep while another thread's
+    resume is under way must not forward its call before the engines are resumed (two engines' pauses, two recorder
+    threads: real vLLM resumed after the integration's own pause, then crashed in its weight update)."""
+    lock, finished, started = threading.Lock(), threading.Event(), [False]
+
+    def end() -> None:
+        with lock:
+            first, started[0] = not started[0], True
+        if not first:
+            finished.wait(FINISH_S)
+            return
+        timer.cancel()
+        try:
+            finish()
+        finally:
+            finished.set()
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
+    return end
+
+
+FINISH_S = 60.0
+"""The most a second caller of a stall's or keep's end waits for the first one's resume (each engine's answer is
+bounded by the backend's own timeout)."""

@@ -27,6 +27,7 @@ from conformance.backends import digest_of
 from conformance.dialect import Dialect
 from conformance.families import FAMILIES
 from conformance.wire import WireLog
+from conformance.wire_control import WireControl
 from fakes.profiles import DEFAULT_PROFILE
 
 from .engine import EngineActor, SupervisedEngine
@@ -96,6 +97,10 @@ def checkpoint(model_path: str) -> tuple[dict[str, Any], dict[str, tuple[str, tu
     return _checkpoint(model_path, os.stat(model_path).st_mtime_ns)
 
 
+KEEP_TIMEOUT_S = 10.0
+"""How long an engine may take to answer the suite's keep-pause or its resume."""
+
+
 class RayBackend:
     """Engines as processes in Ray actors over distinct nodes, each behind a recording proxy in the driver.
 
@@ -108,7 +113,7 @@ class RayBackend:
         self.profile = config.profile
         self.sentinel_tokens = config.sentinel_tokens
         self.wire = WireLog()
-        self.control = self.wire.control()
+        self.control = self._control()
         self.urls: list[str] = []
         self.placement: Any = None
         self.engines: list[SupervisedEngine] = []
@@ -167,7 +172,7 @@ class RayBackend:
 
         with self._lock:
             self.wire = WireLog()
-            self.control = self.wire.control()
+            self.control = self._control()
         for e in self.engines:
             if e.proxy is not None:
                 e.proxy.stop()
@@ -175,6 +180,26 @@ class RayBackend:
             e.proxy = RecordingProxy(e.info["url"], e.index, self.wire, self.control, self.dialect,
                                      on_unreachable=functools.partial(self._unreachable, e)).start()
         self.urls = [e.proxy.url for e in self.engines]
+
+    def _control(self) -> WireControl:
+        """The wire's control, with the family's keep-pause where it has one (``WireControl.keep_engines``)."""
+        control = self.wire.control()
+        if real_family(self.config.program).keep_pause is not None:
+            control.keep_engines = self._keep
+        return control
+
+    def _keep(self, on: bool) -> None:
+        """Pause every engine in its own keep mode (``on``) or resume it, past the wire; raise if one did not
+        answer 200."""
+        import httpx
+
+        path = real_family(self.config.program).keep_pause[0 if on else 1]  # type: ignore[index]
+        with httpx.Client(timeout=KEEP_TIMEOUT_S) as client:
+            answers = [client.post(url + path) for url in self.engine_urls()]
+        refused = [f"engine {i}: {a.status_code} {a.text[:120]}" for i, a in enumerate(answers)
+                   if a.status_code != 200]
+        if refused:
+            raise RuntimeError(f"POST {path}: " + "; ".join(refused))
 
     def engine_urls(self) -> list[str]:
         """The engines' own addresses (not the proxies'): for the suite's calls that bypass the wire."""

@@ -81,6 +81,11 @@ class RealFamily:
     """Why a scenario cannot run on its GPUs (None: it can)."""
     fidelity: str | None = None
     """Its differential's ``main(argv) -> int`` (``module:attribute``), where ``gpu.fidelity`` is not its own."""
+    keep_pause: tuple[str, str] | None = None
+    """The engine's own pause that keeps its requests where they are and the call that resumes it (``POST`` routes
+    with their query): what the backends stop its engines with while a resident cycle works before its first call
+    reaches them (``WireControl.keep``). None: the suite does not pause them (SGLang's: its ``in_place`` pause is not
+    yet measured against the calls an integration sends before its first pause)."""
 
     @property
     def programs(self) -> tuple[tuple[str, ...], ...]:
@@ -103,7 +108,10 @@ VLLM_REAL = RealFamily(
     env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
     # the native weight-transfer engine: NCCL on GPUs; the drop-in fake serves gloo (no CUDA)
     weight_transfer=("nccl", "gloo"), memory_flag="--gpu-memory-utilization", on_gpus=_vllm_on_gpus,
-    fidelity="gpu.fidelity.vllm:main")
+    fidelity="gpu.fidelity.vllm:main",
+    # keep: running requests frozen on their blocks, new ones queued; the cache kept (a pause's clear_cache preempts
+    # what runs), so /resume puts back exactly what was there (EngineCore.pause, v1/engine/core.py, 0.32.0)
+    keep_pause=("/pause?mode=keep&clear_cache=false", "/resume"))
 
 
 def family_of(program: Sequence[str]) -> str:

@@ -12,7 +12,7 @@ from conformance import DEFAULT_INTEGRATION
 from conformance.cases import fake_backend_factory, load_integration
 from conformance.scenarios import SCENARIOS, Run, run_scenario
 from conformance.situations.producer import until_next_call, until_producer_blocked
-from conformance.situations.resident import holds_any, holds_young
+from conformance.situations.resident import holds_any, holds_young, keep_resident
 from conformance.situations.waiting import wait_for
 
 pytestmark = pytest.mark.cpu
@@ -151,6 +151,32 @@ def test_a_held_call_on_a_real_engine_takes_its_last_chance_before_the_resident_
     assert not holds_young(run, 0, keep_s=0.5), "went on with less left than the scenario needs after the call"
     run.backend.control.freeze = lambda frozen: None
     assert not holds_young(run, 0), "the fake, stalled while the call is held, took a last chance"
+
+
+def test_a_resident_cycle_keeps_real_engines_paused_until_its_first_call_reaches_them() -> None:
+    """Regression (the threaded vLLM designs on real vLLM 0.32.0, I1-I2 unknown): a design writes its checkpoint
+    after its sends stopped (2.4 s, the engines busy), so every request it had in flight ended before its pause. Real
+    engines are paused in their own keep mode from the cycle's start (recorded) and resumed as the first call that
+    reaches them goes on, before it is forwarded; calls before it (a weight-version read) do not end it."""
+    from types import SimpleNamespace
+
+    from conformance.wire import WireLog
+    from conformance.wire_control import WireControl
+
+    wire, calls = WireLog(), []
+    control = WireControl(wire.clock, wire.listen)
+    control.keep_engines = calls.append
+    run = object.__new__(Run)
+    run.backend = SimpleNamespace(wire=wire, control=control)
+    run.deadlines, run.history = SimpleNamespace(update_s=20.0), SimpleNamespace(injected=[])
+    done = keep_resident(run)
+    assert calls == [True] and [i.kind for i in run.history.injected] == ["keep"]
+    wire.went_on(wire.open(0, "GET", "/get_weight_version", None, announce=False), held=False)
+    assert calls == [True]
+    wire.went_on(wire.open(1, "POST", "/pause_generation", {"mode": "abort"}, announce=False), held=True)
+    assert calls == [True, False], "resumed as the pause went on"
+    done()
+    assert calls == [True, False] and [i.kind for i in run.history.injected] == ["keep"]
 
 
 async def wait_until(condition, timeout_s: float) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -308,3 +309,61 @@ def test_a_held_call_freezes_a_fake_backends_decoding_and_the_frozen_time_is_no_
     unhooked = WireControl(clock=lambda: now[0])
     unhooked._held_one(+1)
     assert unhooked.decode_time(9.0, 13.0) == 4.0  # real engines: nothing is frozen
+
+
+def test_a_keep_pauses_real_engines_through_their_hook_and_the_kept_time_is_no_decode_time() -> None:
+    """Where the engines cannot be stalled, ``keep`` pauses them through ``keep_engines`` and resumes them once (its
+    end, or its bound); the time kept is not decoding. A pause that fails leaves nothing paused and says why; no
+    hook, no keep."""
+    now = [10.0]
+    control, calls = WireControl(clock=lambda: now[0]), []
+    control.keep_engines = calls.append
+    end = control.keep(60.0)
+    assert end is not None and calls == [True] and control.keep_failed is None
+    now[0] = 12.0
+    assert control.decode_time(9.0, 12.0) == pytest.approx(1.0)
+    end()
+    end()
+    assert calls == [True, False] and control.decode_time(9.0, 13.0) == pytest.approx(2.0)
+    resumed = threading.Event()
+    control.keep_engines = lambda on: (calls.append(on), None if on else resumed.set())
+    assert control.keep(0.01) is not None and resumed.wait(5.0) and calls == [True, False, True, False]
+
+    def refuses(on: bool) -> None:
+        calls.append(on)
+        if on:
+            raise RuntimeError("POST /pause?mode=keep&clear_cache=false: engine 1: 500")
+    calls.clear()
+    control.keep_engines = refuses
+    assert control.keep(60.0) is None and calls == [True, False]
+    assert control.keep_failed == ("the engines' keep-pause failed (RuntimeError: POST /pause?mode=keep&clear_cache="
+                                   "false: engine 1: 500)")
+    assert WireControl().keep(1.0) is None
+
+
+def test_every_caller_of_a_keeps_end_returns_only_once_the_engines_are_resumed() -> None:
+    """Regression (real vLLM 0.32.0, the distributed transport paused in place): two recorder threads end the keep as
+    the integration's pauses reach two engines; the second returned while the first was still resuming, so its pause
+    was forwarded and the suite's resume then undid it (the engine then crashed in its weight update)."""
+    resuming, resumed, calls = threading.Event(), threading.Event(), []
+
+    def hook(on: bool) -> None:
+        calls.append(on)
+        if not on:
+            resuming.set()
+            assert resumed.wait(5.0)
+    control = WireControl()
+    control.keep_engines = hook
+    end = control.keep(60.0)
+    assert end is not None
+    first = threading.Thread(target=end)
+    first.start()
+    assert resuming.wait(5.0)
+    second_done = threading.Event()
+    second = threading.Thread(target=lambda: (end(), second_done.set()))
+    second.start()
+    assert not second_done.wait(0.2), "the second caller returned while the resume was still under way"
+    resumed.set()
+    first.join(5.0)
+    second.join(5.0)
+    assert second_done.is_set() and calls == [True, False]

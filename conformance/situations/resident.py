@@ -150,15 +150,24 @@ SGLang's weight-update session (it waits for the requests in flight unless the e
 
 def keep_resident(scene: Scene) -> Callable[[], None]:
     """From the cycle's start until its first call that reaches an engine's requests goes on (:data:`REACHES`; at
-    most a quarter of the update deadline), the fake's engines decode nothing (``WireControl.stall``): the requests :func:`until_resident`
-    found young are still young when that call arrives, however long the cycle works before it (a checkpoint written
-    on a loaded machine) and whether or not the integration sends more meanwhile (one that stops sending during a
-    sync). Real engines cannot be stalled: there the builder's aim does what it can. Returns the function that ends
-    it (and stops following the wire)."""
+    most a quarter of the update deadline), the engines decode nothing (``WireControl.keep``: the fake's are stalled,
+    real vLLM is paused in its own ``keep`` mode past the wire and resumed before that call goes on): the requests
+    :func:`until_resident` found young are still young when that call arrives, however long the cycle works before it
+    (a checkpoint written on a loaded machine: 2.4 s on real vLLM) and whether or not the integration sends more
+    meanwhile (one that stops sending during a sync). Where neither is possible the builder's aim does what it can.
+    Returns the function that ends it (and stops following the wire)."""
     backend = scene.backend
-    end = backend.control.stall(scene.deadlines.update_s / 4)
+    control = backend.control
+    end = control.keep(scene.deadlines.update_s / 4)
     if end is None:
+        if control.keep_failed is not None:
+            scene.history.injected.append(Injected(backend.wire.clock(), "keep-failed", None, control.keep_failed))
         return lambda: None
+    kept = not control.can_stall
+    if kept:
+        scene.history.injected.append(Injected(backend.wire.clock(), "keep", None, (
+            "every engine paused in its own keep mode past the wire from the cycle's start until its first pause, "
+            "bump, transfer or weight-update session went on (resumed first)")))
 
     def follow(call: WireCall, answered: bool) -> None:
         if not answered and call.origin == "integration" and call.path in REACHES:
@@ -168,6 +177,8 @@ def keep_resident(scene: Scene) -> Callable[[], None]:
     def done() -> None:
         stop()
         end()  # type: ignore[misc]
+        if kept and control.keep_failed is not None:
+            scene.history.injected.append(Injected(backend.wire.clock(), "keep-failed", None, control.keep_failed))
     return done
 
 

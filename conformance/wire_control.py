@@ -193,7 +193,7 @@ class WireControl:
         if not self.can_stall:
             return None
         self._held_one(+1)
-        return _once_within(seconds, lambda: self._held_one(-1))
+        return _once_within(seconds, lambda: self._held_one(-1), wait=False)
 
     def keep(self, seconds: float) -> Callable[[], None] | None:
         """Stop every engine's decoding for at most ``seconds``, keeping its requests where they are: :meth:`stall`
@@ -302,18 +302,20 @@ class WireControl:
         return (t1 - t0) - sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
 
 
-def _once_within(seconds: float, finish: Callable[[], None]) -> Callable[[], None]:
+def _once_within(seconds: float, finish: Callable[[], None], wait: bool = True) -> Callable[[], None]:
     """``finish`` run once: by the function returned, or after ``seconds`` (a daemon timer) if that is not called
-    first. Every call returns once ``finish`` has returned: a recorder thread that ends a keep while another thread's
-    resume is under way must not forward its call before the engines are resumed (two engines' pauses, two recorder
-    threads: real vLLM resumed after the integration's own pause, then crashed in its weight update)."""
+    first. With ``wait`` every call returns once ``finish`` has returned (a fake's stall ends at once): a recorder
+    thread that ends a keep while another thread's resume is under way must not forward its call before the engines
+    are resumed (two engines' pauses, two recorder threads: real vLLM resumed after the integration's own pause, then
+    crashed in its weight update)."""
     lock, finished, started = threading.Lock(), threading.Event(), [False]
 
     def end() -> None:
         with lock:
             first, started[0] = not started[0], True
         if not first:
-            finished.wait(FINISH_S)
+            if wait:
+                finished.wait(FINISH_S)
             return
         timer.cancel()
         try:

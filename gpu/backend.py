@@ -184,7 +184,7 @@ class RayBackend:
     def _control(self) -> WireControl:
         """The wire's control, with the family's keep-pause where it has one (``WireControl.keep_engines``)."""
         control = self.wire.control()
-        if real_family(self.config.program).keep_pause is not None:
+        if self.real.keep_pause is not None:
             control.keep_engines = self._keep
         return control
 
@@ -193,7 +193,7 @@ class RayBackend:
         answer 200."""
         import httpx
 
-        path = real_family(self.config.program).keep_pause[0 if on else 1]  # type: ignore[index]
+        path = self.real.keep_pause[0 if on else 1]  # type: ignore[index]
         with httpx.Client(timeout=KEEP_TIMEOUT_S) as client:
             answers = [client.post(url + path) for url in self.engine_urls()]
         refused = [f"engine {i}: {a.status_code} {a.text[:120]}" for i, a in enumerate(answers)

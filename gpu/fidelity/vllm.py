@@ -633,20 +633,24 @@ list is empty; with ``0|1`` both cores decode and the API server answered ``/met
 it was to observe had ended)."""
 
 
-async def rank_gauges(client: httpx.AsyncClient, url: str, until: Callable[[list[float]], bool],
-                      within_s: float = 10.0) -> list[float]:
-    """Per rank (``engine`` label), ``vllm:num_requests_running``, polled until ``until`` holds of them (at most
+RUNNING, GENERATED = "vllm:num_requests_running", "vllm:generation_tokens_total"
+"""The per-rank metrics the data-parallel steps read: a gauge (it moves only as its rank steps) and a counter."""
+
+
+async def per_rank(client: httpx.AsyncClient, url: str, metric: str, until: Callable[[list[float]], bool],
+                   within_s: float = 10.0) -> list[float]:
+    """Per rank (``engine`` label), ``metric`` on ``/metrics``, polled until ``until`` holds of it (at most
     ``within_s``)."""
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
-        gauges: dict[str, float] = {}
+        values: dict[str, float] = {}
         for line in (await client.get(url + "/metrics")).text.splitlines():
-            if line.startswith("vllm:num_requests_running{"):
-                gauges[line.split('engine="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
-        running = [gauges[k] for k in sorted(gauges)]
-        if until(running) or asyncio.get_running_loop().time() >= deadline:
-            return running
-        await asyncio.sleep(0.01)  # polling the engine's own gauges, bounded by the deadline
+            if line.startswith(metric + "{"):
+                values[line.split('engine="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+        ranks = [values[k] for k in sorted(values)]
+        if until(ranks) or asyncio.get_running_loop().time() >= deadline:
+            return ranks
+        await asyncio.sleep(0.01)  # polling the engine's own metrics, bounded by the deadline
 
 
 async def run_vllm_dp_script(url: str, model: str, sent: list[Sent] | None = None) -> dict[str, Observation]:
@@ -673,7 +677,7 @@ async def run_vllm_dp_script(url: str, model: str, sent: list[Sent] | None = Non
             await hits(step, prompt=LONG_PROMPT[2:], rank=rank)
         await hits("token-in/token-out rank 2", prompt=LONG_PROMPT[2:], route="/inference/v1/generate", rank="2")
         held = [Held(client, url) for _ in range(3)]
-        out["dp: three requests decoding"] = {"running per rank": await rank_gauges(client, url, lambda g: sum(g) >= 3)}
+        out["dp: three requests decoding"] = {"running per rank": await per_rank(client, url, RUNNING, lambda g: sum(g) >= 3)}
         await call("dp: reset while both ranks decode", "/reset_prefix_cache")
         await call("dp: pause keep", "/pause", mode="keep")
         await call("dp: resume", "/resume")
@@ -684,11 +688,14 @@ async def run_vllm_dp_script(url: str, model: str, sent: list[Sent] | None = Non
             await h.result()
         await hits("after the pause, rank 0", prompt=other, rank="0")
         await hits("after the pause, rank 1", prompt=other, rank="1")
-        idle = await rank_gauges(client, url, lambda g: g == [0.0, 0.0])
+        idle = await per_rank(client, url, RUNNING, lambda g: g == [0.0, 0.0])
+        before = await per_rank(client, url, GENERATED, lambda g: True)
         one = Held(client, url, rank="1")
-        gauges = await rank_gauges(client, url, lambda g: g == [0.0, 1.0])
+        after = await per_rank(client, url, GENERATED, lambda g: g[1] > before[1])  # rank 1 decodes it
         await call("dp: reset while rank 1 decodes", "/reset_prefix_cache")
-        out["dp: reset while rank 1 decodes"]["running per rank"] = [idle, gauges]
+        out["dp: reset while rank 1 decodes"].update({
+            "running per rank before": idle, "rank 0 decoded meanwhile": after[0] > before[0],
+            "running_at_call": after[1] > before[1] and not one.task.done()})
         await one.result()
         await hits("rank 0 after the reset rank 1 refused", prompt=other, rank="0")
         await hits("rank 1 after the reset it refused", prompt=other, rank="1")
@@ -903,8 +910,8 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lor
     """Start the fake or real vLLM on ``model_dir`` with the same flags (with ``lora``, :data:`LORA_FLAGS` too; with
     ``dp``, :data:`DP_FLAGS`), run the script (or the LoRA or data-parallel script), stop it; the observations and
     the start time."""
-    from gpu.engine import EXIT_WAIT_S, EngineProcess
-    from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, PROGRAM, python_of
+    from gpu.engine import EXIT_WAIT_S, EngineProcess, EngineStartError
+    from gpu.vllm_cpu import CPU_ENV, CPU_FLAGS, ENGINE_CORE, PROGRAM, pin_engine_cores, python_of
     from gpu.vllm_setup import GLOO_TRANSFER, REPO
 
     extra = (*(LORA_FLAGS + GLOO_TRANSFER if lora else ()), *(DP_FLAGS if dp else ()),
@@ -921,6 +928,8 @@ def run_engine(model_dir: Path, release: str, fake: bool, venv: Path | None, lor
     try:
         engine.start(START_TIMEOUT_S)
         start_s = time.monotonic() - started
+        if not fake and not pin_engine_cores(engine.process.pid, {0}):  # beside the workers (CPU_ENV, DP_ENV)
+            raise EngineStartError(f"no {ENGINE_CORE} process under the real vLLM server ({engine.describe()})")
         work = model_dir.parent / f"lora-{'fake' if fake else 'real'}"
         script = (run_vllm_lora_script(engine.url, str(model_dir), work, sent) if lora
                   else run_vllm_dp_script(engine.url, str(model_dir), sent) if dp

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -260,3 +261,36 @@ print(int(bool(supported)), int(bool(permitted)))
     supported, permitted = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                           check=True, timeout=60).stdout.split()
     assert permitted == supported, f"AMX tile data supported={supported}, permitted={permitted}"
+
+
+def test_the_engine_cores_below_a_server_are_pinned_and_nothing_else(tmp_path: Path) -> None:
+    """A grandchild named as vLLM names an engine core (``prctl(PR_SET_NAME)``, as ``setproctitle`` does), with a
+    second thread, is bound to core 0 with every thread; its sibling of another name keeps its cores."""
+    ready = tmp_path / "ready"
+    child = ("import ctypes, sys, threading, time; from pathlib import Path\n"
+             "if sys.argv[1] == 'core': ctypes.CDLL('libc.so.6').prctl(15, sys.argv[2].encode(), 0, 0, 0)\n"
+             "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+             "Path(sys.argv[3] + sys.argv[1]).touch(); time.sleep(60)\n")
+    server = ("import subprocess, sys, time\n"
+              f"ps = [subprocess.Popen([sys.executable, '-c', {child!r}, r, {vllm_cpu.ENGINE_CORE!r}, {str(ready)!r}])"
+              " for r in ('core', 'other')]\n"
+              "time.sleep(60)\n")
+    process = subprocess.Popen([sys.executable, "-c", server])
+    try:
+        deadline = time.monotonic() + 20
+        while not all(Path(f"{ready}{r}").exists() for r in ("core", "other")):
+            assert time.monotonic() < deadline and process.poll() is None, "the stand-in engine never came up"
+            time.sleep(0.02)  # polling for the children's ready files, bounded by the deadline
+        below = vllm_cpu.descendants(process.pid)
+        pinned = vllm_cpu.pin_engine_cores(process.pid, {0})
+        assert len(pinned) == 1 and len(below) == 2
+        threads = list(Path(f"/proc/{pinned[0]}/task").iterdir())
+        assert len(threads) == 2 and all(os.sched_getaffinity(int(t.name)) == {0} for t in threads)
+        other = next(pid for pid in below if pid not in pinned)
+        assert os.sched_getaffinity(other) == os.sched_getaffinity(0)
+        assert vllm_cpu.pin_engine_cores(other, {0}) == []  # nothing below it
+    finally:
+        for pid in vllm_cpu.descendants(process.pid):
+            os.kill(pid, 9)
+        process.kill()
+        process.wait()

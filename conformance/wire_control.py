@@ -123,7 +123,10 @@ class WireControl:
         pause)."""
         self._kept_since: float | None = None
         self.keep_failed: str | None = None
-        """Why the last :meth:`keep` on real engines failed to pause or resume them (None: it did not)."""
+        """Why the last :meth:`keep` on real engines failed to pause them (None: it did not)."""
+        self.left_paused: str | None = None
+        """Why the last :meth:`keep` may have left an engine paused: its resume failed (None: it did not). What the
+        integration does after is then the suite's doing: the run breaks."""
 
     def refuse(self, engine: int, path: str, status: int, body: Any, times: int | None = 1,
                rewrite: Rewrite | None = None) -> None:
@@ -202,7 +205,7 @@ class WireControl:
         neither is possible."""
         if self.can_stall:
             return self.stall(seconds)
-        hook, self.keep_failed = self.keep_engines, None
+        hook, self.keep_failed, self.left_paused = self.keep_engines, None, None
         if hook is None:
             return None
         try:
@@ -224,8 +227,8 @@ class WireControl:
     def _resume(self, hook: Callable[[bool], None]) -> None:
         try:
             hook(False)
-        except Exception as exc:  # said by keep_failed: the engine left paused is the suite's doing
-            self.keep_failed = f"the engines' resume after a keep-pause failed ({type(exc).__name__}: {exc})"
+        except Exception as exc:  # an engine left paused is the suite's doing: said by left_paused
+            self.left_paused = f"the engines' resume after a keep-pause failed ({type(exc).__name__}: {exc})"
 
     def release_holds(self) -> dict[int, Expired]:
         """End every hold; the engines whose first call :meth:`hold_first` held went on at its bound, not ready (and

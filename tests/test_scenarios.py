@@ -179,6 +179,39 @@ def test_a_resident_cycle_keeps_real_engines_paused_until_its_first_call_reaches
     assert calls == [True, False] and [i.kind for i in run.history.injected] == ["keep"]
 
 
+@pytest.mark.slow  # two scenario runs: the README command's tier stays under its minute
+def test_a_resume_that_fails_after_the_keep_breaks_the_run_and_a_failed_pause_is_recorded() -> None:
+    """An engine the suite's keep-pause may have left paused (its resume failed) makes the rest of the run the
+    suite's doing: the run breaks there, after the cycle is recorded. A keep-pause that failed leaves nothing paused:
+    recorded once (``keep-failed``), the run goes on."""
+    def run_with(hook) -> tuple[list[str], list[str]]:
+        backend = fake_backend_factory()()
+        backend.control.freeze = None  # as real engines: cannot be stalled, kept through their hook
+        backend.control.keep_engines = hook
+        backend.start()
+        try:
+            history = asyncio.run(asyncio.wait_for(run_scenario(
+                replace(SCENARIOS["first-drain"], name="keep-test"), load_integration(DEFAULT_INTEGRATION), backend),
+                40))
+        finally:
+            backend.stop()
+        return [b.message for b in history.breaks], [i.kind for i in history.injected if i.kind.startswith("keep")]
+
+    def resume_fails(on: bool) -> None:
+        if not on:
+            raise RuntimeError("POST /resume: engine 0: 500")
+    breaks, injected = run_with(resume_fails)
+    assert breaks == ["update cycle 0: the engines' resume after a keep-pause failed (RuntimeError: POST /resume: "
+                      "engine 0: 500): an engine may be left paused by the suite, so nothing after it is the "
+                      "integration's doing"] and injected == ["keep"]
+
+    def pause_fails(on: bool) -> None:
+        if on:
+            raise RuntimeError("POST /pause?mode=keep&clear_cache=false: engine 1: 500")
+    breaks, injected = run_with(pause_fails)
+    assert breaks == [] and injected == ["keep-failed"]
+
+
 async def wait_until(condition, timeout_s: float) -> bool:
     """Whether ``condition()`` became true within ``timeout_s`` (polled)."""
     deadline = asyncio.get_running_loop().time() + timeout_s

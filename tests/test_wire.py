@@ -313,8 +313,8 @@ def test_a_held_call_freezes_a_fake_backends_decoding_and_the_frozen_time_is_no_
 
 def test_a_keep_pauses_real_engines_through_their_hook_and_the_kept_time_is_no_decode_time() -> None:
     """Where the engines cannot be stalled, ``keep`` pauses them through ``keep_engines`` and resumes them once (its
-    end, or its bound); the time kept is not decoding. A pause that fails leaves nothing paused and says why; no
-    hook, no keep."""
+    end, or its bound); the time kept is not decoding. A pause that fails leaves nothing paused and says why; a resume
+    that fails says the engines may be left paused; no hook, no keep."""
     now = [10.0]
     control, calls = WireControl(clock=lambda: now[0]), []
     control.keep_engines = calls.append
@@ -337,7 +337,17 @@ def test_a_keep_pauses_real_engines_through_their_hook_and_the_kept_time_is_no_d
     control.keep_engines = refuses
     assert control.keep(60.0) is None and calls == [True, False]
     assert control.keep_failed == ("the engines' keep-pause failed (RuntimeError: POST /pause?mode=keep&clear_cache="
-                                   "false: engine 1: 500)")
+                                   "false: engine 1: 500)") and control.left_paused is None
+
+    def resume_refused(on: bool) -> None:
+        if not on:
+            raise RuntimeError("POST /resume: engine 0: 500")
+    control.keep_engines = resume_refused
+    end = control.keep(60.0)
+    assert end is not None and control.keep_failed is None and control.left_paused is None
+    end()
+    assert control.keep_failed is None and control.left_paused == (
+        "the engines' resume after a keep-pause failed (RuntimeError: POST /resume: engine 0: 500)")
     assert WireControl().keep(1.0) is None
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..backends import Backend, probe_labels, trainer_digests
-from ..breaks import Hang, ScenarioTimeout, UnexpectedUpdateFailure, bounded
+from ..breaks import Hang, RunBroken, ScenarioTimeout, UnexpectedUpdateFailure, bounded
 from ..history import BatchRecord, History, Unmet, UpdateCycle
 from ..interface import RolloutConfig, Roles, Updater
 from ..situations.drain import stall as stall_drain
@@ -164,6 +164,9 @@ class Run:
             raise hang
         if gone is not None:
             raise gone
+        if control.left_paused is not None:
+            raise RunBroken(f"update cycle {index}: {control.left_paused}: an engine may be left paused by the suite, "
+                            f"so nothing after it is the integration's doing")
         if isinstance(fed[0], BaseException):  # consuming a batch while the cycle's calls were held failed
             raise fed[0]
         if error is None:

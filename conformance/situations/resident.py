@@ -155,16 +155,16 @@ def keep_resident(scene: Scene) -> Callable[[], None]:
     :func:`until_resident` found young are still young when that call arrives, however long the cycle works before it
     (a checkpoint written on a loaded machine: 2.4 s on real vLLM) and whether or not the integration sends more
     meanwhile (one that stops sending during a sync). Where neither is possible the builder's aim does what it can.
-    Returns the function that ends it (and stops following the wire)."""
+    Returns the function that ends it (and stops following the wire); a pause that failed is recorded (``keep-failed``),
+    a resume that failed is :attr:`WireControl.left_paused`, which breaks the run."""
     backend = scene.backend
     control = backend.control
     end = control.keep(scene.deadlines.update_s / 4)
+    if control.keep_failed is not None:
+        scene.history.injected.append(Injected(backend.wire.clock(), "keep-failed", None, control.keep_failed))
     if end is None:
-        if control.keep_failed is not None:
-            scene.history.injected.append(Injected(backend.wire.clock(), "keep-failed", None, control.keep_failed))
         return lambda: None
-    kept = not control.can_stall
-    if kept:
+    if not control.can_stall:
         scene.history.injected.append(Injected(backend.wire.clock(), "keep", None, (
             "every engine paused in its own keep mode past the wire from the cycle's start until its first pause, "
             "bump, transfer or weight-update session went on (resumed first)")))
@@ -177,8 +177,6 @@ def keep_resident(scene: Scene) -> Callable[[], None]:
     def done() -> None:
         stop()
         end()  # type: ignore[misc]
-        if kept and control.keep_failed is not None:
-            scene.history.injected.append(Injected(backend.wire.clock(), "keep-failed", None, control.keep_failed))
     return done
 
 

@@ -267,14 +267,15 @@ def test_the_engine_cores_below_a_server_are_pinned_and_nothing_else(tmp_path: P
     """A grandchild named as vLLM names an engine core (``prctl(PR_SET_NAME)``, as ``setproctitle`` does), with a
     second thread, is bound to core 0 with every thread; its sibling of another name keeps its cores."""
     ready = tmp_path / "ready"
-    child = ("import ctypes, sys, threading, time; from pathlib import Path\n"
+    # the stand-ins live until the test kills them (signal.pause: until a signal)
+    child = ("import ctypes, signal, sys, threading; from pathlib import Path\n"
              "if sys.argv[1] == 'core': ctypes.CDLL('libc.so.6').prctl(15, sys.argv[2].encode(), 0, 0, 0)\n"
-             "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-             "Path(sys.argv[3] + sys.argv[1]).touch(); time.sleep(60)\n")
-    server = ("import subprocess, sys, time\n"
+             "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+             "Path(sys.argv[3] + sys.argv[1]).touch(); signal.pause()\n")
+    server = ("import signal, subprocess, sys\n"
               f"ps = [subprocess.Popen([sys.executable, '-c', {child!r}, r, {vllm_cpu.ENGINE_CORE!r}, {str(ready)!r}])"
               " for r in ('core', 'other')]\n"
-              "time.sleep(60)\n")
+              "signal.pause()\n")
     process = subprocess.Popen([sys.executable, "-c", server])
     try:
         deadline = time.monotonic() + 20
